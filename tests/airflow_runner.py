@@ -36,7 +36,8 @@ def migrate(env: dict) -> None:
     run = subprocess.run([airflow_executable(), "db", "migrate"], env=env, capture_output=True,
                          text=True, timeout=300)
     if run.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+        raise RuntimeError(f"airflow db migrate failed:\n{run.stdout[-3000:]}\n"
+                           f"{run.stderr[-3000:]}")
 
 
 def dags_test(env: dict, dag_id: str, timeout: float = 600) -> subprocess.CompletedProcess:
