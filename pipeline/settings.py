@@ -10,6 +10,9 @@ Environment variables (all optional):
 ``RANKSTREAM_REDIS_URL``         ``redis://[:password@]host:port/db``, ``rediss://`` for TLS, or
                                  ``unix:///path.sock``; unset means an embedded private server
 ``RANKSTREAM_NAMESPACE``         Redis key namespace (default ``rankstream``)
+``RANKSTREAM_REDIS_TIMEOUT``     seconds a top-K lookup waits for Redis (default ``0.1``)
+``RANKSTREAM_REDIS_ON_ERROR``    lookups when Redis is down/slow: ``raise`` (default) or
+                                 ``last_known`` (answer from the in-process cache)
 ``RANKSTREAM_DEAD_LETTER_TOPIC`` dead-letter topic (default ``rankstream.dead-letter``)
 ``RANKSTREAM_CONFIG``            TOML file with a ``[rankstream]`` table of the same keys
                                  (lower case, without the prefix) and the model configs
@@ -33,8 +36,15 @@ class Settings:
     kafka_security: dict = field(default_factory=dict)
     redis_url: str | None = None
     namespace: str = "rankstream"
+    redis_timeout: float = 0.1
+    redis_on_error: str = "raise"
     dead_letter_topic: str = "rankstream.dead-letter"
     config: Path | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "home", Path(self.home))
+        if self.config is not None:
+            object.__setattr__(self, "config", Path(self.config))
 
     @property
     def store_dir(self) -> Path:
@@ -74,6 +84,12 @@ class Settings:
                 values["kafka_security"] = json.loads(values["kafka_security"])
             except json.JSONDecodeError as err:
                 raise ValueError(f"RANKSTREAM_KAFKA_SECURITY is not a JSON object: {err}") from None
+        if isinstance(values.get("redis_timeout"), str):
+            try:
+                values["redis_timeout"] = float(values["redis_timeout"])
+            except ValueError:
+                raise ValueError(f"redis_timeout is {values['redis_timeout']!r}, expected "
+                                 "seconds") from None
         for key in ("home", "config"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])

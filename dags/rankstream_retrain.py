@@ -1,0 +1,91 @@
+"""rankstream retraining DAGs: one per model in the config file, so adding a model is a config
+change. ingest -> build dataset -> train (warm start) -> evaluate and gate -> publish -> prune.
+
+Parse-time cost is one small TOML read: no numpy, numba, solver or network imports here (heavy
+imports happen inside the tasks). The config path comes from ``RANKSTREAM_CONFIG`` (default:
+``dags/models.toml`` beside this file). Kafka and Redis come from the Airflow Connections
+``rankstream_kafka`` and ``rankstream_redis`` (``AIRFLOW_CONN_*`` in tests); the working directory
+(event store, checkpoints) from ``RANKSTREAM_HOME``. Every task is keyed by the run's data interval,
+so a retried task continues the same run, and XCom carries only paths and small summaries.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import dag, task
+
+CONFIG = os.environ.get("RANKSTREAM_CONFIG") or str(Path(__file__).with_name("models.toml"))
+DEFAULT_ARGS = {
+    "owner": "rankstream",
+    "retries": 3,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=15),
+}
+
+
+def _model_specs(path: str) -> dict:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh).get("models", {})
+
+
+def _run_key(context) -> str:
+    end = context.get("data_interval_end") or context.get("logical_date")
+    return end.strftime("%Y%m%dT%H%M%S") if end else context["run_id"]
+
+
+def build_dag(model: str, spec: dict):
+    """The retraining DAG of one configured model."""
+
+    @dag(dag_id=f"rankstream_{model}", schedule=spec.get("schedule", "@hourly"),
+         start_date=datetime(2026, 1, 1), catchup=False, max_active_runs=1,
+         default_args=DEFAULT_ARGS, tags=["rankstream", spec.get("algorithm", "?")],
+         doc_md=f"Retrain rankstream model `{model}` ({spec.get('algorithm')}) from `{CONFIG}`.")
+    def retrain():
+        @task
+        def ingest(**context) -> dict:
+            from pipeline.airflow_tasks import ingest_step
+
+            return ingest_step(CONFIG)
+
+        @task
+        def build_dataset(ingested: dict, **context) -> dict:
+            from pipeline.airflow_tasks import dataset_step
+
+            return dataset_step(CONFIG, model, _run_key(context))
+
+        @task
+        def train(dataset: dict, **context) -> dict:
+            from pipeline.airflow_tasks import train_step
+
+            return train_step(CONFIG, model, _run_key(context))
+
+        @task
+        def evaluate_and_gate(trained: dict, **context) -> dict:
+            from pipeline.airflow_tasks import gate_step
+
+            return gate_step(CONFIG, model, _run_key(context))
+
+        @task
+        def publish(decision: dict, **context) -> dict:
+            from pipeline.airflow_tasks import publish_step
+
+            return publish_step(CONFIG, model, _run_key(context))
+
+        @task
+        def prune(published: dict, **context) -> dict:
+            from pipeline.airflow_tasks import prune_step
+
+            return prune_step(CONFIG, model, _run_key(context))
+
+        prune(publish(evaluate_and_gate(train(build_dataset(ingest())))))
+
+    return retrain()
+
+
+for _model, _spec in _model_specs(CONFIG).items():
+    globals()[f"rankstream_{_model}"] = build_dag(_model, _spec)

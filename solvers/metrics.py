@@ -1,0 +1,13 @@
+"""Ranking metrics, each checked against a direct reference implementation in the tests.
+
+Per-user (collaborative ranking, the AltSVM paper's protocol): :func:`ndcg_at_k`,
+:func:`precision_at_k`, :func:`pairwise_accuracy`. Bipartite (one scored list with binary
+labels, the TopPush paper's): :func:`pos_at_top`, :func:`average_precision`, :func:`ndcg`,
+:func:`auc`.
+"""
+
+from solvers._bipartite_metrics import auc, average_precision, ndcg, pos_at_top
+from solvers._ranking_metrics import ndcg_at_k, pairwise_accuracy, precision_at_k
+
+__all__ = ["auc", "average_precision", "ndcg", "ndcg_at_k", "pairwise_accuracy", "pos_at_top",
+           "precision_at_k"]
