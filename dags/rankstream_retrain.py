@@ -5,8 +5,10 @@ Parse-time cost is one small TOML read: no numpy, numba, solver or network impor
 imports happen inside the tasks). The config path comes from ``RANKSTREAM_CONFIG`` (default:
 ``dags/models.toml`` beside this file). Kafka and Redis come from the Airflow Connections
 ``rankstream_kafka`` and ``rankstream_redis`` (``AIRFLOW_CONN_*`` in tests); the working directory
-(event store, checkpoints) from ``RANKSTREAM_HOME``. Every task is keyed by the run's data interval,
-so a retried task continues the same run, and XCom carries only paths and small summaries.
+(event store, checkpoints) from ``RANKSTREAM_HOME``. The dataset task snapshots the event store's
+offsets; every later task works in that snapshot's run directory (its path is all XCom carries),
+so a retried task continues the same run and re-running a window publishes nothing new. A model
+with nothing new to learn skips the rest of its run.
 """
 
 from __future__ import annotations
@@ -33,11 +35,6 @@ def _model_specs(path: str) -> dict:
         return tomllib.load(fh).get("models", {})
 
 
-def _run_key(context) -> str:
-    end = context.get("data_interval_end") or context.get("logical_date")
-    return end.strftime("%Y%m%dT%H%M%S") if end else context["run_id"]
-
-
 def build_dag(model: str, spec: dict):
     """The retraining DAG of one configured model."""
 
@@ -47,40 +44,40 @@ def build_dag(model: str, spec: dict):
          doc_md=f"Retrain rankstream model `{model}` ({spec.get('algorithm')}) from `{CONFIG}`.")
     def retrain():
         @task
-        def ingest(**context) -> dict:
+        def ingest() -> dict:
             from pipeline.airflow_tasks import ingest_step
 
-            return ingest_step(CONFIG)
+            return ingest_step(CONFIG, model)
 
         @task
-        def build_dataset(ingested: dict, **context) -> dict:
+        def build_dataset(ingested: dict) -> dict:
             from pipeline.airflow_tasks import dataset_step
 
-            return dataset_step(CONFIG, model, _run_key(context))
+            return dataset_step(CONFIG, model)
 
         @task
-        def train(dataset: dict, **context) -> dict:
+        def train(dataset: dict) -> dict:
             from pipeline.airflow_tasks import train_step
 
-            return train_step(CONFIG, model, _run_key(context))
+            return train_step(CONFIG, model, dataset["run_dir"])
 
         @task
-        def evaluate_and_gate(trained: dict, **context) -> dict:
+        def evaluate_and_gate(trained: dict) -> dict:
             from pipeline.airflow_tasks import gate_step
 
-            return gate_step(CONFIG, model, _run_key(context))
+            return gate_step(CONFIG, model, trained["run_dir"])
 
         @task
-        def publish(decision: dict, **context) -> dict:
+        def publish(decision: dict) -> dict:
             from pipeline.airflow_tasks import publish_step
 
-            return publish_step(CONFIG, model, _run_key(context))
+            return publish_step(CONFIG, model, decision["run_dir"])
 
         @task
-        def prune(published: dict, **context) -> dict:
+        def prune(published: dict) -> dict:
             from pipeline.airflow_tasks import prune_step
 
-            return prune_step(CONFIG, model, _run_key(context))
+            return prune_step(CONFIG, model)
 
         prune(publish(evaluate_and_gate(train(build_dataset(ingest())))))
 

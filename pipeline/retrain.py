@@ -79,7 +79,8 @@ def ingest_step(settings: Settings, kinds, *, progress: bool = False) -> dict:
 
     summary = ingest_kafka({default_topic(k): k for k in kinds}, settings=settings,
                            until_end=True, progress=progress)
-    return {"ingested": int(summary.events), "dead_letters": int(summary.dead_letters),
+    return {"ingested": sum(summary.events.values()),
+            "dead_letters": sum(summary.dead_letters.values()),
             "seconds": round(summary.seconds, 3), "mode": "kafka"}
 
 
@@ -145,7 +146,7 @@ def train_step(config, model: str, run_dir) -> dict:
     return _json_write(run_dir / "train.json", summary)
 
 
-def _served_versions(settings: Settings, client, model: str) -> list:
+def served_versions(settings: Settings, client, model: str) -> list:
     from pipeline.model_versions import versions
     from pipeline.redis_layout import UnknownModelError
 
@@ -159,7 +160,7 @@ def published_metric(settings: Settings, redis_url: str, model: str, metric: str
     """The recorded ``metric`` of the version ``model`` currently serves (None if none)."""
     from pipeline.redis_client import as_client
 
-    current = [v for v in _served_versions(settings, as_client(redis_url), model) if v.current]
+    current = [v for v in served_versions(settings, as_client(redis_url), model) if v.current]
     return (current[0].metrics.get(metric), current[0].version) if current else (None, None)
 
 
@@ -213,7 +214,7 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
                                       "metrics": trained["metrics"], "window": ds["window"],
                                       "data_key": ds["data_key"], "train": trained})
     client = as_client(redis_url)
-    already = [v for v in _served_versions(settings, client, model)
+    already = [v for v in served_versions(settings, client, model)
                if v.trained_at == trained["trained_at"] and v.status == "complete"]
     if already:
         version, seconds = already[0].version, 0.0
