@@ -23,7 +23,8 @@ def check_finite(name: str, a: np.ndarray) -> None:
     if bad.any():
         pos = np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), a.shape)
         pos = pos[0] if len(pos) == 1 else tuple(int(p) for p in pos)
-        raise ValueError(f"{name} contains {a[pos]!r} at position {pos}; expected finite values")
+        raise ValueError(f"{name} contains {a[pos].item()!r} at position {pos}; "
+                         "expected finite values")
 
 
 def check_choice(name: str, value, choices) -> None:

@@ -1,0 +1,246 @@
+"""Benchmark: TopPush against scikit-learn's LR and cost-sensitive linear SVM on bipartite ranking.
+
+The protocol of Li, Jin, Zhou (Table 2) on the data sets present in ../shared/data:
+
+* w8a (LIBSVM training part, 49,749 x 300 sparse): 3 random stratified 2/3-1/3 splits, seeds 0-2;
+* spambase: the fixed split shipped with the authors' code (``toppush_spambase_split.mat``);
+* diabetes (768 x 8): 10 random stratified 2/3-1/3 splits, min-max scaling fitted on the train part.
+
+For each: fit time (median of repeated fits) and test Pos@Top, AP, NDCG, AUC of
+TopPush(reg=1), LogisticRegression() and LinearSVC(class_weight="balanced") (the paper's LR and
+cs-SVM, here with C = 1 instead of cross-validated values), plus the time ratios. ``reg`` is λ of
+the paper's eq. 6 (the authors' code calls it ``opt.lambda``, default 1). The first-call cost of
+the numba kernels (compile into an empty cache, and load from a warm cache) is measured in fresh
+processes and reported apart. Finally, fit time against training size on w8a subsamples, with the
+log-log slope (the paper's linear-scaling claim).
+
+Run: ``.venv/bin/python bench/toppush_binary.py [--quick]``. Prints tables, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DATA = Path(os.environ.get("RANKSTREAM_DATA", REPO.parent / "shared" / "data"))
+
+
+def load_w8a():
+    from sklearn.datasets import load_svmlight_file
+
+    X, y = load_svmlight_file(str(DATA / "libsvm-w8a" / "w8a.gz"), n_features=300)
+    return X.tocsr(), (y > 0).astype(int)
+
+
+def load_spambase():
+    from scipy.io import loadmat
+
+    d = loadmat(DATA / "spambase" / "toppush_spambase_split.mat")
+    return (d["Xtr"].tocsr(), (d["ytr"].ravel() > 0).astype(int),
+            d["Xte"].tocsr(), (d["yte"].ravel() > 0).astype(int))
+
+
+def load_diabetes():
+    from sklearn.datasets import load_svmlight_file
+
+    X, y = load_svmlight_file(str(DATA / "libsvm-diabetes" / "diabetes"), n_features=8)
+    return X.toarray(), (y > 0).astype(int)
+
+
+def splits(name, quick):
+    """Yield (split label, Xtr, ytr, Xte, yte) for one data set."""
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import MinMaxScaler
+
+    if name == "w8a":
+        X, y = load_w8a()
+        for seed in range(1 if quick else 3):
+            Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=1 / 3, random_state=seed,
+                                                  stratify=y)
+            yield seed, Xtr, ytr, Xte, yte
+    elif name == "spambase":
+        yield "fixed", *load_spambase()
+    elif name == "diabetes":
+        X, y = load_diabetes()
+        for seed in range(3 if quick else 10):
+            Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=1 / 3, random_state=seed,
+                                                  stratify=y)
+            scaler = MinMaxScaler().fit(Xtr)
+            yield seed, scaler.transform(Xtr), ytr, scaler.transform(Xte), yte
+
+
+def models():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.svm import LinearSVC
+
+    from solvers import TopPush
+
+    return {
+        "TopPush": lambda: TopPush(reg=1.0),
+        "LR": lambda: LogisticRegression(),
+        "cs-SVM": lambda: LinearSVC(class_weight="balanced"),
+    }
+
+
+def fit_once(make, Xtr, ytr):
+    """(seconds, fitted model, number of convergence warnings) of one fresh fit."""
+    model = make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t0 = time.perf_counter()
+        model.fit(Xtr, ytr)
+        seconds = time.perf_counter() - t0
+    return seconds, model, sum("converge" in str(w.message).lower() for w in caught)
+
+
+def timed_fits(makers, Xtr, ytr, repeats):
+    """Median fit time per method; the methods take turns, so load changes hit all alike."""
+    times = {k: [] for k in makers}
+    last, n_warn = {}, {k: 0 for k in makers}
+    for _ in range(repeats):
+        for label, make in makers.items():
+            t, last[label], w = fit_once(make, Xtr, ytr)
+            times[label].append(t)
+            n_warn[label] += w
+    return {k: float(np.median(v)) for k, v in times.items()}, last, n_warn
+
+
+def first_call_times():
+    """Seconds for import + first TopPush fit in a fresh process: cold cache and warm cache."""
+    code = ("import time; t=time.perf_counter(); import numpy as np; from solvers import TopPush;"
+            "import scipy.sparse as sp; rng=np.random.default_rng(0); X=rng.normal(size=(50,4));"
+            "y=np.r_[np.ones(10),np.zeros(40)];"
+            "TopPush().fit(X,y); TopPush().fit(sp.csr_matrix(X),y);"
+            "print(time.perf_counter()-t)")
+    out = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for label in ("empty numba cache", "warm numba cache"):
+            env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(REPO))
+            res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                 text=True, check=True, cwd=REPO)
+            out[label] = float(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def evaluate(name, quick):
+    from solvers._bipartite_metrics import auc, average_precision, ndcg, pos_at_top
+
+    repeats = {"w8a": 5, "spambase": 7, "diabetes": 7}[name]
+    rows = {k: {"time": [], "Pos@Top": [], "AP": [], "NDCG": [], "AUC": [], "warn": 0,
+                "iters": []} for k in models()}
+    n_train = None
+    for _, Xtr, ytr, Xte, yte in splits(name, quick):
+        n_train = (int(ytr.sum()), int((ytr == 0).sum()), Xtr.shape[1])
+        times, fitted, warns = timed_fits(models(), Xtr, ytr, repeats)
+        for label, model in fitted.items():
+            scores = model.decision_function(Xte)
+            r = rows[label]
+            r["time"].append(times[label])
+            r["warn"] += warns[label]
+            r["iters"].append(int(np.max(getattr(model, "n_iter_", 0))))
+            for metric, f in (("Pos@Top", pos_at_top), ("AP", average_precision),
+                              ("NDCG", ndcg), ("AUC", auc)):
+                r[metric].append(f(yte, scores))
+    return rows, n_train
+
+
+def print_quality_table(results):
+    print("\n## Fit time (median over splits of the median of repeated fits) and test metrics "
+          "(mean ± std over splits)\n")
+    head = (f"{'data (m/n/d train)':24s} {'method':8s} {'fit s':>8s} {'x LR':>6s} {'x cs-SVM':>8s}"
+            f" {'iters':>6s} {'Pos@Top':>13s} {'AP':>13s} {'NDCG':>13s} {'AUC':>13s}  warn")
+    print(head)
+    print("-" * len(head))
+    for name, (rows, (m, n, d)) in results.items():
+        t_lr = np.median(rows["LR"]["time"])
+        t_svm = np.median(rows["cs-SVM"]["time"])
+        for label, r in rows.items():
+            t = np.median(r["time"])
+            cells = " ".join(f"{np.mean(r[k]):.3f} ± {np.std(r[k]):.3f}"
+                             for k in ("Pos@Top", "AP", "NDCG", "AUC"))
+            data = f"{name} ({m}/{n}/{d})" if label == "TopPush" else ""
+            print(f"{data:24s} {label:8s} {t:8.4f} {t / t_lr:6.2f} {t / t_svm:8.2f} "
+                  f"{int(np.median(r['iters'])):6d} {cells}  {r['warn']}")
+        print()
+
+
+def scaling(quick):
+    """Fit time and iterations of TopPush on stratified w8a subsamples; log-log slopes."""
+    from sklearn.model_selection import train_test_split
+
+    from solvers import TopPush
+
+    X, y = load_w8a()
+    fractions = [1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0] if not quick else [1 / 8, 1 / 2, 1.0]
+    sizes, times, iters = [], [], []
+    print("\n## TopPush fit time vs training size (w8a stratified subsamples, median of 3 fits)\n")
+    print(f"{'N':>7s} {'nnz':>9s} {'fit s':>8s} {'iters':>6s} {'ms/iter':>8s}")
+    for frac in fractions:
+        if frac < 1.0:
+            Xs, _, ys, _ = train_test_split(X, y, train_size=frac, random_state=0, stratify=y)
+        else:
+            Xs, ys = X, y
+        medians, fitted, _ = timed_fits({"TopPush": lambda: TopPush(reg=1.0)}, Xs, ys, 3)
+        t, model = medians["TopPush"], fitted["TopPush"]
+        sizes.append(Xs.shape[0])
+        times.append(t)
+        iters.append(model.n_iter_)
+        print(f"{Xs.shape[0]:7d} {Xs.nnz:9d} {t:8.4f} {model.n_iter_:6d} "
+              f"{1e3 * t / model.n_iter_:8.3f}")
+    logn = np.log(sizes)
+    slope_t = np.polyfit(logn, np.log(times), 1)[0]
+    slope_it = np.polyfit(logn, np.log(np.array(times) / np.array(iters)), 1)[0]
+    print(f"\nlog-log slope: fit time {slope_t:.2f}, time per iteration {slope_it:.2f} "
+          f"(1.0 = linear in the number of training instances)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer splits and sizes")
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"data not found at {DATA} (set RANKSTREAM_DATA)")
+
+    import numba
+    import scipy
+    import sklearn
+
+    load = os.getloadavg()
+    print("# TopPush bipartite ranking benchmark")
+    print(f"machine: {os.cpu_count()} cores (shared with other processes; timings are noisy), "
+          f"load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
+    print(f"python {sys.version.split()[0]}, numpy {np.__version__}, scipy {scipy.__version__}, "
+          f"numba {numba.__version__}, scikit-learn {sklearn.__version__}")
+    print("TopPush(reg=1.0): reg is λ of eq. 6 (authors' default λ = 1), tol 1e-4 relative change "
+          "of the dual objective; LR = LogisticRegression() (C=1, lbfgs); cs-SVM = "
+          "LinearSVC(class_weight='balanced') (C=1)")
+
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)  # every method single-threaded (BLAS/OpenMP), as TopPush's kernels are
+    print("threads: BLAS/OpenMP limited to 1 for every method")
+    jit = first_call_times()
+    print("\nfirst call (fresh process: imports + two tiny fits, dense and CSR): "
+          + ", ".join(f"{k} {v:.2f} s" for k, v in jit.items()))
+
+    results = {}
+    for name in ("w8a", "spambase", "diabetes"):
+        results[name] = evaluate(name, args.quick)
+    print_quality_table(results)
+    scaling(args.quick)
+    load = os.getloadavg()
+    print(f"\nload average at end {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
