@@ -1,0 +1,210 @@
+"""Publish a 100k-user x 20k-item model (rank 32, top-100 lists) to a local redis-server and
+measure lookup latency from one Python client, in the same run:
+
+(a) a raw redis-py ``GET`` of a value as big as one stored top-100 list,
+(b) ``TopK.recommend(k=10)``,
+(c) ``TopK.recommend_many`` of 64 users,
+
+printing p50/p99/p99.9 latency, lookups/s and the ratio (b)/(a); plus the publish time.
+
+Uses ``RANKSTREAM_REDIS_URL`` when set (the namespace ``bench`` is used and flushed of this
+model only); otherwise starts ``infra/redis/start.sh`` on a free port and stops it by pid at
+the end. Each measurement runs in several interleaved rounds; the medians over rounds are
+printed, because the machine may be shared.
+
+    .venv/bin/python bench/lookup_latency.py [--users 100000] [--items 20000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.artifact import ModelArtifact  # noqa: E402
+from pipeline.lookup import TopK  # noqa: E402
+from pipeline.publish import publish  # noqa: E402
+from pipeline.redis_client import client_from_url, redact  # noqa: E402
+from pipeline.topk import warm_up  # noqa: E402
+
+TARGETS = {"ratio_p50": 1.2, "recommend_p99_us": 1000.0, "batch_users_per_s": 50_000,
+           "publish_s": 10.0}
+
+
+@contextmanager
+def local_redis():
+    """RANKSTREAM_REDIS_URL, or a redis-server from infra/redis on a free port."""
+    if os.environ.get("RANKSTREAM_REDIS_URL"):
+        yield os.environ["RANKSTREAM_REDIS_URL"], "RANKSTREAM_REDIS_URL"
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="rankstream-bench-")
+    env = {**os.environ, "RANKSTREAM_REDIS_PORT": str(port), "RANKSTREAM_REDIS_DIR": tmp}
+    subprocess.run([REPO / "infra/redis/start.sh"], env=env, check=True, capture_output=True)
+    try:
+        yield f"redis://127.0.0.1:{port}/0", f"infra/redis/start.sh (pid file {tmp}/redis.pid)"
+    finally:
+        subprocess.run([REPO / "infra/redis/stop.sh"], env=env, capture_output=True)
+
+
+def make_model(n_users: int, n_items: int, rank: int, seed: int = 0) -> ModelArtifact:
+    rng = np.random.default_rng(seed)
+    nnz = rng.integers(0, 100, n_users)  # ~50 seen items per user, excluded from lists
+    indptr = np.concatenate([[0], np.cumsum(nnz)])
+    indices = (rng.random(int(indptr[-1])) * n_items).astype(np.int64)
+    # unique per user: sort within rows and drop repeats by nudging (cheap, keeps sizes)
+    rows = np.repeat(np.arange(n_users), nnz)
+    order = np.lexsort((indices, rows))
+    indices, rows = indices[order], rows[order]
+    dup = np.flatnonzero((np.diff(indices) == 0) & (np.diff(rows) == 0)) + 1
+    keep = np.ones(len(indices), bool)
+    keep[dup] = False
+    indices, rows = indices[keep], rows[keep]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n_users))])
+    return ModelArtifact.user_item(
+        user_ids=np.arange(n_users), item_ids=np.arange(n_items) + 1_000_000,
+        user_factors=rng.standard_normal((n_users, rank), dtype=np.float32) / np.sqrt(rank),
+        item_factors=rng.standard_normal((n_items, rank), dtype=np.float32),
+        item_bias=rng.standard_normal(n_items, dtype=np.float32) * 0.1,
+        seen=(indptr, indices), algorithm="synthetic", params={"rank": rank})
+
+
+def timed(fn, args_list) -> np.ndarray:
+    """Latency of fn(*args) for each args, in seconds."""
+    out = np.empty(len(args_list))
+    clock = time.perf_counter
+    for i, args in enumerate(args_list):
+        t0 = clock()
+        fn(*args)
+        out[i] = clock() - t0
+    return out
+
+
+def summary(rounds: list[np.ndarray], per_call: int = 1) -> dict:
+    pct = np.array([np.percentile(r, [50, 99, 99.9]) for r in rounds]) * 1e6
+    med = np.median(pct, axis=0)
+    rate = np.median([per_call * len(r) / r.sum() for r in rounds])
+    return {"p50": med[0], "p99": med[1], "p999": med[2], "per_s": rate,
+            "p50_range": (pct[:, 0].min(), pct[:, 0].max())}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--users", type=int, default=100_000)
+    ap.add_argument("--items", type=int, default=20_000)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=4000, help="single lookups per round")
+    ap.add_argument("--batches", type=int, default=300, help="64-user batches per round")
+    ap.add_argument("--republish", action=argparse.BooleanOptionalAction, default=True,
+                    help="publish a second version, which prunes the first (default on)")
+    args = ap.parse_args(argv)
+
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    art = make_model(args.users, args.items, args.rank)
+    t_model = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    warm_up()
+    t_warm = time.perf_counter() - t0
+
+    with local_redis() as (url, origin):
+        client = client_from_url(url, retries=3)
+        for key in client.scan_iter(match="{bench:latency}*", count=10_000):
+            client.unlink(key)
+        res = publish("latency", art, client, top_k=args.top_k, keep_versions=1,
+                      namespace="bench")
+        again = first = None
+        if args.republish:  # steady state: a new version replaces (and prunes) the last one
+            again = publish("latency", art, client, top_k=args.top_k, keep_versions=1,
+                            namespace="bench")
+            res, first = again, res
+        memory = client.info("memory")["used_memory_human"]
+        value_size = len(client.get(f"{{bench:latency}}:v{res.version}:topk:0"))
+        client.set("bench:raw", os.urandom(value_size))
+
+        raw = client_from_url(url)  # a plain redis-py client, as a user would make it
+        topk = TopK(url, namespace="bench", timeout=1.0)
+        held = topk._conn()  # (a') GET on a held connection: redis-py minus its pool
+
+        def raw_held_get(key):
+            held.send_command("GET", key, check_health=False)
+            return held.read_response()
+
+        rng = np.random.default_rng(1)
+        topk.recommend("latency", 0, k=10)  # loads the version's item ids once
+        for _ in range(200):  # warm sockets and caches
+            raw.get("bench:raw")
+            topk.recommend("latency", int(rng.integers(args.users)), k=10)
+        a, a2, b, c = [], [], [], []
+        for _ in range(args.rounds):  # interleaved, so drifts in machine load hit all alike
+            users = rng.integers(0, args.users, args.calls).tolist()
+            a.append(timed(raw.get, [("bench:raw",)] * args.calls))
+            a2.append(timed(raw_held_get, [("bench:raw",)] * args.calls))
+            b.append(timed(topk.recommend, [("latency", u, 10) for u in users]))
+            batches = [rng.integers(0, args.users, 64).tolist() for _ in range(args.batches)]
+            c.append(timed(topk.recommend_many, [("latency", us, 10) for us in batches]))
+        check = topk.recommend("latency", 7, k=10)
+        assert check.source == "precomputed" and len(check.items) == 10
+        topk.close()
+        raw.close()
+        client.close()
+
+    sa, sa2, sb, sc = summary(a), summary(a2), summary(b), summary(c, per_call=64)
+    load_after = os.getloadavg()
+    print(f"\nrankstream lookup latency -- {args.users:,} users x {args.items:,} items, "
+          f"rank {args.rank}, top-{args.top_k} lists ({value_size} B per list)")
+    print(f"redis: {redact(url)} via {origin}; redis used_memory {memory}")
+    print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after (shared: numbers are medians over {args.rounds} rounds)")
+    print(f"\nmodel build {t_model:.1f} s; top-K kernel load/compile {t_warm:.2f} s "
+          "(first call per process, not in publish time)")
+    for name, r in (("publish (fresh)", first if again else res),
+                    ("publish (replaces v1)", again)):
+        if r is None:
+            continue
+        tm = r.timings
+        print(f"{name}: {r.seconds:.2f} s for {tm['keys_written']:,} keys (waiting for top-K "
+              f"compute {tm['waiting_for_topk']:.2f} s, flip {tm['flip'] * 1e3:.1f} ms, prune "
+              f"{tm['prune']:.2f} s)  target <= {TARGETS['publish_s']:.0f} s")
+    print(f"\n{'':34} {'p50 us':>8} {'p99 us':>8} {'p99.9 us':>9} {'lookups/s':>11}")
+    rows = [("(a)  raw redis-py GET (client.get)", sa, 1),
+            ("(a') GET on a held connection", sa2, 1),
+            ("(b)  TopK.recommend(k=10)", sb, 1),
+            ("(c)  recommend_many(64 users)", sc, 64)]
+    for name, s, _ in rows:
+        print(f"{name:34} {s['p50']:8.1f} {s['p99']:8.1f} {s['p999']:9.1f} {s['per_s']:11,.0f}")
+    print(f"      (c) per batch p50 {sc['p50']:.0f} us = {sc['p50'] / 64:.1f} us per user")
+    ratio = sb["p50"] / sa["p50"]
+    print(f"\nratio (b)/(a) p50: {ratio:.2f}  (target <= {TARGETS['ratio_p50']});  "
+          f"(b)/(a') p50: {sb['p50'] / sa2['p50']:.2f}")
+    print(f"p50 ranges over rounds: (a) {sa['p50_range'][0]:.0f}-{sa['p50_range'][1]:.0f} us, "
+          f"(b) {sb['p50_range'][0]:.0f}-{sb['p50_range'][1]:.0f} us")
+    verdict = {
+        "recommend p50 <= 1.2x raw GET p50": ratio <= TARGETS["ratio_p50"],
+        "recommend p99 <= 1 ms": sb["p99"] <= TARGETS["recommend_p99_us"],
+        "batched >= 50k users/s": sc["per_s"] >= TARGETS["batch_users_per_s"],
+        "publish <= 10 s": max(res.seconds, (first if again else res).seconds)
+        <= TARGETS["publish_s"],
+    }
+    for name, ok in verdict.items():
+        print(f"  [{'met' if ok else 'MISSED'}] {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

