@@ -1,0 +1,610 @@
+"""Numba kernels for AltSVM (Park et al., ICML 2015, Algorithm 1). Plain arrays only.
+
+Notation (shared by every kernel below). Comparisons c = (i, j, k): user i prefers item j
+(winner) over item k (loser); they are stored sorted by user, ``user_ptr`` is the CSR pointer
+over users. The model is X = U Vᵀ + 1 bᵀ (b = 0 and never touched when ``fit_bias`` is 0) and
+the primal problem (paper eq. 3, with an optional item bias regularized like V) is
+
+    P(U, V, b) = Σ_c L(z_c) + reg/2 (‖U‖² + ‖V‖² + ‖b‖²),   z_c = u_iᵀ(v_j − v_k) + b_j − b_k.
+
+Losses (``loss`` code): 0 squared hinge L(z) = max(0, 1 − z)² (the paper's), 1 hinge
+L(z) = max(0, 1 − z), 2 logistic L(z) = log(1 + e^{−z}).
+
+Each half-step is a linear SVM ``min_w reg/2 ‖w‖² + Σ_c L(wᵀx_c)`` whose dual (eqs. 7 and 9,
+rescaled so that a dual variable is a loss slope, independent of ``reg``) is
+
+    min_a  D(a) = 1/(2 reg) ‖Σ_c a_c x_c‖² + Σ_c L*(−a_c),      w(a) = (1/reg) Σ_c a_c x_c,
+
+with L*(−a) = −a + a²/4 on a ≥ 0 (squared hinge), −a on [0, 1] (hinge), a log a +
+(1 − a) log(1 − a) on [0, 1] (logistic). At the optimum a_c = −L'(z_c).
+
+* V-step (eqs. 6, 9, 10): w = (V, b), x_c = [u_i; 1] ⊗ (e_j − e_k), duals ``beta``.
+* U-step (eqs. 4, 5, 7, 8): separable per user, w = u_i, x_c = v_j − v_k (the bias difference
+  b_j − b_k is a constant offset of the margin), duals ``alpha``.
+
+One coordinate step (eqs. 8 and 10) minimizes over the new value a' of one dual
+
+    h(a') = (a' − a) g + q (a' − a)² / 2 + L*(−a'),   g = wᵀx_c (the margin),  q = ‖x_c‖²/reg,
+
+exactly: closed form for the two hinges, safeguarded Newton for the logistic loss.
+
+Stopping rules live in the caller (:mod:`solvers.altsvm`): every kernel here runs a fixed
+number of passes, except that the U-step runs extra passes per user while that user's share of
+P is above its value at the previous point (:func:`_user_update`).
+
+Random numbers come from a splitmix64 stream whose seed is an argument, so a kernel's result
+depends only on its inputs (and, for the Hogwild V-step with several threads, on timing).
+``fastmath`` is limited to reassociation, contraction and signed zeros (it lets LLVM vectorize
+the length-r dot products); nothing assumes away NaN or inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+# Reassociation lets LLVM vectorize the length-r dot products; no flag assumes away NaN/inf.
+_FAST = {"contract", "reassoc", "nsz"}
+
+SQUARED_HINGE = 0
+HINGE = 1
+LOGISTIC = 2
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+
+
+# --------------------------------------------------------------------------------------------
+# random numbers: splitmix64 (Steele, Lea, Flood 2014); state in, (state, value) out
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _next_u64(state):
+    state = state + _GOLDEN
+    z = state
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return state, z ^ (z >> _S31)
+
+
+@njit(cache=True)
+def _stream_seed(seed, stream):
+    """A well-mixed start state for sub-stream ``stream`` of ``seed`` (both uint64)."""
+    state, z = _next_u64(seed ^ (np.uint64(stream) * _MIX2))
+    return z
+
+
+@njit(cache=True)
+def _gcd(a, b):
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@njit(cache=True)
+def _affine_order(m, state):
+    """A random visiting order of 0..m-1: pos_t = (start + t stride) mod m, gcd(stride, m) = 1.
+
+    Used for one user's comparisons, which sit contiguously in cache: it costs two random
+    numbers per pass instead of a shuffle. Returns (state, start, stride).
+    """
+    if m <= 1:
+        return state, 0, 1
+    state, z = _next_u64(state)
+    start = np.int64(z % np.uint64(m))
+    state, z = _next_u64(state)
+    stride = 1 + np.int64(z % np.uint64(m - 1))
+    while _gcd(stride, m) != 1:
+        stride = stride + 1 if stride + 1 < m else 1
+    return state, start, stride
+
+
+@njit(cache=True)
+def _shuffle(idx, lo, hi, state):
+    """Fisher-Yates shuffle of ``idx[lo:hi]`` in place; returns the new RNG state."""
+    for s in range(hi - 1, lo, -1):
+        state, z = _next_u64(state)
+        t = lo + np.int64((z >> _S11) % np.uint64(s - lo + 1))
+        tmp = idx[s]
+        idx[s] = idx[t]
+        idx[t] = tmp
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# losses, conjugates, and the exact one-dimensional dual step (eqs. 8 and 10)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def loss_value(loss, z):
+    """L(z) for loss code ``loss``."""
+    if loss == SQUARED_HINGE:
+        m = 1.0 - z
+        return m * m if m > 0.0 else 0.0
+    if loss == HINGE:
+        return 1.0 - z if z < 1.0 else 0.0
+    if z > 0.0:
+        return math.log1p(math.exp(-z))
+    return -z + math.log1p(math.exp(z))
+
+
+@njit(cache=True)
+def conjugate_value(loss, a):
+    """L*(−a), the conjugate term of the dual objective, for a dual value ``a`` in its domain."""
+    if loss == SQUARED_HINGE:
+        return -a + 0.25 * a * a
+    if loss == HINGE:
+        return -a
+    r = 0.0
+    if a > 0.0:
+        r += a * math.log(a)
+    if a < 1.0:
+        r += (1.0 - a) * math.log1p(-a)
+    return r
+
+
+@njit(cache=True)
+def _sigmoid(t):
+    if t >= 0.0:
+        return 1.0 / (1.0 + math.exp(-t))
+    e = math.exp(t)
+    return e / (1.0 + e)
+
+
+@njit(cache=True)
+def dual_step(loss, a, g, q):
+    """Return argmin over a' of h(a') = (a' − a) g + q (a' − a)²/2 + L*(−a') (eqs. 8, 10).
+
+    Squared hinge: a' = max(0, a + (1 − g − a/2) / (q + 1/2)).
+    Hinge:         a' = clip(a + (1 − g) / q, 0, 1)  (q = 0: 1 if g < 1, 0 if g > 1).
+    Logistic:      a' = σ(t) where t solves φ(t) = g + q (σ(t) − a) + t = 0. φ is increasing
+                   with 1 ≤ φ' ≤ 1 + q/4 and changes sign on [−g − q(1 − a), −g + q a]:
+                   safeguarded Newton on t (``rtsafe``: a bisection step whenever the Newton
+                   step leaves the shrinking bracket or fails to halve |φ|, which breaks the
+                   two-cycles Newton falls into on the sigmoid's tails).
+    """
+    if loss == SQUARED_HINGE:
+        a_new = a + (1.0 - g - 0.5 * a) / (q + 0.5)
+        return a_new if a_new > 0.0 else 0.0
+    if loss == HINGE:
+        if q > 0.0:
+            a_new = a + (1.0 - g) / q
+        elif g < 1.0:
+            return 1.0
+        elif g > 1.0:
+            return 0.0
+        else:
+            return a
+        if a_new < 0.0:
+            return 0.0
+        if a_new > 1.0:
+            return 1.0
+        return a_new
+    lo = -g - q * (1.0 - a)
+    hi = -g + q * a
+    if hi - lo <= 1e-300:
+        return _sigmoid(-g)
+    if a <= 0.0:
+        t = lo
+    elif a >= 1.0:
+        t = hi
+    else:
+        t = math.log(a) - math.log1p(-a)
+        t = min(max(t, lo), hi)
+    step_before = hi - lo
+    for _ in range(200):
+        s = _sigmoid(t)
+        phi = g + q * (s - a) + t
+        if phi > 0.0:
+            hi = t
+        elif phi < 0.0:
+            lo = t
+        else:
+            break
+        dphi = 1.0 + q * s * (1.0 - s)
+        step = phi / dphi
+        t_new = t - step
+        if not (lo < t_new < hi) or abs(2.0 * phi) > abs(step_before * dphi):
+            step = 0.5 * (hi - lo)
+            t_new = lo + step
+        step_before = step
+        if abs(t_new - t) <= 1e-14 * (1.0 + abs(t)) or hi - lo <= 1e-14 * (1.0 + abs(t)):
+            t = t_new
+            break
+        t = t_new
+    return _sigmoid(t)
+
+
+# --------------------------------------------------------------------------------------------
+# layout shared by the kernels below
+#
+# Entries E: the distinct (user, item) pairs that occur in some comparison, sorted by user
+# (``entry_ptr`` is the CSR pointer over users, ``entry_item`` the item of each entry). Every
+# comparison c knows the entries of its winner and loser, ``pos_w[c]`` and ``pos_l[c]``. Since
+# z_c = x_iw − x_il with x_ij = u_iᵀv_j + b_j, margins and both primal rebuilds cost
+# O(|E| r + |Ω|) instead of O(|Ω| r) (on rating data |E| is the number of ratings).
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def join_duals(old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entry_ptr,
+               entry_item, out_a, out_b):
+    """Carry duals keyed by (user, winner, loser) from old comparisons onto new ones.
+
+    The old comparisons are grouped by user (CSR pointer ``old_ptr``); the new ones are
+    described by their layout (grouped by user, winner and loser as entry numbers, see
+    :func:`build_entries`). Per user, the old comparisons are counting-sorted by their
+    (winner, loser) slot among the user's entries, in order, and the m-th new comparison of a
+    slot takes the duals of the m-th old one. New comparisons without a partner get 0, old ones
+    without a partner are dropped. O(|Ω| + Σ_users entries²). Returns the number matched.
+    """
+    n_items = entry_item.max() + 1 if entry_item.shape[0] else 0
+    local = np.full(max(n_items, 1), -1, dtype=np.int64)
+    size = 1
+    for i in range(entry_ptr.shape[0] - 1):
+        m = entry_ptr[i + 1] - entry_ptr[i]
+        size = max(size, m * m + 1)
+    start = np.zeros(size, dtype=np.int64)
+    cursor = np.zeros(size, dtype=np.int64)
+    slot_of = np.empty(old_w.shape[0], dtype=np.int64)
+    by_slot = np.empty(old_w.shape[0], dtype=np.int64)
+    matched = 0
+    for i in range(user_ptr.shape[0] - 1):
+        n_lo, n_hi = user_ptr[i], user_ptr[i + 1]
+        for c in range(n_lo, n_hi):
+            out_a[c] = 0.0
+            out_b[c] = 0.0
+        if i >= old_ptr.shape[0] - 1 or n_hi == n_lo or old_ptr[i + 1] == old_ptr[i]:
+            continue
+        o_lo, o_hi = old_ptr[i], old_ptr[i + 1]
+        e_lo, e_hi = entry_ptr[i], entry_ptr[i + 1]
+        m = e_hi - e_lo
+        for e in range(e_lo, e_hi):
+            local[entry_item[e]] = e - e_lo
+        for s in range(m * m + 1):
+            start[s] = 0
+        for c in range(o_lo, o_hi):
+            w, lo = old_w[c], old_l[c]
+            s = -1
+            if w < n_items and lo < n_items and local[w] >= 0 and local[lo] >= 0:
+                s = local[w] * m + local[lo]
+                start[s + 1] += 1
+            slot_of[c] = s
+        for s in range(m * m):
+            start[s + 1] += start[s]
+        for s in range(m * m):
+            cursor[s] = start[s]
+        for c in range(o_lo, o_hi):  # counting sort, stable
+            s = slot_of[c]
+            if s >= 0:
+                by_slot[o_lo + cursor[s]] = c
+                cursor[s] += 1
+        for s in range(m * m):
+            cursor[s] = start[s]
+        for c in range(n_lo, n_hi):
+            s = (pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
+            if cursor[s] < start[s + 1]:
+                src = by_slot[o_lo + cursor[s]]
+                cursor[s] += 1
+                out_a[c] = old_a[src]
+                out_b[c] = old_b[src]
+                matched += 1
+        for e in range(e_lo, e_hi):
+            local[entry_item[e]] = -1
+    return matched
+
+
+@njit(cache=True)
+def build_entries(user_ptr, cw, cl, n_items):
+    """Entries of comparisons sorted by user: returns (pos_w, pos_l, entry_user, entry_item,
+    entry_ptr). Within a user, entries are numbered in order of first appearance."""
+    n_users = user_ptr.shape[0] - 1
+    n = cw.shape[0]
+    stamp = np.full(n_items, -1, dtype=np.int64)
+    slot = np.empty(n_items, dtype=np.int64)
+    pos_w = np.empty(n, dtype=np.int64)
+    pos_l = np.empty(n, dtype=np.int64)
+    entry_user = np.empty(2 * n, dtype=np.int32)
+    entry_item = np.empty(2 * n, dtype=np.int32)
+    entry_ptr = np.empty(n_users + 1, dtype=np.int64)
+    n_e = 0
+    for i in range(n_users):
+        entry_ptr[i] = n_e
+        for c in range(user_ptr[i], user_ptr[i + 1]):
+            for side in range(2):
+                item = cw[c] if side == 0 else cl[c]
+                if stamp[item] != i:
+                    stamp[item] = i
+                    slot[item] = n_e
+                    entry_user[n_e] = i
+                    entry_item[n_e] = item
+                    n_e += 1
+                if side == 0:
+                    pos_w[c] = slot[item]
+                else:
+                    pos_l[c] = slot[item]
+    entry_ptr[n_users] = n_e
+    return pos_w, pos_l, entry_user[:n_e].copy(), entry_item[:n_e].copy(), entry_ptr
+
+
+@njit(cache=True, fastmath=_FAST)
+def _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss, x):
+    """User i's share of P: Σ_{c of i} L(z_c) + reg/2 ‖u_i‖² (uses x[entries of i] as scratch)."""
+    r = V.shape[1]
+    nrm = 0.0
+    for f in range(r):
+        nrm += U[i, f] * U[i, f]
+    for e in range(entry_ptr[i], entry_ptr[i + 1]):
+        j = entry_item[e]
+        t = b[j]
+        for f in range(r):
+            t += U[i, f] * V[j, f]
+        x[e] = t
+    acc = 0.0
+    for c in range(user_ptr[i], user_ptr[i + 1]):
+        acc += loss_value(loss, x[pos_w[c]] - x[pos_l[c]])
+    return acc + 0.5 * reg * nrm
+
+
+@njit(cache=True)
+def user_shares(user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss, x, out):
+    """out[i] = user i's share of P; P = Σ_i out[i] + reg/2 (‖V‖² + ‖b‖²). Serial."""
+    for i in range(U.shape[0]):
+        out[i] = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg,
+                             loss, x)
+
+
+# --------------------------------------------------------------------------------------------
+# V-step (eqs. 6, 9, 10; Algorithm 1 lines 3-11)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def sum_squares(V, b):
+    """‖V‖² + ‖b‖² (a plain loop: a BLAS call here would wake BLAS threads that then compete
+    with the numba threads for the cores)."""
+    acc = 0.0
+    for j in range(V.shape[0]):
+        for f in range(V.shape[1]):
+            acc += V[j, f] * V[j, f]
+    for j in range(b.shape[0]):
+        acc += b[j] * b[j]
+    return acc
+
+
+@njit(cache=True)
+def scatter_duals(pos_w, pos_l, duals, out):
+    """out[e] = Σ_c duals_c (1[pos_w[c] = e] − 1[pos_l[c] = e]): duals summed per entry."""
+    out[:] = 0.0
+    for c in range(duals.shape[0]):
+        a = duals[c]
+        if a != 0.0:
+            out[pos_w[c]] += a
+            out[pos_l[c]] -= a
+
+
+@njit(cache=True, fastmath=_FAST)
+def _item_from_entries(j, item_entry_ptr, item_entries, entry_user, B, U, reg, V, b, fit_bias):
+    r = V.shape[1]
+    for f in range(r):
+        V[j, f] = 0.0
+    bj = 0.0
+    for p in range(item_entry_ptr[j], item_entry_ptr[j + 1]):
+        e = item_entries[p]
+        coef = B[e] / reg
+        if coef != 0.0:
+            i = entry_user[e]
+            for f in range(r):
+                V[j, f] += coef * U[i, f]
+            bj += coef
+    if fit_bias:
+        b[j] = bj
+
+
+@njit(cache=True)
+def items_from_duals(item_entry_ptr, item_entries, entry_user, B, U, reg, V, b, fit_bias):
+    """Algorithm 1 line 3, exactly: (v_j, b_j) = (1/reg) Σ_c beta_c s_cj [u_i; 1].
+
+    ``B`` holds the V-step duals summed per entry (:func:`scatter_duals`), s_cj = +1 when j won
+    comparison c and −1 when it lost, so v_j = (1/reg) Σ_{entries (i, j)} B_ij u_i.
+    """
+    for j in range(V.shape[0]):
+        _item_from_entries(j, item_entry_ptr, item_entries, entry_user, B, U, reg, V, b,
+                           fit_bias)
+
+
+@njit(cache=True, fastmath=_FAST)
+def _vstep_block(c0, c1, vu, vw, vl, beta, U, V, b, fit_bias, reg, loss):
+    """Stochastic dual CD steps (eq. 10) on comparisons c0..c1-1 of the V-step arrays.
+
+    Keeps V = (1/reg) Σ beta_c u_i (e_j − e_k)ᵀ (and b likewise) after every step.
+    """
+    r = U.shape[1]
+    for c in range(c0, c1):
+        i = vu[c]
+        j = vw[c]
+        k = vl[c]
+        g = 0.0
+        uu = 0.0
+        for f in range(r):
+            uf = U[i, f]
+            g += uf * (V[j, f] - V[k, f])
+            uu += uf * uf
+        if fit_bias:
+            g += b[j] - b[k]
+            uu += 1.0
+        a = beta[c]
+        a_new = dual_step(loss, a, g, 2.0 * uu / reg)
+        if a_new != a:
+            beta[c] = a_new
+            d = (a_new - a) / reg
+            for f in range(r):
+                t = d * U[i, f]
+                V[j, f] += t
+                V[k, f] -= t
+            if fit_bias:
+                b[j] += d
+                b[k] -= d
+
+
+@njit(cache=True)
+def vstep_serial(blocks, block_start, vu, vw, vl, beta, U, V, b, fit_bias, reg, loss, seed):
+    """One V-step epoch, one thread.
+
+    Problem (eq. 6 with bias): min_{V,b} reg/2 (‖V‖² + ‖b‖²) + Σ_c L(z_c), U fixed, through
+    its dual (eq. 9) in ``beta``; on entry V, b must equal (1/reg) Σ beta_c x_c (see
+    :func:`items_from_duals`). The comparisons (arrays ``vu, vw, vl, beta``) are cut into
+    blocks, block q covering positions ``block_start[q]:block_start[q + 1]``. Each epoch visits
+    the blocks in a fresh random order (``blocks`` is reshuffled in place) and each block
+    sequentially, so memory is read in order. No stopping rule inside: the caller checks the
+    primal objective after each epoch.
+    """
+    _shuffle(blocks, 0, blocks.shape[0], seed)
+    for q in range(blocks.shape[0]):
+        _vstep_block(block_start[blocks[q]], block_start[blocks[q] + 1], vu, vw, vl, beta, U, V,
+                     b, fit_bias, reg, loss)
+
+
+@njit(parallel=True, cache=True)
+def vstep_hogwild(blocks, block_start, vu, vw, vl, beta, U, V, b, fit_bias, reg, loss, seed):
+    """One V-step epoch, lock-free over threads (paper §4.1; Hogwild, PASSCoDe).
+
+    Same problem and visiting order as :func:`vstep_serial`, but the blocks are dealt to the
+    threads dynamically (chunks set by ``numba.set_parallel_chunksize``), which write the 2r + 2
+    numbers of v_j, v_k, b_j, b_k of each step without locks.
+    """
+    _shuffle(blocks, 0, blocks.shape[0], seed)
+    for q in prange(blocks.shape[0]):
+        _vstep_block(block_start[blocks[q]], block_start[blocks[q] + 1], vu, vw, vl, beta, U, V,
+                     b, fit_bias, reg, loss)
+
+
+# --------------------------------------------------------------------------------------------
+# U-step (eqs. 4, 5, 7, 8; Algorithm 1 lines 13-20), independent per user
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True, fastmath=_FAST)
+def _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U):
+    """u_i = (1/reg) Σ_c alpha_c (v_j − v_k) into ``U[i]`` (Algorithm 1 line 13), exactly:
+    the duals are summed per entry first, u_i = (1/reg) Σ_{entries (i, j)} A_ij v_j."""
+    r = V.shape[1]
+    for e in range(entry_ptr[i], entry_ptr[i + 1]):
+        A[e] = 0.0
+    for c in range(user_ptr[i], user_ptr[i + 1]):
+        a = alpha[c]
+        A[pos_w[c]] += a
+        A[pos_l[c]] -= a
+    for f in range(r):
+        U[i, f] = 0.0
+    for e in range(entry_ptr[i], entry_ptr[i + 1]):
+        coef = A[e] / reg
+        if coef != 0.0:
+            j = entry_item[e]
+            for f in range(r):
+                U[i, f] += coef * V[j, f]
+
+
+@njit(cache=True)
+def users_from_duals(user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U):
+    """U from the U-step duals and V, exactly (LIBLINEAR's setup loop for a warm start)."""
+    for i in range(U.shape[0]):
+        _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U)
+
+
+@njit(cache=True, fastmath=_FAST)
+def _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state):
+    """One pass of dual CD steps (eq. 8) over user i's comparisons in a random affine order."""
+    lo = user_ptr[i]
+    m = user_ptr[i + 1] - lo
+    r = V.shape[1]
+    state, pos, stride = _affine_order(m, state)
+    for _ in range(m):
+        c = lo + pos
+        pos += stride
+        if pos >= m:
+            pos -= m
+        j = cw[c]
+        k = cl[c]
+        g = b[j] - b[k]
+        dd = 0.0
+        for f in range(r):
+            d = V[j, f] - V[k, f]
+            g += U[i, f] * d
+            dd += d * d
+        a = alpha[c]
+        a_new = dual_step(loss, a, g, dd / reg)
+        if a_new != a:
+            alpha[c] = a_new
+            step = (a_new - a) / reg
+            for f in range(r):
+                U[i, f] += step * (V[j, f] - V[k, f])
+    return state
+
+
+@njit(cache=True)
+def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
+                 reg, loss, max_extra, seed, A, x, U, shares):
+    """User i's U-step (Algorithm 1 lines 13-20), fused with the objective bookkeeping.
+
+    Problem (5): min_u reg/2 ‖u‖² + Σ_{c of i} L(uᵀ(v_j − v_k) + b_j − b_k), V and b fixed,
+    through its dual (7) in ``alpha``. Rebuilds u_i from alpha with the current V, records
+    user i's share of P at the previous point, shares[i, 0] = Σ L(z_c(U_old)) +
+    reg/2 ‖u_i^old‖², runs one random-order CD pass, then up to ``max_extra`` more while the
+    share at the new u_i is above shares[i, 0]; if it still is, u_i = u_i^old (alpha keeps its
+    progress). So the U-step never increases eq. (3). shares[i, 1] is the final share.
+    """
+    old = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U_old, V, b, reg, loss,
+                      x)
+    shares[i, 0] = old
+    _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U)
+    state = _stream_seed(seed, i)
+    for epoch in range(max_extra + 1):
+        state = _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state)
+        new = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss,
+                          x)
+        if new <= old:
+            shares[i, 1] = new
+            return
+    for f in range(V.shape[1]):
+        U[i, f] = U_old[i, f]
+    shares[i, 1] = old
+
+
+@njit(cache=True)
+def ustep_serial(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b, reg,
+                 loss, max_extra, seed, A, x, U, shares):
+    """The U-step for all users (see :func:`_user_update`), one thread."""
+    for i in range(U.shape[0]):
+        _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
+                     b, reg, loss, max_extra, seed, A, x, U, shares)
+
+
+@njit(parallel=True, cache=True)
+def ustep_parallel(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
+                   reg, loss, max_extra, seed, A, x, U, shares):
+    """The U-step with users dealt to threads dynamically. Race-free (each user owns its
+    comparisons, entries and row of U) and, with per-user random streams, gives the same
+    numbers for any thread count."""
+    for i in prange(U.shape[0]):
+        _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
+                     b, reg, loss, max_extra, seed, A, x, U, shares)
+
+
+@njit(cache=True)
+def solve_users(user_ptr, cw, cl, alpha, U, V, b, reg, loss, n_epochs, seed):
+    """``n_epochs`` CD passes per user on problem (5), from the current alpha and U (which
+    must equal (1/reg) Σ alpha_c (v_j − v_k)); used by fold-in, to a duality gap."""
+    for i in range(U.shape[0]):
+        state = _stream_seed(seed, i)
+        for _ in range(n_epochs):
+            state = _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state)

@@ -1,0 +1,204 @@
+"""Pairwise comparisons from ratings, and the per-user train/test split of Park et al. (2015).
+
+All functions are vectorized numpy (no Python loop over users or pairs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solvers._base import check_choice, check_finite
+
+__all__ = ["pairs_from_ratings", "split_ratings_per_user"]
+
+_STRATEGIES = ("random", "largest_gap")
+
+
+def as_ids(name: str, a, *, ndim: int = 1) -> np.ndarray:
+    """``a`` as an int64 array of non-negative ids, or ``ValueError`` naming value and position.
+
+    Integer-valued floats are accepted; NaN/inf, fractions and negative values are not.
+    """
+    a = np.asarray(a)
+    if a.ndim != ndim:
+        raise ValueError(f"{name} has {a.ndim} dimension(s) (shape {a.shape}), expected {ndim}")
+    if a.dtype == bool or not (np.issubdtype(a.dtype, np.integer)
+                               or np.issubdtype(a.dtype, np.floating)):
+        raise ValueError(f"{name} has dtype {a.dtype}, expected integer ids")
+    if np.issubdtype(a.dtype, np.floating):
+        check_finite(name, a)
+        frac = a != np.floor(a)
+        if frac.any():
+            pos = _position(frac)
+            raise ValueError(f"{name} contains {a[pos].item()!r} at position {pos}; ids must be "
+                             "integers")
+    neg = a < 0
+    if neg.any():
+        pos = _position(neg)
+        raise ValueError(f"{name} contains {a[pos].item()!r} at position {pos}; ids must be >= 0")
+    return a.astype(np.int64, copy=False)
+
+
+def _position(mask: np.ndarray):
+    pos = np.unravel_index(int(np.flatnonzero(mask.ravel())[0]), mask.shape)
+    return int(pos[0]) if len(pos) == 1 else tuple(int(p) for p in pos)
+
+
+def _check_ratings(users, items, ratings):
+    users = as_ids("users", users)
+    items = as_ids("items", items)
+    ratings = np.asarray(ratings, dtype=np.float64)
+    if ratings.ndim != 1:
+        raise ValueError(f"ratings has shape {ratings.shape}, expected a 1-D array")
+    if not (users.shape[0] == items.shape[0] == ratings.shape[0]):
+        raise ValueError(f"users, items and ratings have lengths {users.shape[0]}, "
+                         f"{items.shape[0]} and {ratings.shape[0]}; expected equal lengths")
+    check_finite("ratings", ratings)
+    return users, items, ratings
+
+
+def _group_starts(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For a sorted key array: start offset of each run, and each element's run start."""
+    n = sorted_keys.shape[0]
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    starts = np.flatnonzero(new_run)
+    run_of = np.cumsum(new_run) - 1
+    return starts, starts[run_of]
+
+
+def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy="random",
+                       random_state=None) -> np.ndarray:
+    """Within-user comparisons (user, winner, loser) from explicit ratings.
+
+    Every pair of items rated by the same user with different ratings gives one comparison,
+    the higher-rated item winning; ties are dropped (Park et al. 2015, §5.1-5.2).
+
+    Parameters
+    ----------
+    users, items : array-like of int, shape (n,)
+        0-based ids of the rating events. A (user, item) pair may occur only once.
+    ratings : array-like of float, shape (n,)
+        The ratings; finite.
+    max_pairs_per_user : int or None
+        Keep at most this many comparisons per user (None: all).
+    strategy : {"random", "largest_gap"}
+        How to subsample when ``max_pairs_per_user`` is set: uniformly at random, or the pairs
+        with the largest rating gaps (the paper's "AltSVM-sub"; ties broken at random).
+    random_state : int, numpy.random.Generator or None
+        Seed for the subsampling.
+
+    Returns
+    -------
+    comparisons : ndarray of int64, shape (m, 3)
+        Columns user, winner, loser; sorted by user, then by the positions of the two ratings
+        in the input.
+
+    Examples
+    --------
+    >>> from solvers import pairs_from_ratings
+    >>> pairs_from_ratings([0, 0, 0, 1, 1], [3, 4, 5, 3, 4], [5, 1, 5, 2, 4])
+    array([[0, 3, 4],
+           [0, 5, 4],
+           [1, 4, 3]])
+    """
+    users, items, ratings = _check_ratings(users, items, ratings)
+    check_choice("strategy", strategy, _STRATEGIES)
+    if max_pairs_per_user is not None:
+        if int(max_pairs_per_user) != max_pairs_per_user or max_pairs_per_user < 1:
+            raise ValueError(f"max_pairs_per_user is {max_pairs_per_user!r}, expected an "
+                             "integer >= 1 or None")
+        max_pairs_per_user = int(max_pairs_per_user)
+    n = users.shape[0]
+    if n == 0:
+        return np.empty((0, 3), dtype=np.int64)
+
+    by_ui = np.lexsort((items, users))
+    u_ui, i_ui = users[by_ui], items[by_ui]
+    same = (u_ui[1:] == u_ui[:-1]) & (i_ui[1:] == i_ui[:-1])
+    if same.any():
+        p = int(np.flatnonzero(same)[0])
+        a, b = sorted((int(by_ui[p]), int(by_ui[p + 1])))
+        raise ValueError(f"(user {users[a]}, item {items[a]}) is rated twice, at positions {a} "
+                         f"and {b}; expected one rating per (user, item)")
+
+    order = np.lexsort((np.arange(n), users))  # by user, then input position
+    u_s, i_s, r_s = users[order], items[order], ratings[order]
+    _, start_of = _group_starts(u_s)
+    pos = np.arange(n) - start_of  # position within the user's group
+    ends = np.r_[np.flatnonzero(u_s[1:] != u_s[:-1]) + 1, n]
+    group_size = np.repeat(ends - np.r_[0, ends[:-1]], ends - np.r_[0, ends[:-1]])
+    counts = group_size - 1 - pos  # partners after this rating in its group
+    total = int(counts.sum())
+    first = np.repeat(np.arange(n), counts)
+    offsets = np.cumsum(counts) - counts
+    second = first + 1 + (np.arange(total) - np.repeat(offsets, counts))
+
+    keep = r_s[first] != r_s[second]
+    first, second = first[keep], second[keep]
+    first_wins = r_s[first] > r_s[second]
+    winner = np.where(first_wins, first, second)
+    loser = np.where(first_wins, second, first)
+    user = u_s[first]
+
+    if max_pairs_per_user is not None and user.shape[0] > 0:
+        rng = np.random.default_rng(random_state)
+        tiebreak = rng.random(user.shape[0])
+        if strategy == "random":
+            rank_key = np.lexsort((tiebreak, user))
+        else:
+            gap = np.abs(r_s[winner] - r_s[loser])
+            rank_key = np.lexsort((tiebreak, -gap, user))
+        _, start = _group_starts(user[rank_key])
+        chosen = rank_key[(np.arange(user.shape[0]) - start) < max_pairs_per_user]
+        chosen.sort()
+        user, winner, loser = user[chosen], winner[chosen], loser[chosen]
+
+    return np.column_stack([user, i_s[winner], i_s[loser]]).astype(np.int64, copy=False)
+
+
+def split_ratings_per_user(users, n_train, min_test=10, random_state=None):
+    """Per-user holdout of Park et al. (2015, §5.2) and CofiRank (Weimer et al. 2007).
+
+    Users with fewer than ``n_train + min_test`` ratings are dropped; for every other user,
+    ``n_train`` of their ratings chosen at random go to training and the rest to test.
+
+    Parameters
+    ----------
+    users : array-like of int, shape (n,)
+        User id of each rating event.
+    n_train : int
+        Training ratings per user (the paper's N).
+    min_test : int
+        Users need at least this many ratings beyond ``n_train``.
+    random_state : int, numpy.random.Generator or None
+        Seed.
+
+    Returns
+    -------
+    train_idx, test_idx : ndarray of int64
+        Positions (into ``users``) of the training and test ratings, each sorted.
+
+    Examples
+    --------
+    >>> from solvers.pairs import split_ratings_per_user
+    >>> tr, te = split_ratings_per_user([0, 0, 0, 1], n_train=2, min_test=1, random_state=0)
+    >>> len(tr), len(te)
+    (2, 1)
+    """
+    users = as_ids("users", users)
+    if int(n_train) != n_train or n_train < 1:
+        raise ValueError(f"n_train is {n_train!r}, expected an integer >= 1")
+    if int(min_test) != min_test or min_test < 0:
+        raise ValueError(f"min_test is {min_test!r}, expected an integer >= 0")
+    rng = np.random.default_rng(random_state)
+    n = users.shape[0]
+    order = np.lexsort((rng.random(n), users))  # by user, random within user
+    u_s = users[order]
+    _, start_of = _group_starts(u_s)
+    pos = np.arange(n) - start_of
+    size = np.bincount(u_s)[u_s]
+    eligible = size >= n_train + min_test
+    train = order[eligible & (pos < n_train)]
+    test = order[eligible & (pos >= n_train)]
+    return np.sort(train), np.sort(test)

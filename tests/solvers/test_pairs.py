@@ -1,0 +1,106 @@
+"""Tests of solvers.pairs against brute-force references."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from solvers import pairs_from_ratings
+from solvers.pairs import split_ratings_per_user
+
+
+def random_ratings(seed=0, n_users=12, n_items=30, per_user=(0, 15)):
+    rng = np.random.default_rng(seed)
+    users, items, ratings = [], [], []
+    for u in rng.permutation(n_users):
+        m = rng.integers(*per_user)
+        chosen = rng.choice(n_items, size=m, replace=False)
+        users += [u] * m
+        items += list(chosen)
+        ratings += list(rng.integers(1, 6, m))
+    return np.array(users, dtype=np.int64), np.array(items, dtype=np.int64), np.array(ratings)
+
+
+def brute_force_pairs(users, items, ratings):
+    out = set()
+    for a, b in itertools.combinations(range(len(users)), 2):
+        if users[a] == users[b] and ratings[a] != ratings[b]:
+            w, lo = (a, b) if ratings[a] > ratings[b] else (b, a)
+            out.add((users[a], items[w], items[lo]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_all_pairs_match_brute_force(seed):
+    users, items, ratings = random_ratings(seed)
+    c = pairs_from_ratings(users, items, ratings)
+    assert c.dtype == np.int64 and c.shape[1] == 3
+    assert set(map(tuple, c.tolist())) == brute_force_pairs(users, items, ratings)
+    assert len(c) == len(brute_force_pairs(users, items, ratings))  # no duplicates
+    assert (np.diff(c[:, 0]) >= 0).all()  # sorted by user
+
+
+@pytest.mark.parametrize("strategy", ["random", "largest_gap"])
+def test_subsampling_keeps_at_most_max_pairs_per_user(strategy):
+    users, items, ratings = random_ratings(5, per_user=(5, 20))
+    full = brute_force_pairs(users, items, ratings)
+    r = {(u, i): x for u, i, x in zip(users, items, ratings)}
+    c = pairs_from_ratings(users, items, ratings, max_pairs_per_user=7, strategy=strategy,
+                           random_state=3)
+    got = set(map(tuple, c.tolist()))
+    assert got <= full and len(got) == len(c)
+    for u in np.unique(users):
+        all_u = [p for p in full if p[0] == u]
+        got_u = [p for p in got if p[0] == u]
+        assert len(got_u) == min(7, len(all_u))
+        if strategy == "largest_gap" and len(all_u) > 7:
+            gap = lambda p: r[(p[0], p[1])] - r[(p[0], p[2])]  # noqa: E731
+            left_out = [p for p in all_u if p not in got_u]
+            assert min(map(gap, got_u)) >= max(map(gap, left_out))
+    again = pairs_from_ratings(users, items, ratings, max_pairs_per_user=7, strategy=strategy,
+                               random_state=3)
+    np.testing.assert_array_equal(c, again)
+
+
+def test_ties_only_give_no_pairs():
+    c = pairs_from_ratings([0, 0, 1], [1, 2, 1], [4, 4, 5])
+    assert c.shape == (0, 3)
+    assert pairs_from_ratings([], [], []).shape == (0, 3)
+
+
+@pytest.mark.parametrize("args, match", [
+    (([0, 0], [1, 1], [3, 4]), r"\(user 0, item 1\) is rated twice, at positions 0 and 1"),
+    (([0, 0], [1, 2], [3, np.nan]), r"ratings contains .*nan.* at position 1"),
+    (([0, -1], [1, 2], [3, 4]), r"users contains -1 at position 1"),
+    (([0, 1], [1, 2.5], [3, 4]), r"items contains 2.5 at position 1"),
+    (([0, 1], [1, 2], [3]), "lengths 2, 2 and 1"),
+])
+def test_bad_ratings_are_named(args, match):
+    with pytest.raises(ValueError, match=match):
+        pairs_from_ratings(*args)
+
+
+def test_bad_subsampling_arguments():
+    with pytest.raises(ValueError, match="strategy is 'best'"):
+        pairs_from_ratings([0, 0], [1, 2], [1, 2], strategy="best")
+    with pytest.raises(ValueError, match="max_pairs_per_user is 0"):
+        pairs_from_ratings([0, 0], [1, 2], [1, 2], max_pairs_per_user=0)
+
+
+def test_split_per_user_follows_the_paper_protocol():
+    users, _, _ = random_ratings(7, n_users=30, per_user=(3, 25))
+    train, test = split_ratings_per_user(users, n_train=8, min_test=4, random_state=0)
+    assert len(np.intersect1d(train, test)) == 0
+    counts = np.bincount(users)
+    for u in range(len(counts)):
+        tr, te = (users[train] == u).sum(), (users[test] == u).sum()
+        if counts[u] >= 12:
+            assert tr == 8 and te == counts[u] - 8
+        else:
+            assert tr == te == 0
+    t2, _ = split_ratings_per_user(users, n_train=8, min_test=4, random_state=0)
+    np.testing.assert_array_equal(train, t2)
+    t3, _ = split_ratings_per_user(users, n_train=8, min_test=4, random_state=1)
+    assert not np.array_equal(train, t3)
