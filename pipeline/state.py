@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.durable import fsync_dir
+
 FORMAT_VERSION = 1
 
 
@@ -31,14 +33,6 @@ class Checkpoint:
     @property
     def run_id(self) -> str:
         return self.path.name
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint(root, model: str, run_id: str, *, arrays: dict, manifest: dict) -> Path:
@@ -59,12 +53,12 @@ def write_checkpoint(root, model: str, run_id: str, *, arrays: dict, manifest: d
             json.dump(full, fh, indent=2, sort_keys=True, default=str)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         final = model_dir / run_id
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(model_dir)
+        fsync_dir(model_dir)
         return final
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

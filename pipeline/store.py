@@ -57,6 +57,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from pipeline.dead_letter import DEAD_LETTER_KIND, DEAD_LETTER_SCHEMA
+from pipeline.durable import fsync_dir, fsync_file, makedirs_durable
 from pipeline.events import KINDS, schema
 
 FORMAT_VERSION = 1
@@ -208,7 +209,7 @@ class EventStore:
         for path in removed:
             path.unlink(missing_ok=True)
         for directory in {p.parent for p in removed}:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         return removed
 
     def write(self, topic: str, partition: int, first: int, last: int,
@@ -246,19 +247,19 @@ class EventStore:
             moves = []
             for kind, table in parts.items():
                 directory = self._dir(kind, topic, partition)
-                _makedirs_durable(directory)
+                makedirs_durable(directory)
                 final = directory / name
                 temp = directory / f".{name}.{os.getpid()}.tmp"
                 table = table.replace_schema_metadata(
                     {"rankstream": json.dumps({**meta, "kind": kind})})
                 pq.write_table(table, temp, compression=self.compression,
                                use_dictionary=_dictionary_columns(table.schema))
-                _fsync_file(temp)
+                fsync_file(temp)
                 moves.append((temp, final))
             for temp, final in moves:
                 os.replace(temp, final)
             for directory in {final.parent for _, final in moves}:
-                _fsync_dir(directory)
+                fsync_dir(directory)
             return [final for _, final in moves]
 
     # ------------------------------------------------------------------ reading
@@ -460,30 +461,3 @@ def _ts_range(meta) -> tuple[int | None, int | None]:
             lows.append(st.min)
             highs.append(st.max)
     return (min(lows), max(highs)) if lows else (None, None)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _makedirs_durable(path: Path) -> None:
-    """``mkdir -p`` that also fsyncs the parent of every directory it creates."""
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        directory.mkdir(exist_ok=True)
-        _fsync_dir(directory.parent)
