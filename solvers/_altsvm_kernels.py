@@ -138,21 +138,6 @@ def loss_value(loss, z):
 
 
 @njit(cache=True)
-def conjugate_value(loss, a):
-    """L*(−a), the conjugate term of the dual objective, for a dual value ``a`` in its domain."""
-    if loss == SQUARED_HINGE:
-        return -a + 0.25 * a * a
-    if loss == HINGE:
-        return -a
-    r = 0.0
-    if a > 0.0:
-        r += a * math.log(a)
-    if a < 1.0:
-        r += (1.0 - a) * math.log1p(-a)
-    return r
-
-
-@njit(cache=True)
 def _sigmoid(t):
     if t >= 0.0:
         return 1.0 / (1.0 + math.exp(-t))

@@ -27,21 +27,27 @@ values (beta keeps its progress and starts the next V-step). Per user, the U-ste
 runs up to 50 more epochs while the user's share of the objective is above its value at the
 old u_i, and else keeps the old u_i. On MovieLens at the paper's settings none of this fires;
 it makes ``objective_`` non-increasing by construction. An outer iteration whose V-step was
-reverted never counts as converged.
+reverted never counts as converged. (With the hinge loss at small ``reg`` the V-step revert
+is frequent: its dual iterates give rough primal points.)
 
-Parallel schedule (``n_threads`` > 1). U-step and both rebuilds: users / items in parallel
-(``prange``), race-free, with per-user random streams, so they give the same numbers for any
-thread count. V-step: lock-free (Hogwild) as in §4.1: the comparisons (grouped by user) are
-cut into blocks of 256; every epoch visits the blocks in a fresh random order, each block
-sequentially (memory is read in order; a random permutation of all comparisons gave the same
-iterations and NDCG but cost more time), the blocks dealt to the threads dynamically, which
-update the 2r + 2 numbers of v_j, v_k, b_j, b_k of each step without locks. A race-free
-schedule was built and measured too (items in 16 blocks, the comparisons between two blocks
-one task, the 15 rounds of a round-robin tournament running disjoint tasks in parallel: no
-shared writes, bit-identical results for any thread count, same NDCG). On this shared 2-core
-machine it was about 2x slower than Hogwild with 2 threads (15 barriers per epoch wait for
-descheduled threads), so Hogwild is used. With ``n_threads=1`` every kernel is the serial,
-cached one and a fit is bit-for-bit reproducible for a given ``random_state``.
+Parallel schedule (``n_threads`` > 1). The U-step, fused with the rebuild of U and the
+objective, runs over users in parallel (``prange``, users dealt dynamically in chunks of 4),
+race-free and with per-user random streams, so it gives the same numbers for any thread
+count; the rebuild of V is serial (it is O(|E| r)). V-step: lock-free (Hogwild) as in §4.1:
+the comparisons (grouped by user) are cut into blocks of 256; every epoch visits the blocks in
+a fresh random order, each block sequentially (memory is read in order; a random permutation
+of all comparisons gave the same iterations and NDCG but cost more time), the blocks dealt to
+the threads dynamically, which update the 2r + 2 numbers of v_j, v_k, b_j, b_k of each step
+without locks. A race-free schedule was built and measured too (items in 16 blocks, the
+comparisons between two blocks one task, the 15 rounds of a round-robin tournament running
+disjoint tasks in parallel: no shared writes, bit-identical results for any thread count,
+same NDCG). On this shared 2-core machine it was at best 15% faster than Hogwild and under
+load about 2x slower (15 barriers per epoch wait for descheduled threads), so Hogwild is
+used. With ``n_threads=1`` every kernel is the serial
+one and a fit is bit-for-bit reproducible for a given ``random_state``. All kernels are cached
+on disk (``cache=True``, parallel ones included); see :func:`warm_up`. On a machine whose
+cores are busy with other work, ``OMP_WAIT_POLICY=PASSIVE`` stops idle OpenMP threads from
+spinning (numba's default threading layer here is OpenMP).
 
 Stopping rule: relative decrease (f_{t−1} − f_t) / f_{t−1} < ``tol`` of the primal objective
 after a full outer iteration (the rule of the authors' code), f_0 being the objective at the
@@ -338,6 +344,8 @@ class AltSVM:
         rng = np.random.default_rng(self.random_state)
 
         c = _by_user(c)  # internal order: by user, then as given
+        if np.shares_memory(c, np.asarray(comparisons)):
+            c = c.copy()  # the model keeps its comparisons; never alias the caller's array
         lay = _layout(c, n_users, n_items)
         n = c.shape[0]
 
