@@ -142,32 +142,32 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         r_user, r_item = r_user[keep], r_item[keep]
         r_rating = t.column("rating").to_numpy()[keep]
         r_ts = t.column("ts").to_numpy()[keep]
-    comparisons = [np.zeros((0, 3), np.int64)]
+    explicit = np.zeros((0, 3), np.int64)
     if "comparison" in tables and tables["comparison"].num_rows:
         t = tables["comparison"]
         users, c_user = _indices(users, t.column("user"))
         items, c_win = _indices(items, t.column("winner"))
         items, c_lose = _indices(items, t.column("loser"))
-        comparisons.append(np.column_stack([c_user, c_win, c_lose]).astype(np.int64))
+        explicit = np.column_stack([c_user, c_win, c_lose]).astype(np.int64)
     test = _holdout_latest(r_user, r_ts, holdout, min_train) if holdout > 0 else \
         np.zeros(len(r_user), dtype=bool)
     train = ~test
-    if train.any():
-        comparisons.insert(0, pairs_from_ratings(r_user[train], r_item[train], r_rating[train],
-                                                 max_pairs_per_user=max_pairs_per_user,
-                                                 random_state=seed))
-    comps = np.concatenate(comparisons)
-    seen_u = np.concatenate([r_user, comps[:, 0], comps[:, 0]])
-    seen_i = np.concatenate([r_item, comps[:, 1], comps[:, 2]])
-    order = np.unique(seen_u * (2**31) + seen_i)
-    seen_u, seen_i = order // (2**31), order % (2**31)
-    indptr = np.zeros(len(users) + 1, np.int64)
-    np.add.at(indptr, seen_u + 1, 1)
+    derived = pairs_from_ratings(r_user[train], r_item[train], r_rating[train],
+                                 max_pairs_per_user=max_pairs_per_user, random_state=seed)
+    comps = np.concatenate([derived, explicit])
+    seen = r_user * (2**31) + r_item      # unique already: the latest rating per (user, item)
+    if len(explicit):                     # explicit comparisons add their two items
+        seen = np.unique(np.concatenate([seen, explicit[:, 0] * (2**31) + explicit[:, 1],
+                                         explicit[:, 0] * (2**31) + explicit[:, 2]]))
+    else:
+        seen = np.sort(seen)
+    seen_u, seen_i = seen // (2**31), seen % (2**31)
+    indptr = np.r_[0, np.cumsum(np.bincount(seen_u, minlength=len(users)))]
     return CollaborativeData(
         users=users, items=items, comparisons=comps,
         train={"user": r_user[train], "item": r_item[train], "rating": r_rating[train]},
         test={"user": r_user[test], "item": r_item[test], "rating": r_rating[test]},
-        seen_indptr=np.cumsum(indptr), seen_indices=seen_i.astype(np.int64), window=win,
+        seen_indptr=indptr, seen_indices=seen_i.astype(np.int64), window=win,
         stats={"ratings": int(len(r_user)), "comparisons": int(len(comps)),
                "test_ratings": int(test.sum()), "users": len(users), "items": len(items)})
 

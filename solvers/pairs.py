@@ -1,6 +1,7 @@
 """Pairwise comparisons from ratings, and the per-user train/test split of Park et al. (2015).
 
-All functions are vectorized numpy (no Python loop over users or pairs).
+Pairs are enumerated by the numba kernels of ``solvers._pairs_kernels`` (no Python loop
+over users or pairs, and no list of all pairs when a cap subsamples them).
 """
 
 from __future__ import annotations
@@ -113,47 +114,29 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
     if n == 0:
         return np.empty((0, 3), dtype=np.int64)
 
-    by_ui = np.lexsort((items, users))
-    u_ui, i_ui = users[by_ui], items[by_ui]
-    same = (u_ui[1:] == u_ui[:-1]) & (i_ui[1:] == i_ui[:-1])
-    if same.any():
-        p = int(np.flatnonzero(same)[0])
-        a, b = sorted((int(by_ui[p]), int(by_ui[p + 1])))
+    key = users * (int(items.max()) + 1) + items   # one int64 sort finds repeated pairs
+    key_sorted = np.sort(key)
+    if (key_sorted[1:] == key_sorted[:-1]).any():
+        dup = key_sorted[1:][key_sorted[1:] == key_sorted[:-1]][0]
+        a, b = (int(x) for x in np.flatnonzero(key == dup)[:2])
         raise ValueError(f"(user {users[a]}, item {items[a]}) is rated twice, at positions {a} "
                          f"and {b}; expected one rating per (user, item)")
 
-    order = np.lexsort((np.arange(n), users))  # by user, then input position
-    u_s, i_s, r_s = users[order], items[order], ratings[order]
-    _, start_of = _group_starts(u_s)
-    pos = np.arange(n) - start_of  # position within the user's group
-    ends = np.r_[np.flatnonzero(u_s[1:] != u_s[:-1]) + 1, n]
-    group_size = np.repeat(ends - np.r_[0, ends[:-1]], ends - np.r_[0, ends[:-1]])
-    counts = group_size - 1 - pos  # partners after this rating in its group
-    total = int(counts.sum())
-    first = np.repeat(np.arange(n), counts)
-    offsets = np.cumsum(counts) - counts
-    second = first + 1 + (np.arange(total) - np.repeat(offsets, counts))
+    from solvers._pairs_kernels import count_pairs, fill_pairs
 
-    keep = r_s[first] != r_s[second]
-    first, second = first[keep], second[keep]
+    order = np.argsort(users, kind="stable")  # by user, then input position
+    u_s, i_s, r_s = users[order], items[order], ratings[order]
+    starts = np.r_[0, np.flatnonzero(u_s[1:] != u_s[:-1]) + 1, n].astype(np.int64)
+    counts = count_pairs(starts, r_s)
+    cap = -1 if max_pairs_per_user is None else max_pairs_per_user
+    size = int(counts.sum() if cap < 0 else np.minimum(counts, cap).sum())
+    first, second = np.empty(size, np.int64), np.empty(size, np.int64)
+    seed = int(np.random.default_rng(random_state).integers(2**31 - 1))
+    fill_pairs(starts, r_s, counts, cap, strategy == "largest_gap", seed, first, second)
     first_wins = r_s[first] > r_s[second]
     winner = np.where(first_wins, first, second)
     loser = np.where(first_wins, second, first)
     user = u_s[first]
-
-    if max_pairs_per_user is not None and user.shape[0] > 0:
-        rng = np.random.default_rng(random_state)
-        tiebreak = rng.random(user.shape[0])
-        if strategy == "random":
-            rank_key = np.lexsort((tiebreak, user))
-        else:
-            gap = np.abs(r_s[winner] - r_s[loser])
-            rank_key = np.lexsort((tiebreak, -gap, user))
-        _, start = _group_starts(user[rank_key])
-        chosen = rank_key[(np.arange(user.shape[0]) - start) < max_pairs_per_user]
-        chosen.sort()
-        user, winner, loser = user[chosen], winner[chosen], loser[chosen]
-
     return np.column_stack([user, i_s[winner], i_s[loser]]).astype(np.int64, copy=False)
 
 

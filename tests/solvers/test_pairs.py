@@ -104,3 +104,25 @@ def test_split_per_user_follows_the_paper_protocol():
     np.testing.assert_array_equal(train, t2)
     t3, _ = split_ratings_per_user(users, n_train=8, min_test=4, random_state=1)
     assert not np.array_equal(train, t3)
+
+
+@pytest.mark.parametrize("strategy", ["random", "largest_gap"])
+def test_subsample_does_not_depend_on_the_thread_count(strategy):
+    import numba
+
+    rng = np.random.default_rng(5)
+    users = np.repeat(np.arange(60), 30)
+    items = np.tile(np.arange(30), 60)
+    ratings = rng.integers(1, 6, users.size).astype(float)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = pairs_from_ratings(users, items, ratings, max_pairs_per_user=40,
+                                 strategy=strategy, random_state=2)
+        numba.set_num_threads(before)
+        many = pairs_from_ratings(users, items, ratings, max_pairs_per_user=40,
+                                  strategy=strategy, random_state=2)
+    finally:
+        numba.set_num_threads(before)
+    assert np.array_equal(one, many)
+    assert np.bincount(one[:, 0]).max() <= 40
