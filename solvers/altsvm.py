@@ -443,6 +443,7 @@ class AltSVM:
                       shares[:, 0])
         f_prev = float(shares[:, 0].sum()) + penalty_vb()
         self.objective_init_ = f_prev
+        f_zero = n * K.loss_value(loss, 0.0)  # P(0, 0, 0): the stopping rule's reference
         if warm and r > 0:
             # a U-step against the stored V first: brings in the new comparisons' alpha
             _, f_prev = u_step(_draw_seeds(rng, 1)[0])
@@ -481,11 +482,13 @@ class AltSVM:
                 U[:] = U_old
                 self.n_extra_v_epochs_ += attempt < _MAX_EXTRA_V_EPOCHS
             objective.append(f)
-            rel = (f_prev - f) / abs(f_prev) if f_prev != 0 else 0.0
+            # decrease of this iteration relative to the whole decrease from w = 0
+            progress = f_zero - f
+            rel = (f_prev - f) / progress if progress > 0 else 0.0
             if self.verbose:
-                print(f"AltSVM iter {it:3d}  objective {f:.6e}  rel. decrease {rel:.2e}  "
-                      f"{time.perf_counter() - t0:.3f} s")
-            if 0.0 <= rel < self.tol and not reverted:
+                print(f"AltSVM iter {it:3d}  objective {f:.6e}  decrease / (P(0) - P) "
+                      f"{rel:.2e}  {time.perf_counter() - t0:.3f} s")
+            if self.tol > 0 and 0.0 <= rel <= self.tol and not reverted:
                 self.converged_ = True
                 break
             f_prev = f
