@@ -95,3 +95,10 @@ def test_model_config_validation_names_the_problem(tmp_path):
         bad.write_text(f"[models.x]\n{body}\n")
         with pytest.raises(ValueError, match=re.escape(message)):
             load_models(bad)
+
+
+def test_shipped_model_config_is_valid():
+    from pathlib import Path
+
+    models = load_models(Path(__file__).resolve().parents[2] / "dags" / "models.toml")
+    assert {m.algorithm for m in models.values()} == {"altsvm", "toppush"}
