@@ -39,8 +39,8 @@ def _models():
                    "evaluation": {"holdout": 5, "metric": "ndcg@10"},
                    "gate": {"tolerance": 0.01}, "publish": {"top_k": 50}},
         "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
-                "evaluation": {"fraction": 0.2, "metric": "pos@top"},
-                "gate": {"tolerance": 0.05}, "publish": {"top_k": 50}},
+                "evaluation": {"fraction": 0.2, "metric": "average_precision"},
+                "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
     }
     return {name: _parse(name, spec, "demo") for name, spec in specs.items()}
 
