@@ -13,13 +13,13 @@ LogisticRegression() and LinearSVC(class_weight="balanced") (the paper's LR and 
 C = 1 instead of cross-validated values), plus the time ratios, all on the same splits in the same
 run. ``reg`` is λ of the paper's eq. 6 (the authors' code calls it ``opt.lambda``, default 1).
 A per-split table then sets TopPush beside the authors' algorithm: fit time, iterations, the
-training objective P(w) of eq. 6 each stops at, and test Pos@Top, next to the optimum of the same
-problem (TopPush solved to tol 1e-9, not timed) and the authors' algorithm started from the
-paper's L = 1/(m+n) instead of their code's 1/m (not timed), which shows how much of the Pos@Top
-difference is where the solvers stop rather than what they solve. The first-call cost of
-the numba kernels (compile into an empty cache, and load from a warm cache) is measured in fresh
-processes and reported apart. Finally, fit time against training size on w8a subsamples, with the
-log-log slope (the paper's linear-scaling claim).
+training objective P(w) of eq. 6 each stops at, and test Pos@Top, next to the optimum of the
+same problem (TopPush solved to a relative duality gap of 1e-4, not timed) and the authors'
+algorithm started from the paper's L = 1/(m+n) instead of their code's 1/m (not timed), which
+shows how much of the Pos@Top difference is where the solvers stop rather than what they solve.
+The first-call cost of the numba kernels (compile into an empty cache, and load from a warm
+cache) is measured in fresh processes and reported apart. Finally, fit time against training
+size on w8a subsamples, with the log-log slope (the paper's linear-scaling claim).
 
 Run: ``.venv/bin/python bench/toppush_binary.py [--quick]``. Prints tables, nothing else.
 """
@@ -143,14 +143,14 @@ def first_call_times():
 
 
 def untimed_references(Xtr, ytr, Xte, yte):
-    """Per split, not timed: the optimum of eq. 6 (TopPush to tol 1e-9) and the authors'
-    algorithm from the paper's L = 1/(m+n); (P(w), test Pos@Top) of each."""
+    """Per split, not timed: the optimum of eq. 6 (TopPush to a relative duality gap of 1e-4)
+    and the authors' algorithm from the paper's L = 1/(m+n); (P(w), test Pos@Top) of each."""
     from bench._toppush_reference import AuthorsTopPush, primal_objective
     from solvers import TopPush
     from solvers._bipartite_metrics import pos_at_top
 
     out = {}
-    for key, model in (("optimum", TopPush(reg=1.0, tol=1e-9, max_iter=100000)),
+    for key, model in (("optimum", TopPush(reg=1.0, tol=1e-4, max_iter=100000)),
                        ("paper L0", AuthorsTopPush(reg=1.0, l_init="paper"))):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -213,7 +213,7 @@ def print_split_table(results):
     """TopPush beside the authors' algorithm, split by split, on the same splits."""
     print("\n## TopPush vs the authors' algorithm, per split (same splits, same run)\n")
     print("P = training objective of eq. 6 at the returned w (lower is closer to the optimum); "
-          "optimum = TopPush\nto tol 1e-9; paper L0 = the authors' algorithm started from "
+          "optimum = TopPush\nto gap 1e-4; paper L0 = the authors' algorithm started from "
           "L = 1/(m+n) (Algorithm 1) instead of\ntheir code's 1/m. Pos@Top on the test part. "
           "optimum and paper L0 are fitted once, not timed.\n")
     head = (f"{'data':9s} {'split':>5s} {'TP s':>7s} {'auth s':>7s} {'TP/LR':>6s} "

@@ -50,7 +50,7 @@ def primal_objective(X, y, w, reg, loss):
 @pytest.mark.parametrize("reg", [0.1, 1.0])
 def test_duality_gap_closes_at_convergence(loss, reg):
     X, y = make_data()
-    model = TopPush(loss=loss, reg=reg, tol=1e-13, max_iter=20000).fit(X, y)
+    model = TopPush(loss=loss, reg=reg, tol=1e-10, max_iter=20000).fit(X, y)
     primal = primal_objective(X, y, model.coef_, reg, loss)
     dual = -model.dual_objective_ / y.sum()  # max of the dual = −min g / m
     assert primal >= dual - 1e-9
@@ -58,7 +58,7 @@ def test_duality_gap_closes_at_convergence(loss, reg):
     # w is eq. 9 of the returned duals
     Xp, Xn = X[y == 1], X[y == 0]
     w = (model.dual_alpha_ @ Xp - model.dual_beta_ @ Xn) / (reg * y.sum())
-    np.testing.assert_allclose(model.coef_, w, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(model.coef_, w, rtol=1e-10, atol=1e-10)
     # the duals are feasible
     assert model.dual_alpha_.min() >= 0 and model.dual_beta_.min() >= 0
     np.testing.assert_allclose(model.dual_alpha_.sum(), model.dual_beta_.sum(), rtol=1e-10)
@@ -67,7 +67,7 @@ def test_duality_gap_closes_at_convergence(loss, reg):
 def test_default_tolerance_is_close_to_the_optimum():
     X, y = make_data(seed=1)
     loose = TopPush().fit(X, y)
-    tight = TopPush(tol=1e-13, max_iter=20000).fit(X, y)
+    tight = TopPush(tol=1e-10, max_iter=20000).fit(X, y)
     assert loose.n_iter_ < tight.n_iter_
     assert abs(loose.dual_objective_ - tight.dual_objective_) < 1e-2 * abs(tight.dual_objective_)
 
@@ -102,7 +102,7 @@ def test_gradient_of_dual_matches_finite_differences(loss):
 def test_warm_start_from_optimum_stops_at_once():
     X, y = make_data(seed=3)
     ids = np.arange(1000, 1000 + X.shape[0])
-    cold = TopPush(tol=1e-12, max_iter=20000, random_state=0).fit(X, y, ids=ids)
+    cold = TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(X, y, ids=ids)
     warm = TopPush(random_state=0).fit(X, y, ids=ids, warm_start=cold.warm_state())
     assert warm.n_iter_ <= 2
     np.testing.assert_allclose(warm.coef_, cold.coef_, rtol=1e-4, atol=1e-6)
@@ -120,10 +120,30 @@ def test_warm_start_after_adding_instances_is_faster_and_reaches_the_same_optimu
     cold = TopPush(tol=tol, random_state=0).fit(X, y, ids=ids)
     warm = TopPush(tol=tol, random_state=0).fit(X, y, ids=ids, warm_start=old.warm_state())
     assert warm.n_iter_ < cold.n_iter_, (warm.n_iter_, cold.n_iter_)
-    # the stopping rule bounds the progress per iteration, not the distance to the optimum:
-    # both runs end within a tolerance-dependent distance of each other
-    close = 2e-2 if tol == 1e-4 else 1e-5
-    assert abs(warm.dual_objective_ - cold.dual_objective_) < close * abs(cold.dual_objective_)
+    # the stopping rule is a relative duality gap: both runs end within tol of the optimum
+    assert abs(warm.dual_objective_ - cold.dual_objective_) < tol * abs(cold.dual_objective_)
+
+
+@pytest.mark.parametrize("tol", [1e-2, 1e-3])
+@pytest.mark.parametrize("added", [0.02, 0.05])
+def test_warm_start_after_adding_instances_stops_as_close_to_the_optimum_as_cold(tol, added):
+    """The stopping rule must not favour the warm start (which begins near the optimum and makes
+    little progress per iteration): the warm fit's primal objective (6) must be as good as the
+    cold fit's, to within the tolerance, and each must satisfy the duality-gap rule."""
+    X, y = make_data(m=300, n=1500, seed=13, shift=2.0)
+    n_old = int(X.shape[0] / (1.0 + added))
+    ids = np.arange(X.shape[0])
+    old = TopPush(tol=tol, random_state=0).fit(X[:n_old], y[:n_old], ids=ids[:n_old])
+    cold = TopPush(tol=tol, random_state=0).fit(X, y, ids=ids)
+    warm = TopPush(tol=tol, random_state=0).fit(X, y, ids=ids, warm_start=old.warm_state())
+    assert warm.converged_ and cold.converged_
+    assert warm.n_iter_ < cold.n_iter_, (warm.n_iter_, cold.n_iter_)
+    m = y.sum()
+    p_cold = primal_objective(X, y, cold.coef_, 1.0, "truncated_quadratic")
+    p_warm = primal_objective(X, y, warm.coef_, 1.0, "truncated_quadratic")
+    for p, fit in ((p_cold, cold), (p_warm, warm)):
+        assert p + fit.dual_objective_ / m <= tol * p  # the rule, checked from outside
+    assert abs(p_warm - p_cold) <= tol * p_cold, (p_warm, p_cold)
 
 
 def test_warm_start_maps_duals_by_id_and_projects():
@@ -163,7 +183,7 @@ def test_dense_and_csr_agree():
     compared to 1e-3 and the objective to 1e-8."""
     X, y = make_data(seed=7)
     X[np.abs(X) < 0.3] = 0.0
-    fits = [TopPush(tol=1e-13, max_iter=20000, random_state=0).fit(A, y)
+    fits = [TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(A, y)
             for A in (X, sp.csr_matrix(X), sp.csc_matrix(X))]
     for other in fits[1:]:
         np.testing.assert_allclose(other.coef_, fits[0].coef_, rtol=1e-3, atol=1e-4)
@@ -178,8 +198,8 @@ def test_float32_and_float64_agree(sparse):
     X32 = X.astype(np.float32)
     if sparse:
         X, X32 = sp.csr_matrix(X), sp.csr_matrix(X32)
-    m64 = TopPush(tol=1e-13, max_iter=20000, random_state=0).fit(X, y)
-    m32 = TopPush(tol=1e-13, max_iter=20000, random_state=0).fit(X32, y)
+    m64 = TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(X, y)
+    m32 = TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(X32, y)
     assert m64.coef_.dtype == np.float64 and m32.coef_.dtype == np.float32
     np.testing.assert_allclose(m32.coef_, m64.coef_, rtol=1e-3, atol=1e-4)
     assert m32.dual_objective_ == pytest.approx(m64.dual_objective_, rel=1e-6)
@@ -189,7 +209,7 @@ def test_labels_01_and_pm1_agree_and_result_ignores_random_state():
     X, y = make_data(seed=9)
     a = TopPush(random_state=0).fit(X, y)
     b = TopPush(random_state=123).fit(X, np.where(y == 1, 1, -1))
-    np.testing.assert_allclose(a.coef_, b.coef_, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(a.coef_, b.coef_, rtol=1e-10, atol=1e-14)
     assert a.n_iter_ == b.n_iter_
 
 
