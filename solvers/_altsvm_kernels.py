@@ -227,59 +227,82 @@ def join_duals(old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entr
 
     The old comparisons are grouped by user (CSR pointer ``old_ptr``); the new ones are
     described by their layout (grouped by user, winner and loser as entry numbers, see
-    :func:`build_entries`). Per user, the old comparisons are counting-sorted by their
-    (winner, loser) slot among the user's entries, in order, and the m-th new comparison of a
-    slot takes the duals of the m-th old one. New comparisons without a partner get 0, old ones
-    without a partner are dropped. O(|Ω| + Σ_users entries²). Returns the number matched.
+    :func:`build_entries`). Per user, the old comparisons are chained, in order, per key
+    (winner slot, loser slot) in an open-addressing hash table sized to that user's old
+    comparisons, and the m-th new comparison of a key takes the duals of the m-th old one. New
+    comparisons without a partner get 0, old ones without a partner are dropped. A user whose
+    comparisons are the old ones in the same order (most users between two retrains) is copied
+    without the table. O(|Ω_old| + |Ω_new|) time and O(max_i |Ω_old,i|) scratch (the former
+    slot table per user needed O(m_i²) for a user with m_i items). Returns the number matched.
     """
     n_items = entry_item.max() + 1 if entry_item.shape[0] else 0
     local = np.full(max(n_items, 1), -1, dtype=np.int64)
-    size = 1
-    for i in range(entry_ptr.shape[0] - 1):
-        m = entry_ptr[i + 1] - entry_ptr[i]
-        size = max(size, m * m + 1)
-    start = np.zeros(size, dtype=np.int64)
-    cursor = np.zeros(size, dtype=np.int64)
-    slot_of = np.empty(old_w.shape[0], dtype=np.int64)
-    by_slot = np.empty(old_w.shape[0], dtype=np.int64)
+    n_users_old = old_ptr.shape[0] - 1
+    biggest = 1
+    for i in range(min(n_users_old, user_ptr.shape[0] - 1)):
+        biggest = max(biggest, old_ptr[i + 1] - old_ptr[i])
+    cap_max = 1
+    while cap_max < 2 * biggest:
+        cap_max *= 2
+    keys = np.empty(cap_max, dtype=np.int64)
+    head = np.empty(cap_max, dtype=np.int64)
+    tail = np.empty(cap_max, dtype=np.int64)
+    nxt = np.empty(old_w.shape[0], dtype=np.int64)
     matched = 0
     for i in range(user_ptr.shape[0] - 1):
         n_lo, n_hi = user_ptr[i], user_ptr[i + 1]
         for c in range(n_lo, n_hi):
             out_a[c] = 0.0
             out_b[c] = 0.0
-        if i >= old_ptr.shape[0] - 1 or n_hi == n_lo or old_ptr[i + 1] == old_ptr[i]:
+        if i >= n_users_old or n_hi == n_lo or old_ptr[i + 1] == old_ptr[i]:
             continue
         o_lo, o_hi = old_ptr[i], old_ptr[i + 1]
+        if o_hi - o_lo == n_hi - n_lo:  # fast path: the user's comparisons, unchanged, in order
+            same = True
+            for t in range(n_hi - n_lo):
+                if old_w[o_lo + t] != entry_item[pos_w[n_lo + t]] or \
+                        old_l[o_lo + t] != entry_item[pos_l[n_lo + t]]:
+                    same = False
+                    break
+            if same:
+                for t in range(n_hi - n_lo):
+                    out_a[n_lo + t] = old_a[o_lo + t]
+                    out_b[n_lo + t] = old_b[o_lo + t]
+                matched += n_hi - n_lo
+                continue
         e_lo, e_hi = entry_ptr[i], entry_ptr[i + 1]
         m = e_hi - e_lo
         for e in range(e_lo, e_hi):
             local[entry_item[e]] = e - e_lo
-        for s in range(m * m + 1):
-            start[s] = 0
-        for c in range(o_lo, o_hi):
+        cap = 1
+        while cap < 2 * (o_hi - o_lo):
+            cap *= 2
+        mask = np.uint64(cap - 1)
+        for h in range(cap):
+            keys[h] = -1
+        for c in range(o_lo, o_hi):  # chain the old comparisons per key, in order
             w, lo = old_w[c], old_l[c]
-            s = -1
-            if w < n_items and lo < n_items and local[w] >= 0 and local[lo] >= 0:
-                s = local[w] * m + local[lo]
-                start[s + 1] += 1
-            slot_of[c] = s
-        for s in range(m * m):
-            start[s + 1] += start[s]
-        for s in range(m * m):
-            cursor[s] = start[s]
-        for c in range(o_lo, o_hi):  # counting sort, stable
-            s = slot_of[c]
-            if s >= 0:
-                by_slot[o_lo + cursor[s]] = c
-                cursor[s] += 1
-        for s in range(m * m):
-            cursor[s] = start[s]
+            if w >= n_items or lo >= n_items or local[w] < 0 or local[lo] < 0:
+                continue
+            key = local[w] * m + local[lo]
+            h = np.int64((np.uint64(key) * _GOLDEN >> _S31) & mask)
+            while keys[h] >= 0 and keys[h] != key:
+                h = (h + 1) & (cap - 1)
+            nxt[c] = -1
+            if keys[h] < 0:
+                keys[h] = key
+                head[h] = c
+            else:
+                nxt[tail[h]] = c
+            tail[h] = c
         for c in range(n_lo, n_hi):
-            s = (pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
-            if cursor[s] < start[s + 1]:
-                src = by_slot[o_lo + cursor[s]]
-                cursor[s] += 1
+            key = (pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
+            h = np.int64((np.uint64(key) * _GOLDEN >> _S31) & mask)
+            while keys[h] >= 0 and keys[h] != key:
+                h = (h + 1) & (cap - 1)
+            if keys[h] == key and head[h] >= 0:
+                src = head[h]
+                head[h] = nxt[src]
                 out_a[c] = old_a[src]
                 out_b[c] = old_b[src]
                 matched += 1

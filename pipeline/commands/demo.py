@@ -34,7 +34,7 @@ def _models():
 
     specs = {
         "movies": {"algorithm": "altsvm", "kinds": ["rating"],
-                   "params": {"rank": 10, "reg": 1000.0, "item_bias": True, "max_iter": 30,
+                   "params": {"rank": 10, "reg": 1000.0, "item_bias": True, "max_iter": 50,
                               "random_state": 0, "max_pairs_per_user": 500},
                    "evaluation": {"holdout": 5, "metric": "ndcg@10"},
                    "gate": {"tolerance": 0.01}, "publish": {"top_k": 50}},
