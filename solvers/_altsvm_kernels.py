@@ -45,6 +45,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from solvers._random import GOLDEN, MIX2, next_u64
+
 # Reassociation lets LLVM vectorize the length-r dot products; no flag assumes away NaN/inf.
 _FAST = {"contract", "reassoc", "nsz"}
 
@@ -52,33 +54,19 @@ SQUARED_HINGE = 0
 HINGE = 1
 LOGISTIC = 2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S11 = np.uint64(11)
+_S31 = np.uint64(31)
 
 
 # --------------------------------------------------------------------------------------------
-# random numbers: splitmix64 (Steele, Lea, Flood 2014); state in, (state, value) out
+# random numbers: splitmix64 (solvers._random); state in, (state, value) out
 # --------------------------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def _next_u64(state):
-    state = state + _GOLDEN
-    z = state
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return state, z ^ (z >> _S31)
 
 
 @njit(cache=True)
 def _stream_seed(seed, stream):
     """A well-mixed start state for sub-stream ``stream`` of ``seed`` (both uint64)."""
-    state, z = _next_u64(seed ^ (np.uint64(stream) * _MIX2))
+    state, z = next_u64(seed ^ (np.uint64(stream) * MIX2))
     return z
 
 
@@ -98,9 +86,9 @@ def _affine_order(m, state):
     """
     if m <= 1:
         return state, 0, 1
-    state, z = _next_u64(state)
+    state, z = next_u64(state)
     start = np.int64(z % np.uint64(m))
-    state, z = _next_u64(state)
+    state, z = next_u64(state)
     stride = 1 + np.int64(z % np.uint64(m - 1))
     while _gcd(stride, m) != 1:
         stride = stride + 1 if stride + 1 < m else 1
@@ -111,7 +99,7 @@ def _affine_order(m, state):
 def _shuffle(idx, lo, hi, state):
     """Fisher-Yates shuffle of ``idx[lo:hi]`` in place; returns the new RNG state."""
     for s in range(hi - 1, lo, -1):
-        state, z = _next_u64(state)
+        state, z = next_u64(state)
         t = lo + np.int64((z >> _S11) % np.uint64(s - lo + 1))
         tmp = idx[s]
         idx[s] = idx[t]
@@ -285,7 +273,7 @@ def join_duals(old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entr
             if w >= n_items or lo >= n_items or local[w] < 0 or local[lo] < 0:
                 continue
             key = local[w] * m + local[lo]
-            h = np.int64((np.uint64(key) * _GOLDEN >> _S31) & mask)
+            h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
             while keys[h] >= 0 and keys[h] != key:
                 h = (h + 1) & (cap - 1)
             nxt[c] = -1
@@ -297,7 +285,7 @@ def join_duals(old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entr
             tail[h] = c
         for c in range(n_lo, n_hi):
             key = (pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
-            h = np.int64((np.uint64(key) * _GOLDEN >> _S31) & mask)
+            h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
             while keys[h] >= 0 and keys[h] != key:
                 h = (h + 1) & (cap - 1)
             if keys[h] == key and head[h] >= 0:

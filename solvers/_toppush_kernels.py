@@ -44,31 +44,23 @@ import math
 import numpy as np
 from numba import njit
 
+from solvers._random import next_u64
+
 TRUNCATED_QUADRATIC = 0
 LOGISTIC = 1
 EXPONENTIAL = 2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 
 
 # --------------------------------------------------------------------------------------------
-# random numbers: splitmix64 (Steele, Lea, Flood 2014); the state lives in a 1-element array
+# random numbers: splitmix64 (solvers._random); the state lives in a 1-element array
 # --------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
 def _rand_below(state, k):
     """Next splitmix64 output reduced to an integer in [0, k); advances ``state[0]``."""
-    state[0] += _GOLDEN
-    z = state[0]
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    z = z ^ (z >> _S31)
+    state[0], z = next_u64(state[0])
     return np.int64(z % np.uint64(k))
 
 
