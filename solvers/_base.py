@@ -3,6 +3,7 @@ and persistence without pickle (``np.savez`` + a JSON manifest with a format ver
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
@@ -15,6 +16,25 @@ FORMAT_VERSION = 1
 
 class ConvergenceWarning(UserWarning):
     """The solver stopped at ``max_iter`` before its stopping rule held."""
+
+
+class ParamsMixin:
+    """``get_params``/``set_params`` from the keyword-only constructor's signature."""
+
+    def get_params(self, deep=True) -> dict:
+        """Constructor parameters as a dict."""
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self"}
+
+    def set_params(self, **params):
+        """Set constructor parameters; returns ``self``."""
+        valid = self.get_params()
+        for key, value in params.items():
+            if key not in valid:
+                raise ValueError(f"{type(self).__name__} has no parameter {key!r}; "
+                                 f"valid: {sorted(valid)}")
+            setattr(self, key, value)
+        return self
 
 
 def check_finite(name: str, a: np.ndarray) -> None:

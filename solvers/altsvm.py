@@ -83,6 +83,7 @@ import numpy as np
 from solvers import _altsvm_kernels as K
 from solvers._base import (
     ConvergenceWarning,
+    ParamsMixin,
     check_choice,
     check_finite,
     check_positive,
@@ -213,7 +214,7 @@ def _map_duals(old_triples, old_duals, new_triples):
     return [out_a, out_b], matched
 
 
-class AltSVM:
+class AltSVM(ParamsMixin):
     """Collaborative ranking by alternating SVMs on pairwise comparisons (AltSVM).
 
     Minimizes Σ L(u_iᵀ(v_j − v_k) + b_j − b_k) + reg/2 (‖U‖² + ‖V‖² + ‖b‖²) over the
@@ -286,11 +287,6 @@ class AltSVM:
         self.verbose = verbose
 
     # ---------------------------------------------------------------- parameters
-
-    def get_params(self) -> dict:
-        """Constructor parameters as a dict."""
-        return {k: getattr(self, k) for k in ("rank", "reg", "loss", "item_bias", "max_iter",
-                                              "tol", "n_threads", "random_state", "verbose")}
 
     def _validate_params(self) -> int:
         if not isinstance(self.rank, (int, np.integer)) or isinstance(self.rank, bool) \

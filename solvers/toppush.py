@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from solvers import _toppush_kernels as _k
 from solvers._base import (
     ConvergenceWarning,
+    ParamsMixin,
     check_choice,
     check_finite,
     check_positive,
@@ -48,7 +49,7 @@ _SHRINK_EVERY = 5
 _SHRINK_MARGIN = 2.0
 
 
-class TopPush:
+class TopPush(ParamsMixin):
     """Linear bipartite ranker that maximizes the positives ranked above the top negative.
 
     Minimizes ``reg/2 ‖w‖² + 1/m Σ_i ℓ(max_j wᵀx⁻_j − wᵀx⁺_i)`` (paper eq. 6 with λ = ``reg``;
@@ -141,21 +142,6 @@ class TopPush:
     # ----------------------------------------------------------------------------------------
     # parameters
     # ----------------------------------------------------------------------------------------
-
-    def get_params(self, deep=True):
-        """Constructor parameters as a dict (``random_state`` only if it is an int or None)."""
-        return {"reg": self.reg, "loss": self.loss, "tol": self.tol, "max_iter": self.max_iter,
-                "fit_intercept": self.fit_intercept, "random_state": self.random_state,
-                "verbose": self.verbose}
-
-    def set_params(self, **params):
-        """Set constructor parameters; returns ``self``."""
-        valid = self.get_params()
-        for key, value in params.items():
-            if key not in valid:
-                raise ValueError(f"TopPush has no parameter {key!r}; valid: {sorted(valid)}")
-            setattr(self, key, value)
-        return self
 
     def _check_params(self):
         check_positive("reg", self.reg)
