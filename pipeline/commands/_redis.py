@@ -37,6 +37,14 @@ def redis_session(args):
         yield settings, url
 
 
+def model_config(settings):
+    """The TOML file holding the model configs, or a ``ValueError`` saying how to give one."""
+    if settings.config is None:
+        raise ValueError("no model config: pass --config FILE.toml or set RANKSTREAM_CONFIG "
+                         "(see dags/models.toml)")
+    return settings.config
+
+
 def fail(command: str, err: Exception) -> int:
     """Print a one-line error for the user and return exit status 1."""
     print(f"rankstream {command}: {err}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.commands._redis import add_redis_arguments, fail, redis_session
+from pipeline.commands._redis import add_redis_arguments, fail, model_config, redis_session
 
 
 def add_arguments(parser) -> None:
@@ -17,12 +17,9 @@ def run(args) -> int:
 
     try:
         with redis_session(args) as (settings, url):
-            if settings.config is None:
-                raise ValueError("no model config: pass --config FILE.toml or set "
-                                 "RANKSTREAM_CONFIG")
             client = as_client(url)
             rows = [("model", "algorithm", "served", "metric", "last checkpoint")]
-            for name, cfg in load_models(settings.config).items():
+            for name, cfg in load_models(model_config(settings)).items():
                 current = [v for v in served_versions(settings, client, name) if v.current]
                 served = f"v{current[0].version}" if current else "-"
                 value = current[0].metrics.get(cfg.metric) if current else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeline.commands._redis import add_redis_arguments, fail, redis_session
+from pipeline.commands._redis import add_redis_arguments, fail, model_config, redis_session
 
 
 def add_arguments(parser) -> None:
@@ -43,11 +43,8 @@ def run(args) -> int:
 
     try:
         with redis_session(args) as (settings, url):
-            if settings.config is None:
-                raise ValueError("no model config: pass --config FILE.toml or set "
-                                 "RANKSTREAM_CONFIG (see dags/models.toml)")
-            summary = retrain.run(args.model, settings.config, settings=settings, redis_url=url,
-                                  cold=args.cold, publish=not args.no_publish,
+            summary = retrain.run(args.model, model_config(settings), settings=settings,
+                                  redis_url=url, cold=args.cold, publish=not args.no_publish,
                                   ingest=args.ingest, progress=sys.stderr.isatty())
     except (ValueError, KeyError, OSError) as err:
         return fail("train", err)
