@@ -29,11 +29,23 @@ def count_pairs(starts, r):
     return counts
 
 
-@njit(cache=True, parallel=True)
-def fill_pairs(starts, r, counts, cap, largest_gap, seed, out_first, out_second):
-    """Write the kept pairs' positions (a, b) into ``out_first``/``out_second``.
+@njit(cache=True)
+def _write(out, k, u, item, r, a, b):
+    """Row k = (u, winner, loser) of the pair (a, b): the higher rating wins."""
+    out[k, 0] = u
+    if r[a] > r[b]:
+        out[k, 1] = item[a]
+        out[k, 2] = item[b]
+    else:
+        out[k, 1] = item[b]
+        out[k, 2] = item[a]
 
-    ``cap < 0`` keeps every pair; the ``out`` arrays hold ``sum(min(counts, cap))`` rows.
+
+@njit(cache=True, parallel=True)
+def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
+    """Write the kept comparisons as rows (user, winner item, loser item) into ``out``.
+
+    ``cap < 0`` keeps every pair; ``out`` has ``sum(min(counts, cap))`` rows.
     Users run in parallel; user g draws from its own seed ``seed + g``, so the result does not
     depend on the number of threads.
     """
@@ -65,8 +77,7 @@ def fill_pairs(starts, r, counts, cap, largest_gap, seed, out_first, out_second)
                     if r[a] == r[b]:
                         continue
                     if keep[seen]:
-                        out_first[k] = a
-                        out_second[k] = b
+                        _write(out, k, user[a], item, r, a, b)
                         k += 1
                     seen += 1
         else:
@@ -85,6 +96,5 @@ def fill_pairs(starts, r, counts, cap, largest_gap, seed, out_first, out_second)
             order = order[np.argsort(key[order], kind="mergesort")]  # ... then largest gap
             chosen = np.sort(order[:want])
             for c in chosen:
-                out_first[k] = fa[c]
-                out_second[k] = fb[c]
+                _write(out, k, user[lo], item, r, fa[c], fb[c])
                 k += 1

@@ -130,14 +130,10 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
     counts = count_pairs(starts, r_s)
     cap = -1 if max_pairs_per_user is None else max_pairs_per_user
     size = int(counts.sum() if cap < 0 else np.minimum(counts, cap).sum())
-    first, second = np.empty(size, np.int64), np.empty(size, np.int64)
+    out = np.empty((size, 3), np.int64)
     seed = int(np.random.default_rng(random_state).integers(2**31 - 1))
-    fill_pairs(starts, r_s, counts, cap, strategy == "largest_gap", seed, first, second)
-    first_wins = r_s[first] > r_s[second]
-    winner = np.where(first_wins, first, second)
-    loser = np.where(first_wins, second, first)
-    user = u_s[first]
-    return np.column_stack([user, i_s[winner], i_s[loser]]).astype(np.int64, copy=False)
+    fill_pairs(starts, r_s, u_s, i_s, counts, cap, strategy == "largest_gap", seed, out)
+    return out
 
 
 def split_ratings_per_user(users, n_train, min_test=10, random_state=None):
