@@ -51,7 +51,8 @@ def _defaults(algorithm: str) -> dict:
     return {"split": "random", "fraction": 0.2, "metric": "pos@top", "seed": 0}
 
 
-def _parse(name: str, raw: dict, where: str) -> ModelConfig:
+def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
+    """One validated model config from its table; ``where`` names the source in errors."""
     known = set(ModelConfig.__dataclass_fields__) - {"name"}
     unknown = set(raw) - known
     if unknown:
@@ -97,4 +98,4 @@ def load_models(path) -> dict[str, ModelConfig]:
     models = raw.get("models", {})
     if not models:
         raise ValueError(f"{path}: no [models.NAME] tables found")
-    return {name: _parse(name, spec, str(path)) for name, spec in models.items()}
+    return {name: parse_model(name, spec, str(path)) for name, spec in models.items()}

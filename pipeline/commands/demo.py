@@ -30,7 +30,7 @@ def add_arguments(parser) -> None:
 
 
 def _models():
-    from pipeline.model_config import _parse
+    from pipeline.model_config import parse_model
 
     specs = {
         "movies": {"algorithm": "altsvm", "kinds": ["rating"],
@@ -42,7 +42,7 @@ def _models():
                 "evaluation": {"fraction": 0.2, "metric": "average_precision"},
                 "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
     }
-    return {name: _parse(name, spec, "demo") for name, spec in specs.items()}
+    return {name: parse_model(name, spec, "demo") for name, spec in specs.items()}
 
 
 def _split_stream(events: list, first: float, step: float):

@@ -10,7 +10,7 @@ import pytest
 from pipeline import retrain, synthetic
 from pipeline.ingest import ingest_files
 from pipeline.lookup import TopK
-from pipeline.model_config import _parse
+from pipeline.model_config import parse_model
 from pipeline.settings import Settings
 
 
@@ -25,7 +25,7 @@ def _models(**overrides):
     }
     for name, extra in overrides.items():
         specs[name].update(extra)
-    return {name: _parse(name, spec, "test") for name, spec in specs.items()}
+    return {name: parse_model(name, spec, "test") for name, spec in specs.items()}
 
 
 @pytest.fixture
