@@ -90,7 +90,7 @@ from solvers._base import (
     load_npz,
     save_npz,
 )
-from solvers.pairs import as_ids
+from solvers.pairs import as_ids, pairs_from_ratings
 
 __all__ = ["AltSVM", "warm_up"]
 
@@ -806,11 +806,16 @@ def warm_up(n_threads=None) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         for t in sorted(threads):
-            m = AltSVM(rank=2, reg=1.0, n_threads=t, random_state=0, max_iter=2).fit(c)
-            AltSVM(rank=2, reg=1.0, n_threads=t, random_state=0, max_iter=2).fit(
-                c, warm_start=m.warm_state())
+            m = AltSVM(rank=2, reg=1.0, n_threads=t, random_state=0, max_iter=2).fit(c[:-20])
+            for _ in range(2):  # changed comparisons (the hash join), then unchanged (a copy)
+                m = AltSVM(rank=2, reg=1.0, n_threads=t, random_state=0, max_iter=2).fit(
+                    c, warm_start=m.warm_state())
         m.fold_in(c[:5, 1:], max_epochs=10)
         m.recommend([0, 1], k=3)
+    ratings = rng.integers(1, 6, 40).astype(float)   # the pair kernels of pairs_from_ratings
+    for cap, strategy in ((None, "random"), (3, "random"), (3, "largest_gap")):
+        pairs_from_ratings(np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4), ratings,
+                           max_pairs_per_user=cap, strategy=strategy, random_state=0)
     return time.perf_counter() - t0
 
 
