@@ -91,12 +91,16 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
     started = time.perf_counter()
     previous = None if cold else latest_checkpoint(settings.checkpoint_dir, model,
                                                    algorithm=cfg.algorithm)
-    arrays, info = trainer.build(_store(settings), cfg,
-                                 None if previous is None else previous.arrays)
-    data_key = _digest({"window": info["window"], "config": cfg.__dict__})
-    if previous is not None and previous.manifest.get("data_key") == data_key:
+    store = _store(settings)
+    config_key = _digest(cfg.__dict__)
+    snapshot = {f"{t}/{p}": o for (t, p), o in sorted(store.next_offsets().items())}
+    if (previous is not None and previous.manifest.get("config_key") == config_key
+            and previous.manifest.get("window", {}).get("end_offsets") == snapshot):
+        # same store snapshot and config: the same window, known without building it
         return {"model": model, "decision": "unchanged", "run_dir": None,
                 "reason": f"checkpoint {previous.run_id} was trained on this exact window"}
+    arrays, info = trainer.build(store, cfg, None if previous is None else previous.arrays)
+    data_key = _digest({"window": info["window"], "config": config_key})
     fingerprint = _digest({"data": data_key, "cold": cold,
                            "warm_from": None if previous is None else previous.run_id})
     for existing in _runs_root(settings, model).glob(f"*-{fingerprint}"):
@@ -108,7 +112,7 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
     run_dir.mkdir(parents=True, exist_ok=True)
     np.savez(run_dir / "dataset.npz", **arrays)
     summary = {"model": model, "algorithm": cfg.algorithm, "run_dir": str(run_dir),
-               "run_key": run_key, "data_key": data_key, **info,
+               "run_key": run_key, "data_key": data_key, "config_key": config_key, **info,
                "warm_from": None if previous is None else str(previous.path),
                "dataset_seconds": round(time.perf_counter() - started, 3),
                "decision": "no_data" if info["n_train"] == 0 else "pending"}
@@ -212,7 +216,8 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
                             arrays=_load(run_dir, "candidate.npz"),
                             manifest={"algorithm": cfg.algorithm, "params": cfg.params,
                                       "metrics": trained["metrics"], "window": ds["window"],
-                                      "data_key": ds["data_key"], "train": trained})
+                                      "data_key": ds["data_key"],
+                                      "config_key": ds["config_key"], "train": trained})
     client = as_client(redis_url)
     already = [v for v in served_versions(settings, client, model)
                if v.trained_at == trained["trained_at"] and v.status == "complete"]
