@@ -37,9 +37,12 @@ import scipy.sparse as sp
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from solvers import AltSVM, ConvergenceWarning  # noqa: E402
+from solvers import (  # noqa: E402
+    AltSVM,
+    ConvergenceWarning,
+    warm_up,  # noqa: E402
+)
 from solvers._ranking_metrics import ndcg_at_k  # noqa: E402
-from solvers.altsvm import warm_up  # noqa: E402
 from solvers.pairs import pairs_from_ratings, split_ratings_per_user  # noqa: E402
 
 C_PLUS_PLUS = "original C++ AltSVM (issue 3): rank 10, reg 1000, 2 threads: NDCG@10 0.692 " \
@@ -104,7 +107,8 @@ def main(argv=None):
     warnings.simplefilter("ignore", ConvergenceWarning)
 
     print(machine_state())
-    print(f"numba kernels ready in {warm_up(args.threads):.2f} s (compile on a first run, "
+    seconds = sum(warm_up(args.threads).values())
+    print(f"numba kernels ready in {seconds:.2f} s (compile on a first run, "
           "else load from the on-disk cache; not included below)")
     users, items, ratings = load(args.data)
     n_users, n_items = int(users.max()) + 1, int(items.max()) + 1

@@ -38,8 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.ingest import FETCH_CONFIG, ingest_kafka, new_group_id  # noqa: E402
-from pipeline.producer import EventProducer  # noqa: E402
+from pipeline.ingest.kafka import FETCH_CONFIG, ingest_kafka, new_group_id  # noqa: E402
+from pipeline.ingest.producer import EventProducer  # noqa: E402
 from pipeline.settings import Settings  # noqa: E402
 
 

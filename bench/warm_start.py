@@ -125,9 +125,9 @@ def toppush_stream(repeats):
 def dataset_throughput(n_users=20000, per_user=100, n_items=5000):
     import pyarrow as pa
 
-    from pipeline import datasets
-    from pipeline.events import schema
-    from pipeline.store import EventStore
+    from pipeline.ingest.events import schema
+    from pipeline.ingest.store import EventStore
+    from pipeline.training import datasets
 
     rng = np.random.default_rng(0)
     n = n_users * per_user

@@ -45,37 +45,37 @@ def build_dag(model: str, spec: dict):
     def retrain():
         @task
         def ingest() -> dict:
-            from pipeline.airflow_tasks import ingest_step
+            from pipeline.training.airflow_tasks import ingest_step
 
             return ingest_step(CONFIG, model)
 
         @task
         def build_dataset(ingested: dict) -> dict:
-            from pipeline.airflow_tasks import dataset_step
+            from pipeline.training.airflow_tasks import dataset_step
 
             return dataset_step(CONFIG, model)
 
         @task
         def train(dataset: dict) -> dict:
-            from pipeline.airflow_tasks import train_step
+            from pipeline.training.airflow_tasks import train_step
 
             return train_step(CONFIG, model, dataset["run_dir"])
 
         @task
         def evaluate_and_gate(trained: dict) -> dict:
-            from pipeline.airflow_tasks import gate_step
+            from pipeline.training.airflow_tasks import gate_step
 
             return gate_step(CONFIG, model, trained["run_dir"])
 
         @task
         def publish(decision: dict) -> dict:
-            from pipeline.airflow_tasks import publish_step
+            from pipeline.training.airflow_tasks import publish_step
 
             return publish_step(CONFIG, model, decision["run_dir"])
 
         @task
         def prune(published: dict) -> dict:
-            from pipeline.airflow_tasks import prune_step
+            from pipeline.training.airflow_tasks import prune_step
 
             return prune_step(CONFIG, model)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,10 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
-from pipeline import synthetic
-from pipeline.lookup import TopK
-from pipeline.producer import EventProducer
+from pipeline.ingest import synthetic
+from pipeline.ingest.producer import EventProducer
+from pipeline.serving.lookup import TopK
 from tests import airflow_runner
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +49,7 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()},
 """
 
 
+@pytest.mark.airflow
 def test_dagbag_parses_fast_without_heavy_imports(tmp_path):
     config = tmp_path / "models.toml"
     config.write_text(TEST_CONFIG)
@@ -60,15 +63,16 @@ def test_dagbag_parses_fast_without_heavy_imports(tmp_path):
     assert result["errors"] == {}
     assert result["dags"] == ["rankstream_ads", "rankstream_movies"]
     assert not {"numpy", "numba", "solvers", "kafka"} & set(result["heavy"]), result["heavy"]
-    assert result["seconds"] < 30  # Airflow's own import; the DAG file's share is below
-    t = time.perf_counter()
+    # the DAG file's own parse cost, relative to importing Airflow's SDK in the same process
     out = subprocess.run([sys.executable, "-c",
-                          "import airflow.sdk, time, runpy, sys; t = time.perf_counter(); "
-                          "runpy.run_path(sys.argv[1]); print(time.perf_counter() - t)",
+                          "import time, runpy, sys; t = time.perf_counter(); import airflow.sdk; "
+                          "t1 = time.perf_counter(); runpy.run_path(sys.argv[1]); "
+                          "print(t1 - t, time.perf_counter() - t1)",
                           str(DAGS / "rankstream_retrain.py")], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert float(out.stdout.strip().splitlines()[-1]) < 2.0, f"took {time.perf_counter() - t}"
+    sdk_import, dag_file = map(float, out.stdout.strip().splitlines()[-1].split())
+    assert dag_file < max(1.0, 0.5 * sdk_import), (dag_file, sdk_import)
 
 
 @pytest.fixture
@@ -89,7 +93,7 @@ def pipeline_env(tmp_path, airflow_home, kafka_bootstrap, redis_url):
 
 
 def _produce(kafka_bootstrap, kind, events):
-    from pipeline.events import default_topic
+    from pipeline.ingest.events import default_topic
 
     with EventProducer(kafka_bootstrap) as producer:
         producer.send_many(default_topic(kind), events, kind)
@@ -119,18 +123,28 @@ def test_task_killed_mid_train_and_retried_ends_in_the_same_published_state(
     ratings = synthetic.rating_events(n_users=300, n_items=150, per_user=30, seed=4,
                                       id_prefix=namespace + "k")
     _produce(kafka_bootstrap, "rating", ratings)
-    runs = Path(env["RANKSTREAM_HOME"]) / "runs" / "movies"
-    proc = subprocess.Popen([airflow_runner.airflow_executable(), "dags", "test",
-                             "rankstream_movies"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not list(runs.glob("*/dataset.json")):
-        time.sleep(0.05)
-    assert list(runs.glob("*/dataset.json")), "the DAG never reached the train task"
-    os.killpg(proc.pid, signal.SIGKILL)     # kill the whole run mid-train
-    proc.wait()
-    assert not list(runs.glob("*/train.json")), "training finished before the kill"
-    assert not (Path(env["RANKSTREAM_HOME"]) / "checkpoints" / "movies").exists()
+    home = Path(env["RANKSTREAM_HOME"])
+    runs = home / "runs" / "movies"
+    for attempt in range(5):
+        proc = subprocess.Popen([airflow_runner.airflow_executable(), "dags", "test",
+                                 "rankstream_movies"], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not list(runs.glob("*/dataset/manifest.json")):
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)     # kill the whole run mid-train
+        proc.wait()
+        assert list(runs.glob("*/dataset/manifest.json")), "the DAG never reached train"
+        if not list(runs.glob("*/train.json")):
+            break
+        # training was quicker than the kill: start over from an untrained state
+        shutil.rmtree(runs)
+        shutil.rmtree(home / "checkpoints", ignore_errors=True)
+        for key in redis.Redis.from_url(redis_url).scan_iter(match=f"{{{namespace}:*"):
+            redis.Redis.from_url(redis_url).delete(key)
+    else:
+        pytest.fail("training finished before the kill in 5 attempts")
+    assert not (home / "checkpoints" / "movies").exists()
 
     retry = airflow_runner.dags_test(env, "rankstream_movies")
     assert retry.returncode == 0, retry.stdout[-5000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgpack
 
-from pipeline.codec import encode_json
+from pipeline.ingest.codec import encode_json
 from pipeline.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

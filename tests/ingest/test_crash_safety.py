@@ -15,10 +15,10 @@ from collections import Counter
 
 import pytest
 
-from pipeline.events import KIND_NAMES
-from pipeline.ingest import new_group_id
-from pipeline.producer import EventProducer
-from pipeline.store import EventStore
+from pipeline.ingest.events import KIND_NAMES
+from pipeline.ingest.kafka import new_group_id
+from pipeline.ingest.producer import EventProducer
+from pipeline.ingest.store import EventStore
 from tests.ingest.factory import cli_ingest, make_event, malformed, new_topic
 
 N_EVENTS = 200_000

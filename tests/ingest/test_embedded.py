@@ -12,11 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.file_source import convert_movielens
-from pipeline.ingest import ingest_files
+from pipeline.ingest.files import ingest_files
+from pipeline.ingest.sources import convert_movielens
+from pipeline.ingest.store import EventStore
+from pipeline.ingest.validate import check_event
 from pipeline.settings import Settings
-from pipeline.store import EventStore
-from pipeline.validate import check_event
+from pipeline.training.arrays import to_numpy
 from tests.ingest.factory import REPO, make_event
 
 
@@ -110,7 +111,7 @@ def test_movielens_u_data(tmp_path, shared_data):
     settings = Settings(home=tmp_path / "home")
     summary = ingest_files([u_data], settings=settings, progress=False)
     assert summary.events == {"rating": 100_000} and not summary.dead_letters
-    arrays = EventStore.from_settings(settings).read_numpy("rating")
+    arrays = to_numpy(EventStore.from_settings(settings).read("rating"))
     assert len(set(arrays["user"])) == 943 and len(set(arrays["item"])) == 1682
     assert arrays["ts"].min() == 874_724_710_000             # seconds became milliseconds
     assert ingest_files([u_data], settings=settings, progress=False).flushes == 0

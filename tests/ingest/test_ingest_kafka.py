@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from pipeline.codec import decode
-from pipeline.events import KIND_NAMES
-from pipeline.ingest import ingest_kafka, new_group_id
-from pipeline.producer import EventProducer
-from pipeline.store import EventStore
-from pipeline.validate import check_event, normalize_event
+from pipeline.ingest.codec import decode
+from pipeline.ingest.events import KIND_NAMES
+from pipeline.ingest.kafka import ingest_kafka, new_group_id
+from pipeline.ingest.producer import EventProducer
+from pipeline.ingest.store import EventStore
+from pipeline.ingest.validate import check_event, normalize_event
 from tests.ingest.factory import (
     cli_ingest,
     consume_all,

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import os
-import random
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.dead_letter import DeadLetters, export_jsonl
-from pipeline.events import schema
-from pipeline.store import EventStore, OverlapError, features_csr, file_source_topic, id_codes
-from pipeline.validate import validate_rows
-from tests.ingest.factory import make_event
+from pipeline.ingest.dead_letters import DeadLetters, export_jsonl
+from pipeline.ingest.events import schema
+from pipeline.ingest.store import EventStore, OverlapError, file_source_topic
 
 
 def rating_table(offsets, ts0=0):
@@ -110,30 +106,6 @@ def test_time_and_offset_windows(store):
     assert both.column_names == ["event_id", "user"] and both.num_rows == 5 + 10
     assert store.read("rating", start_ts=10**9).num_rows == 0
     assert store.read("judgment").schema == schema("judgment")
-
-
-def test_numpy_columns_csr_and_id_codes(store):
-    rng = random.Random(1)
-    events = [make_event("judgment", i, rng) for i in range(50)]
-    tables, bad = validate_rows(events, np.arange(50))
-    assert not bad
-    store.write("j", 0, 0, 49, tables)
-    table = store.read("judgment")
-    arrays = store.read_numpy("judgment")
-    assert arrays["label"].dtype == np.int32 and arrays["ts"].dtype == np.int64
-    assert len(arrays["feature_indptr"]) == 51
-    matrix = features_csr(table, n_features=5000)
-    assert matrix.shape == (50, 5000)
-    for i, event in enumerate(events):
-        features = event["features"]
-        dense = (dict(enumerate(features)) if isinstance(features, list)
-                 else {int(k): v for k, v in features.items()})
-        row = matrix.getrow(i)
-        assert dict(zip(row.indices.tolist(), row.data.tolist())) == dense
-    codes, ids = id_codes(table.column("query"))
-    assert (ids[codes] == table.column("query").to_numpy(zero_copy_only=False)).all()
-    with pytest.raises(ValueError, match="feature index"):
-        features_csr(table, n_features=3)
 
 
 def test_stats_and_dead_letter_export(store, tmp_path):

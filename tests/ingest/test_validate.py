@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.codec import batch_row, decode, encode_batch, encode_json, encode_msgpack
-from pipeline.events import KIND_NAMES, KINDS, parse_iso_ts
-from pipeline.partition_buffer import PartitionBuffer
-from pipeline.validate import check_event, normalize_event, validate_columns, validate_rows
+from pipeline.ingest.buffer import PartitionBuffer
+from pipeline.ingest.codec import batch_row, decode, encode_batch, encode_json, encode_msgpack
+from pipeline.ingest.events import KIND_NAMES, KINDS, parse_iso_ts
+from pipeline.ingest.validate import check_event, normalize_event, validate_columns, validate_rows
 from tests.ingest.factory import make_event
 
 BASE = {"event_id": "e1", "ts": 1_700_000_000_000}

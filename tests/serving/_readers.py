@@ -16,7 +16,7 @@ def hammer(url: str, model: str, users: list, stop, ready=None, seconds: float =
     """
     from contextlib import nullcontext
 
-    from pipeline.lookup import TopK
+    from pipeline.serving.lookup import TopK
 
     rng = random.Random(hash(url) ^ int(time.time() * 1e6))
     seen: set = set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.artifact import ModelArtifact
+from pipeline.serving.artifact import ModelArtifact
 
 
 def user_model(seed: int = 0, n_users: int = 60, n_items: int = 80, rank: int = 6,

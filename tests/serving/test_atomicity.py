@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from pipeline.lookup import TopK
-from pipeline.model_versions import rollback
-from pipeline.publish import publish
+from pipeline.serving.lookup import TopK
+from pipeline.serving.publish import publish
+from pipeline.serving.versions import rollback
 from tests.conftest import REPO
 from tests.serving._readers import hammer
 from tests.serving.helpers import reference_user, user_model

@@ -10,8 +10,8 @@ import time
 import pytest
 import redis
 
-from pipeline.lookup import RedisUnavailable, TopK
-from pipeline.publish import publish
+from pipeline.serving.lookup import RedisUnavailable, TopK
+from pipeline.serving.publish import publish
 from tests.serving.helpers import reference_user, same_answer, user_model
 
 

@@ -9,9 +9,9 @@ import shutil
 import pytest
 import redis
 
-from pipeline import embedded_redis as E
-from pipeline.lookup import TopK
-from pipeline.publish import publish
+from pipeline.serving import embedded_redis as E
+from pipeline.serving.lookup import TopK
+from pipeline.serving.publish import publish
 from pipeline.settings import Settings
 from tests.serving.helpers import reference_user, same_answer, user_model
 

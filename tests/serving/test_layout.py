@@ -1,4 +1,4 @@
-"""The written contract (pipeline/REDIS_LAYOUT.md) against its code side (redis_layout.py)
+"""The written contract (pipeline/serving/REDIS_LAYOUT.md) against its code side (layout.py)
 and against what publish actually writes."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import redis_layout as L
-from pipeline.artifact import ModelArtifact
-from pipeline.publish import publish
+from pipeline.serving import layout as L
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.publish import publish
 from tests.serving.helpers import user_model
 
 DOC = Path(L.__file__).with_name("REDIS_LAYOUT.md").read_text()

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.artifact import ModelArtifact
 from pipeline.cli import main
-from pipeline.lookup import TopK
-from pipeline.model_versions import rollback, versions
-from pipeline.publish import publish
-from pipeline.redis_layout import LayoutError, UnknownModelError, pack_pairs
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.layout import LayoutError, UnknownModelError, pack_pairs
+from pipeline.serving.lookup import TopK
+from pipeline.serving.publish import publish
+from pipeline.serving.versions import rollback, versions
 from tests.serving.helpers import (
     reference_fallback,
     reference_global,
@@ -146,6 +146,31 @@ def test_pruning_keeps_exactly_keep_versions(redis_client, topk):
     rollback("m", redis_client, version=4)
     publish("m", user_model(9, n_users=10, n_items=20), redis_client, keep_versions=1)
     assert [v.version for v in versions("m", redis_client)] == [7]
+
+
+def test_concurrent_publisher_never_flips_current_backwards(redis_client, topk, monkeypatch):
+    """Publisher A takes version 1 and is slow; B takes version 2 and flips first. A's flip
+    is refused (it would move `current` back to older data and break the order of
+    `versions`): A's version is deleted and SupersededError says why."""
+    import pipeline.serving.publish as P
+
+    real_flip = P.flip
+    newer = user_model(2, n_users=10, n_items=20)
+
+    def slow_flip(client, keys, version, publish_id):
+        if version == 1:                      # B runs and finishes while A is about to flip
+            monkeypatch.setattr(P, "flip", real_flip)
+            assert publish("m", newer, redis_client, top_k=5).version == 2
+        real_flip(client, keys, version, publish_id)
+
+    monkeypatch.setattr(P, "flip", slow_flip)
+    with pytest.raises(P.SupersededError, match="version 2 was published after version 1"):
+        publish("m", user_model(1, n_users=10, n_items=20), redis_client, top_k=5)
+    assert [(v.version, v.current) for v in versions("m", redis_client)] == [(2, True)]
+    assert not list(redis_client.scan_iter(match="{rankstream:m}:v1:*"))
+    assert same_answer(topk.recommend("m", newer.key_ids[0], k=5).items,
+                       reference_user(newer, 0, 5))
+    assert publish("m", user_model(3, n_users=10, n_items=20), redis_client).version == 3
 
 
 def test_namespaces_are_separate(redis_url, redis_client):

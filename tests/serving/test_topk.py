@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import topk as T
-from pipeline._topk_kernel import block_topk
+from solvers import topk as T
+from solvers._topk_kernels import block_topk
 
 
 def _reference(row: np.ndarray, k: int) -> np.ndarray:

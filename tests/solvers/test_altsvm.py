@@ -14,8 +14,8 @@ from scipy.optimize import minimize_scalar
 
 from solvers import AltSVM, ConvergenceWarning
 from solvers import _altsvm_kernels as K
+from solvers import _altsvm_solver as S
 from solvers._ranking_metrics import ndcg_at_k
-from solvers.altsvm import _layout, _map_duals
 from solvers.pairs import pairs_from_ratings, split_ratings_per_user
 
 LOSSES = ["squared_hinge", "hinge", "logistic"]
@@ -130,7 +130,7 @@ def small_layout(seed=0, n_users=7, n_items=9, n=120):
     lo = (w + rng.integers(1, n_items, n)) % n_items
     c = np.column_stack([u, w, lo])
     c = c[np.lexsort((c[:, 2], c[:, 1], c[:, 0]))]
-    return c, _layout(c, n_users, n_items), rng
+    return c, S.layout(c, n_users, n_items), rng
 
 
 def test_build_entries_indexes_every_comparison_end():
@@ -317,7 +317,8 @@ def test_u_subproblem_meets_kkt_conditions(loss):
     users = rng.integers(0, n_users, n)
     w = rng.integers(0, 12, n)
     lo = (w + rng.integers(1, 12, n)) % 12
-    U, alpha, gap = m._solve_users(users, w, lo, n_users, max_epochs=20000, gap_tol=1e-12)
+    U, alpha, gap = S.solve_users(np.column_stack([users, w, lo]), n_users, m.item_factors_,
+                                   m.item_bias_, reg, loss, max_epochs=20000, gap_tol=1e-12)
     V, b = m.item_factors_, m.item_bias_
     D = V[w] - V[lo]
     # stationarity, recomputed from the duals in numpy
@@ -360,8 +361,9 @@ def test_fold_in_solves_the_single_user_problem(loss):
     pairs = np.column_stack([rng.integers(0, 12, 40), rng.integers(0, 12, 40)])
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     u = m.fold_in(pairs)
-    U, _, _ = m._solve_users(np.zeros(len(pairs), dtype=np.int64), pairs[:, 0], pairs[:, 1], 1,
-                             max_epochs=20000, gap_tol=1e-12)
+    c = np.column_stack([np.zeros(len(pairs), dtype=np.int64), pairs])
+    U, _, _ = S.solve_users(c, 1, m.item_factors_, m.item_bias_, 0.5, loss, max_epochs=20000,
+                            gap_tol=1e-12)
     np.testing.assert_allclose(u, U[0], atol=1e-4)
     obj = lambda v: ref_loss(loss, (m.item_factors_[pairs[:, 0]] - m.item_factors_[pairs[:, 1]])  # noqa: E731
                              @ v + m.item_bias_[pairs[:, 0]] - m.item_bias_[pairs[:, 1]]).sum() \
@@ -443,7 +445,7 @@ def test_map_duals_joins_by_key_with_repeats():
     old = np.array([[0, 1, 2], [0, 1, 2], [3, 4, 5], [1, 2, 0], [9, 9, 1]])
     old_d = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     new = np.array([[3, 4, 5], [0, 1, 2], [7, 1, 2], [0, 1, 2], [0, 1, 2], [1, 0, 2]])
-    (mapped, neg), matched = _map_duals(old, (old_d, -old_d), new)
+    (mapped, neg), matched = S.map_duals(old, (old_d, -old_d), new)
     # occurrences of a repeated key map in order; new and vanished keys are dropped
     np.testing.assert_array_equal(mapped, [3.0, 1.0, 0.0, 2.0, 0.0, 0.0])
     np.testing.assert_array_equal(neg, -mapped)
@@ -454,7 +456,7 @@ def test_map_duals_joins_by_key_with_repeats():
     keep = rng.random(400) < 0.7
     target = np.r_[big[keep], rng.integers(0, 6, size=(50, 3))]
     target = target[rng.permutation(len(target))]
-    (got, _), matched = _map_duals(big, (d, d), target)
+    (got, _), matched = S.map_duals(big, (d, d), target)
     pools = {}
     for row, val in zip(map(tuple, big.tolist()), d):
         pools.setdefault(row, []).append(val)
@@ -480,7 +482,7 @@ def test_map_duals_copies_unchanged_users_and_joins_changed_ones():
             rows = rows[rng.permutation(len(rows))][: len(rows) - 3]  # reordered, some gone
         parts.append(rows)
     new = np.concatenate(parts)
-    (got, neg), matched = _map_duals(old, (d, -d), new)
+    (got, neg), matched = S.map_duals(old, (d, -d), new)
     pools = {}
     for row, val in zip(map(tuple, old.tolist()), d):
         pools.setdefault(row, []).append(val)
@@ -617,7 +619,7 @@ def test_recommend_matches_brute_force_and_excludes_seen_items():
         s = X[u].copy()
         s[seen[u].indices] = -np.inf
         ref = np.argsort(-s, kind="stable")[:5]
-        np.testing.assert_allclose(scores[row], s[ref], rtol=1e-12)
+        np.testing.assert_allclose(scores[row], s[ref], rtol=1e-6)  # float32 scores
         assert not np.isin(items[row], seen[u].indices).any()
     one, one_s = m.recommend(17, k=5, exclude=seen)
     np.testing.assert_array_equal(one, items[2])
@@ -627,6 +629,22 @@ def test_recommend_matches_brute_force_and_excludes_seen_items():
     assert sorted(it[0, :2]) == [0, 1] and (it[0, 2:] == -1).all() and np.isinf(sc[0, 2:]).all()
     with pytest.raises(ValueError, match=r"users\[1\] is 40, but the model has 40 users"):
         m.recommend([0, 40])
+
+
+def test_recommend_gives_the_lists_the_publisher_stores():
+    """One top-K: AltSVM.recommend and the publisher's per-user lists (solvers.topk on the
+    float32 factors of the artifact) agree item for item, ties included."""
+    from solvers.topk import user_topk_blocks
+
+    c = planted(seed=19)
+    m = fit_quiet(c, item_bias=True, max_iter=3)
+    m.item_factors_[[4, 9]] = m.item_factors_[7]  # three items tie for every user
+    m.item_bias_[[4, 9]] = m.item_bias_[7]
+    items, scores = m.recommend(np.arange(40), k=12)
+    U32, V32 = m.user_factors_.astype(np.float32), m.item_factors_.astype(np.float32)
+    published = np.concatenate([b.indices for b in user_topk_blocks(
+        U32, V32, 12, item_bias=m.item_bias_.astype(np.float32))])
+    np.testing.assert_array_equal(items, published)
 
 
 def test_predict_is_the_score_matrix():

@@ -1,18 +1,21 @@
 """One contract, every estimator (implicit's RecommenderBaseTestMixin pattern): keyword-only
 constructors that only store parameters, ``fit`` returning ``self``, learned attributes ending in
-``_``, a ConvergenceWarning that says what to change, warm state as plain arrays, and
-``save``/``load`` without pickle that reproduce the model's scores."""
+``_``, one NotFittedError, get/set_params round trips, a ConvergenceWarning that says what to
+change, warm state as plain arrays tagged with the algorithm, ``save``/``load`` without pickle
+that reproduce the model's scores and warm state, and errors that name both values."""
 
 from __future__ import annotations
 
 import inspect
 import json
+import re
 import warnings
 
 import numpy as np
 import pytest
 
-from solvers import AltSVM, ConvergenceWarning, TopPush
+import solvers
+from solvers import AltSVM, ConvergenceWarning, NotFittedError, TopPush
 
 
 def _altsvm_data():
@@ -38,11 +41,27 @@ def _toppush_scores(model):
     return model.decision_function(np.random.default_rng(1).normal(size=(50, 6)))
 
 
+def _altsvm_bad(model):
+    """(call, message) of a call with a wrong value; the message must name both values."""
+    return (lambda: model.predict([0], [25]),
+            "items[0] is 25, but the model has 20 items")
+
+
+def _toppush_bad(model):
+    return (lambda: model.decision_function(np.zeros((2, 5))),
+            "X has 5 features, the model was trained with 6")
+
+
 CASES = {
     "AltSVM": (AltSVM, {"rank": 3, "reg": 1.0, "random_state": 0, "n_threads": 1},
-               _altsvm_data, _altsvm_scores),
-    "TopPush": (TopPush, {"reg": 1.0, "random_state": 0}, _toppush_data, _toppush_scores),
+               _altsvm_data, _altsvm_scores, _altsvm_bad),
+    "TopPush": (TopPush, {"reg": 1.0, "random_state": 0}, _toppush_data, _toppush_scores,
+                _toppush_bad),
 }
+
+
+def test_every_estimator_family_is_covered():
+    assert set(CASES) == set(solvers.ESTIMATORS)
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -51,7 +70,7 @@ def case(request):
 
 
 def test_constructor_is_keyword_only_and_only_stores(case):
-    cls, params, _, _ = case
+    cls, params, *_ = case
     signature = inspect.signature(cls.__init__)
     kinds = {p.kind for name, p in signature.parameters.items() if name != "self"}
     assert kinds == {inspect.Parameter.KEYWORD_ONLY}
@@ -64,7 +83,7 @@ def test_constructor_is_keyword_only_and_only_stores(case):
 
 
 def test_fit_returns_self_with_learned_attributes(case):
-    cls, params, data, _ = case
+    cls, params, data, *_ = case
     args, kwargs = data()
     model = cls(**params)
     assert model.fit(*args, **kwargs) is model
@@ -74,14 +93,14 @@ def test_fit_returns_self_with_learned_attributes(case):
 
 
 def test_convergence_warning_says_what_to_change(case):
-    cls, params, data, _ = case
+    cls, params, data, *_ = case
     args, kwargs = data()
     with pytest.warns(ConvergenceWarning, match="max_iter"):
         cls(**{**params, "max_iter": 1, "tol": 1e-15}).fit(*args, **kwargs)
 
 
 def test_warm_state_is_plain_arrays(case):
-    cls, params, data, _ = case
+    cls, params, data, *_ = case
     args, kwargs = data()
     state = cls(**params).fit(*args, **kwargs).warm_state()
     assert isinstance(state, dict) and state
@@ -91,7 +110,7 @@ def test_warm_state_is_plain_arrays(case):
 
 
 def test_warm_start_from_its_own_state_is_cheap(case):
-    cls, params, data, _ = case
+    cls, params, data, *_ = case
     args, kwargs = data()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -101,7 +120,7 @@ def test_warm_start_from_its_own_state_is_cheap(case):
 
 
 def test_save_load_without_pickle_reproduces_scores(case, tmp_path):
-    cls, params, data, scores = case
+    cls, params, data, scores, _ = case
     args, kwargs = data()
     model = cls(**params).fit(*args, **kwargs)
     model.save(tmp_path / "m")
@@ -111,3 +130,47 @@ def test_save_load_without_pickle_reproduces_scores(case, tmp_path):
         assert all(z[k].dtype != object for k in z.files)
     loaded = cls.load(tmp_path / "m")
     np.testing.assert_array_equal(scores(loaded), scores(model))
+    for key, value in model.warm_state().items():
+        np.testing.assert_array_equal(loaded.warm_state()[key], value)
+
+
+def test_unfitted_model_raises_not_fitted_error(case):
+    cls, params, *_ = case
+    model = cls(**params)
+    with pytest.raises(NotFittedError, match="not fitted yet"):
+        model.warm_state()
+    with pytest.raises(NotFittedError):
+        model.save("never-written")
+
+
+def test_get_set_params_round_trip(case):
+    cls, params, *_ = case
+    model = cls(**params)
+    clone = cls(**model.get_params())
+    assert clone.get_params() == model.get_params()
+    assert model.set_params(**params) is model
+    with pytest.raises(ValueError, match=f"{cls.__name__} has no parameter 'nope'"):
+        model.set_params(nope=1)
+
+
+def test_warm_state_is_tagged_and_checked(case):
+    cls, params, data, *_ = case
+    args, kwargs = data()
+    state = cls(**params).fit(*args, **kwargs).warm_state()
+    assert str(state["algorithm"]) == cls.algorithm
+    missing = dict(state)
+    dropped = cls.warm_keys[0]
+    del missing[dropped]
+    with pytest.raises(ValueError, match=f"lacks \\['{dropped}'\\]"):
+        cls(**params).fit(*args, **kwargs, warm_start=missing)
+    foreign = {**state, "algorithm": np.array("Other")}
+    with pytest.raises(ValueError, match=f"'Other' model, this is a '{cls.algorithm}' model"):
+        cls(**params).fit(*args, **kwargs, warm_start=foreign)
+
+
+def test_errors_name_both_values(case):
+    cls, params, data, _, bad = case
+    args, kwargs = data()
+    call, message = bad(cls(**params).fit(*args, **kwargs))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import solvers._toppush_solver as toppush_solver
 import solvers.toppush as toppush_module
-from solvers import ConvergenceWarning, TopPush
+from solvers import ConvergenceWarning, NotFittedError, TopPush
 from solvers import _toppush_kernels as K
 from solvers._bipartite_metrics import auc, average_precision, pos_at_top
 
@@ -254,9 +255,9 @@ def test_save_load_roundtrip(tmp_path):
     refit = TopPush(reg=0.5, loss="logistic").fit(X, y, ids=ids,
                                                    warm_start=loaded.warm_state())
     assert refit.n_iter_ <= 2
-    with pytest.raises(ValueError, match="TopPush"):
-        from solvers._base import load_npz
-        load_npz(tmp_path / "tp", algorithm="AltSVM")
+    with pytest.raises(ValueError, match="holds a 'TopPush' model, expected 'AltSVM'"):
+        from solvers import AltSVM
+        AltSVM.load(tmp_path / "tp")
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +312,7 @@ def test_bad_ids_and_prediction_inputs():
     model = TopPush().fit(X, y)
     with pytest.raises(ValueError, match="X has 7 features, the model was trained with 8"):
         model.decision_function(X[:, :7])
-    with pytest.raises(RuntimeError, match="not fitted"):
+    with pytest.raises(NotFittedError, match="not fitted"):
         TopPush().decision_function(X)
     with pytest.raises(TypeError):
         TopPush(1.0)  # keyword-only
@@ -354,7 +355,7 @@ def test_shrinking_reaches_the_optimum_of_the_full_problem(capsys, monkeypatch):
     shrunk = TopPush(tol=1e-10, max_iter=20000, verbose=True, random_state=0).fit(X, y)
     log = capsys.readouterr().out
     assert "shrinking:" in log and "back to all 1000 negatives" in log
-    monkeypatch.setattr(toppush_module, "_SHRINK", False)
+    monkeypatch.setattr(toppush_solver, "SHRINK", False)
     full = TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(X, y)
     assert shrunk.dual_objective_ == pytest.approx(full.dual_objective_, rel=1e-7)
     np.testing.assert_allclose(shrunk.coef_, full.coef_, rtol=1e-3, atol=1e-4)

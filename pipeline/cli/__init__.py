@@ -1,0 +1,64 @@
+"""The ``rankstream`` command line.
+
+Each subcommand lives in ``pipeline/cli/<name>.py`` with ``add_arguments(parser)`` and
+``run(args) -> int``; it is imported only when called, so ``rankstream --help`` stays fast.
+A subcommand whose module does not exist yet says so and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module under pipeline.cli, one-line help)
+COMMANDS = {
+    "demo": ("demo", "run the whole pipeline on embedded defaults and print a report"),
+    "produce": ("produce", "send events from a file (JSON lines, CSV, Parquet) to Kafka"),
+    "ingest": ("ingest", "Kafka (or files) -> validated event store; bad events -> dead letter"),
+    "store": ("store", "inspect the event store (stats)"),
+    "train": ("train", "retrain a configured model with warm start, evaluate, gate, publish"),
+    "models": ("models", "list configured models with their current version and metric"),
+    "publish": ("publish", "publish a trained checkpoint to Redis"),
+    "recommend": ("recommend", "top-K lookup from Redis for a user or query"),
+    "versions": ("versions", "list the published versions of a model"),
+    "rollback": ("rollback", "flip a model's current version back"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    width = max(map(len, COMMANDS))
+    listing = "\n".join(f"  {n:<{width}}  {h}" for n, (_, h) in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="rankstream",
+        usage="rankstream [-h] SUBCOMMAND [options]",
+        description="Streaming large-margin rankers: Kafka events -> warm-started solvers -> "
+                    "Redis top-K.",
+        epilog=f"subcommands:\n{listing}\n\n'rankstream SUBCOMMAND --help' shows its options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", metavar="SUBCOMMAND", choices=list(COMMANDS),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    if not argv:
+        parser.print_help()
+        return 2
+    top = parser.parse_args(argv[:1])
+    module_name, help_text = COMMANDS[top.command]
+    try:
+        module = importlib.import_module(f"pipeline.cli.{module_name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"pipeline.cli.{module_name}":
+            raise
+        print(f"rankstream {top.command}: not built yet ({help_text})", file=sys.stderr)
+        return 2
+    sub = argparse.ArgumentParser(prog=f"rankstream {top.command}", description=help_text)
+    module.add_arguments(sub)
+    return int(module.run(sub.parse_args(argv[1:])) or 0)
+

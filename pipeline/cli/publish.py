@@ -1,0 +1,49 @@
+"""``rankstream publish MODEL PATH``: publish a model artifact to Redis as a new version, flip
+``current`` to it and prune old versions. PATH is a run directory of the retrain loop
+(``HOME/runs/MODEL/RUN``, whose ``artifact/`` is published) or an artifact directory written
+by ``ModelArtifact.save``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.cli._redis import add_redis_arguments, fail, redis_client
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="model name (letters, digits, _ . -)")
+    parser.add_argument("path", help="a run directory (HOME/runs/MODEL/RUN) or an artifact "
+                        "directory (manifest.json + arrays.npz)")
+    parser.add_argument("--top-k", type=int, default=100, help="precomputed list length "
+                        "(default 100)")
+    parser.add_argument("--keep-versions", type=int, default=3, help="versions kept, the new "
+                        "one included (default 3)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_redis_arguments(parser)
+
+
+def artifact_dir(path) -> Path:
+    """The artifact to publish: ``path`` itself, or a run directory's ``artifact/``."""
+    path = Path(path)
+    return path / "artifact" if (path / "artifact").is_dir() else path
+
+
+def run(args) -> int:
+    import redis
+
+    from pipeline.serving.artifact import ModelArtifact
+    from pipeline.serving.publish import publish
+
+    try:
+        artifact = ModelArtifact.load(artifact_dir(args.path))
+        with redis_client(args) as (settings, client):
+            res = publish(args.model, artifact, client, top_k=args.top_k,
+                          keep_versions=args.keep_versions, namespace=settings.namespace,
+                          progress=not args.no_progress)
+    except (OSError, ValueError, RuntimeError, redis.RedisError) as err:
+        return fail("publish", err)
+    what = (f"{res.n_lists} precomputed lists" if res.n_lists else "a global list")
+    pruned = f"; pruned versions {res.pruned}" if res.pruned else ""
+    print(f"published {res.namespace}/{res.model} version {res.version} ({res.kind}, "
+          f"{res.n_items} items, {what}) in {res.seconds:.2f} s{pruned}")
+    return 0

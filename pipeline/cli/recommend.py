@@ -1,0 +1,39 @@
+"""``rankstream recommend MODEL [USER] -k 10``: top-K lookup from Redis."""
+
+from __future__ import annotations
+
+import json
+
+from pipeline.cli._redis import add_redis_arguments, fail, redis_session
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="model name")
+    parser.add_argument("user", nargs="?", help="user or query id (omit for a global list)")
+    parser.add_argument("-k", type=int, default=10, help="number of items (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_redis_arguments(parser)
+
+
+def run(args) -> int:
+    import redis
+
+    from pipeline.serving.lookup import TopK
+
+    try:
+        with redis_session(args) as (settings, url):
+            with TopK(url, namespace=settings.namespace, timeout=max(settings.redis_timeout,
+                                                                     1.0)) as topk:
+                rec = topk.recommend(args.model, args.user, k=args.k)
+    except (LookupError, ValueError, RuntimeError, OSError, redis.RedisError) as err:
+        return fail("recommend", err)
+    if args.json:
+        print(json.dumps({"model": rec.model, "user": rec.user, "version": rec.version,
+                          "source": rec.source, "stale": rec.stale,
+                          "items": [[i, s] for i, s in rec.items]}))
+        return 0
+    who = f"user {rec.user!r}" if rec.user is not None else "global list"
+    print(f"{rec.model} version {rec.version}, {who}: {rec.source}")
+    for rank, (item, score) in enumerate(rec.items, 1):
+        print(f"{rank:>4}  {item!s:<24} {score:.6g}")
+    return 0

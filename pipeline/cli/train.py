@@ -1,0 +1,59 @@
+"""``rankstream train MODEL``: dataset -> warm-started fit -> evaluate -> gate -> publish."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from pipeline.cli._redis import (
+    add_redis_arguments,
+    fail,
+    model_config,
+    redis_session,
+    settings_of,
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="model name from the config file ([models.NAME])")
+    parser.add_argument("--cold", action="store_true", help="ignore checkpoints: cold start")
+    parser.add_argument("--no-publish", action="store_true", help="train and evaluate only")
+    parser.add_argument("--ingest", action="store_true",
+                        help="drain the model's Kafka topics into the store first")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_redis_arguments(parser)
+
+
+def format_summary(s: dict) -> str:
+    """A few readable lines from :func:`pipeline.training.retrain.run`'s summary."""
+    lines = [f"model {s['model']} ({s['algorithm']}): {s['decision']}"
+             + (f" - {s['reason']}" if s.get("reason") else "")]
+    ds = s.get("dataset", {})
+    if ds.get("stats"):
+        stats = ", ".join(f"{k} {v:,}" for k, v in ds["stats"].items())
+        lines.append(f"  data     {stats}  ({ds.get('dataset_seconds', 0):.2f} s)")
+    tr = s.get("train")
+    if tr:
+        start = "warm start" if tr["warm_start"] else "cold start"
+        lines.append(f"  fit      {start}, {tr['n_iter']} iterations, {tr['fit_seconds']:.2f} s")
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in tr["metrics"].items())
+        lines.append(f"  metrics  {metrics}")
+    pub = s.get("publish")
+    if pub and pub.get("published"):
+        lines.append(f"  publish  version {pub['version']} ({pub['publish_seconds']:.2f} s)")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from pipeline.training import retrain
+
+    try:
+        config = model_config(settings_of(args))
+        with redis_session(args) as (settings, url):
+            summary = retrain.run(args.model, config, settings=settings,
+                                  redis_url=url, cold=args.cold, publish=not args.no_publish,
+                                  ingest=args.ingest, progress=sys.stderr.isatty())
+    except (ValueError, KeyError, OSError) as err:
+        return fail("train", err)
+    print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
+    return 0

@@ -1,0 +1,228 @@
+"""Decode, validate and buffer the messages of one topic partition until they are flushed to the
+store as one segment group. Shared by Kafka ingestion and file ingestion.
+
+Examples
+--------
+>>> import tempfile
+>>> from pipeline.ingest.codec import encode_json
+>>> from pipeline.ingest.buffer import PartitionBuffer
+>>> from pipeline.ingest.store import EventStore
+>>> buf = PartitionBuffer("ratings", 0, default_kind="rating")
+>>> buf.add_messages([encode_json({"event_id": "e1", "ts": 1, "user": 1, "item": 2,
+...                                "rating": 5}), b"{oops"], [0, 1])
+>>> buf.events, len(buf.dead)
+(1, 1)
+>>> store = EventStore(tempfile.mkdtemp())
+>>> buf.flush(store).events
+Counter({'rating': 1})
+>>> store.next_offsets()
+{('ratings', 0): 2}
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.ingest.codec import DecodeError, batch_columns, batch_row, decode, is_batch, reencode
+from pipeline.ingest.dead_letters import DeadLetters
+from pipeline.ingest.events import KINDS
+from pipeline.ingest.validate import resolve_kind, show, validate_columns, validate_rows
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+
+
+@dataclass
+class Flushed:
+    """What one flush wrote."""
+
+    events: Counter = field(default_factory=Counter)
+    dead_letters: Counter = field(default_factory=Counter)
+    files: int = 0
+
+
+class PartitionBuffer:
+    """Valid events (as Arrow tables per kind) and dead letters of one partition since the
+    last flush, with the first and last offset they came from.
+
+    Parameters
+    ----------
+    topic, partition : str, int
+        Where the messages come from (a file source's synthetic topic, partition 0).
+    default_kind : str, optional
+        Kind of events that carry no ``kind`` field.
+    max_message_bytes : int
+        Larger messages are dead letters ("message is N bytes, over the limit of M").
+    """
+
+    def __init__(self, topic: str, partition: int, default_kind: str | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self.topic, self.partition = topic, partition
+        self.default_kind = default_kind
+        self.max_message_bytes = max_message_bytes
+        self._clear()
+
+    def _clear(self) -> None:
+        self.tables: dict[str, list[pa.Table]] = {}
+        self.dead = DeadLetters()
+        self.first: int | None = None
+        self.last: int | None = None
+        self.events = 0
+        self.started = time.monotonic()
+
+    def __len__(self) -> int:
+        """Events plus dead letters buffered."""
+        return self.events + len(self.dead)
+
+    @property
+    def empty(self) -> bool:
+        return self.first is None
+
+    def _span(self, first: int, last: int) -> None:
+        if self.first is None:
+            self.first = first
+            self.started = time.monotonic()
+        self.last = last
+
+    def _keep(self, tables: dict[str, pa.Table]) -> None:
+        for kind, table in tables.items():
+            if table.num_rows:
+                self.tables.setdefault(kind, []).append(table)
+                self.events += table.num_rows
+
+    def add_messages(self, values: Sequence[bytes], offsets: Sequence[int]) -> None:
+        """Decode and validate raw message values (offsets ascending)."""
+        if not values:
+            return
+        self._span(offsets[0], offsets[-1])
+        rows, row_offsets, row_source = [], [], []    # source: (message position, index)
+        formats = {}
+        for pos, value in enumerate(values):
+            offset = offsets[pos]
+            if len(value) > self.max_message_bytes:
+                self.dead.add(offset, -1, f"message is {len(value)} bytes, over the limit of "
+                              f"{self.max_message_bytes}", value)
+                continue
+            try:
+                obj, fmt = decode(value)
+            except DecodeError as err:
+                self.dead.add(offset, -1, str(err), value)
+                continue
+            if type(obj) is dict:
+                if is_batch(obj):
+                    self._add_batch(obj, fmt, offset, value)
+                    continue
+                rows.append(obj)
+                row_offsets.append(offset)
+                row_source.append((pos, -1))
+            elif type(obj) is list and obj:
+                rows.extend(obj)
+                row_offsets.extend([offset] * len(obj))
+                row_source.extend((pos, i) for i in range(len(obj)))
+                formats[pos] = fmt
+            else:
+                what = "an empty array" if type(obj) is list else show(obj)
+                self.dead.add(offset, -1, f"message is {what}, expected an event object or an "
+                              "array of events", value)
+        if rows:
+            def raw_of(i):
+                pos, index = row_source[i]
+                return values[pos] if index < 0 else reencode(rows[i], formats[pos])
+            self._validate(rows, row_offsets, [s[1] for s in row_source], raw_of)
+
+    def add_rows(self, rows: list, offsets: Sequence[int],
+                 raw_of: Callable[[int], bytes] | None = None) -> None:
+        """Validate already decoded events (file sources); ``raw_of(i)`` gives the bytes kept
+        for a dead letter (default: the row as JSON)."""
+        if not rows:
+            return
+        self._span(offsets[0], offsets[-1])
+        self._validate(rows, offsets, [-1] * len(rows),
+                       raw_of or (lambda i: reencode(rows[i], "json")))
+
+    def _validate(self, rows, offsets, indexes, raw_of) -> None:
+        tables, bad = validate_rows(rows, np.asarray(offsets, dtype=np.int64), self.default_kind)
+        self._keep(tables)
+        for i in sorted(bad):
+            row = rows[i]
+            kind = row.get("kind", self.default_kind) if type(row) is dict else None
+            self.dead.add(offsets[i], indexes[i], bad[i], raw_of(i),
+                          kind if kind in KINDS else None)
+
+    def _add_batch(self, batch: dict, fmt: str, offset: int, value: bytes) -> None:
+        try:
+            columns, n = batch_columns(batch)
+            kind = resolve_kind({k: v for k, v in batch.items() if k == "kind"},
+                                self.default_kind)
+            if n == 0:
+                raise DecodeError("batch: holds no events")
+        except (DecodeError, ValueError) as err:
+            self.dead.add(offset, -1, str(err), value)
+            return
+        table, bad = validate_columns(kind, columns, n, np.full(n, offset, dtype=np.int64))
+        self._keep({kind: table})
+        for i in sorted(bad):
+            self.dead.add(offset, i, bad[i], reencode(batch_row(columns, i), fmt), kind)
+
+    def flush(self, store, publisher=None) -> Flushed:
+        """Write what is buffered as one segment group (dead letters sent to the dead-letter
+        topic first, if a publisher is given) and start afresh. Raises
+        :class:`pipeline.ingest.store.OverlapError` (buffer cleared) if the store already has these
+        offsets."""
+        done = Flushed()
+        if self.empty:
+            return done
+        tables = {kind: pa.concat_tables(parts) for kind, parts in self.tables.items()}
+        dead = self.dead.table(self.topic, self.partition) if len(self.dead) else None
+        first, last = self.first, self.last
+        done.events = Counter({kind: t.num_rows for kind, t in tables.items()})
+        done.dead_letters = self.dead.counts()
+        self._clear()
+        if dead is not None and publisher is not None:
+            publisher.publish(dead)
+        done.files = len(store.write(self.topic, self.partition, first, last, tables, dead))
+        return done
+
+
+@dataclass
+class IngestSummary:
+    """Counts of one ingestion run; ``str()`` is a readable summary."""
+
+    messages: int = 0
+    events: Counter = field(default_factory=Counter)
+    dead_letters: Counter = field(default_factory=Counter)
+    segments: int = 0
+    flushes: int = 0
+    seconds: float = 0.0
+    stopped: str = ""
+    unit: str = "messages"
+
+    def add(self, flushed: Flushed) -> None:
+        self.events.update(flushed.events)
+        self.dead_letters.update(flushed.dead_letters)
+        self.segments += flushed.files
+        self.flushes += 1
+
+    def __str__(self) -> str:
+        events = sum(self.events.values())
+        rate = events / self.seconds if self.seconds > 0 else 0.0
+        by_kind = ", ".join(f"{k} {n:,}" for k, n in sorted(self.events.items())) or "none"
+        dead = ", ".join(f"{k} {n:,}" for k, n in sorted(self.dead_letters.items()))
+        return (f"ingested {events:,} events ({by_kind}) from {self.messages:,} {self.unit} in "
+                f"{self.seconds:.1f} s ({rate:,.0f} events/s); "
+                f"dead letters: {sum(self.dead_letters.values()):,}"
+                + (f" ({dead})" if dead else "")
+                + f"; {self.segments} segment files in {self.flushes} flushes"
+                + (f"; stopped: {self.stopped}" if self.stopped else ""))
+
+
+def progress_bar(enabled: bool, total=None, unit="msg"):
+    """A tqdm bar (disabled unless ``enabled``) for an ingestion run."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, disable=not enabled, dynamic_ncols=True, leave=False)

@@ -1,0 +1,350 @@
+"""Ingestion: Kafka topics (or files) -> validated event store; bad events -> dead letters.
+
+:func:`ingest_kafka` is a kafka-python consumer in a consumer group with auto-commit off. It
+polls bounded batches, decodes and validates them per partition, and flushes a partition's
+buffer to the store as one durable segment group when it holds ``flush_events`` events or is
+``flush_interval`` seconds old. Offsets are committed to Kafka *after* the segment is durable,
+for lag monitoring only: on every partition assignment the consumer seeks to the store's own
+next offset, which makes the store's contents exactly-once however the process stops. Before a
+rebalance takes partitions away, their buffers are flushed.
+
+Two run modes: ``until_end=True`` captures the end offsets at start, drains up to them and
+returns (for Airflow tasks); otherwise it follows the topics until SIGTERM/SIGINT (or
+``stop()``), then flushes, commits and leaves the group cleanly.
+
+:mod:`pipeline.ingest.files` feeds the same validation and store from files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+
+from pipeline.ingest.buffer import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    IngestSummary,
+    PartitionBuffer,
+    progress_bar,
+)
+from pipeline.ingest.store import EventStore, OverlapError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP = "rankstream-ingest"
+FETCH_CONFIG = {"fetch_max_bytes": 64 << 20, "max_partition_fetch_bytes": 16 << 20}
+
+
+def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str | None = None,
+                 settings=None, store: EventStore | None = None,
+                 group_id: str = DEFAULT_GROUP, until_end: bool = False,
+                 flush_events: int = 200_000, flush_interval: float = 5.0,
+                 max_poll_records: int = 20_000, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 instance_id: str | None = None, timeout: float | None = None,
+                 check_crcs: bool = True, progress: bool = True,
+                 consumer_config: Mapping | None = None,
+                 stop_event: threading.Event | None = None) -> IngestSummary:
+    """Consume topics into the event store; bad events to the dead-letter topic and directory.
+
+    Parameters
+    ----------
+    topics : iterable of str, or mapping topic -> default kind
+        Topics to subscribe to. Events without a ``kind`` field take their topic's default
+        kind (from the mapping, else ``kind``).
+    kind : str, optional
+        Default kind for every topic not given one by the mapping.
+    settings : Settings, optional
+        Bootstrap servers, security, store and dead-letter locations, dead-letter topic
+        (default ``Settings.load()``).
+    store : EventStore, optional
+        Overrides the store of ``settings``.
+    group_id : str
+        Consumer group.
+    until_end : bool
+        Drain to the end offsets seen at start, then return; else follow until stopped.
+    flush_events, flush_interval : int, float
+        Flush a partition once it buffers this many events (and dead letters) or this many
+        seconds after its first buffered message.
+    max_poll_records : int
+        Upper bound of one ``poll()`` (memory bound with ``flush_events``).
+    max_message_bytes : int
+        Larger messages are dead letters.
+    instance_id : str, optional
+        Static group membership (KIP-345): a restarted consumer with the same id gets its
+        partitions back at once instead of waiting for the session timeout.
+    timeout : float, optional
+        Give up after this many seconds (flushing what was read).
+    check_crcs : bool
+        Let kafka-python check record CRCs (costly in pure Python unless the ``crc32c``
+        package is installed).
+    consumer_config : mapping, optional
+        More ``KafkaConsumer`` keyword arguments (override the defaults above).
+    stop_event : threading.Event, optional
+        Set it to stop a follow-mode run (SIGTERM/SIGINT do the same in the main thread).
+
+    Returns
+    -------
+    IngestSummary
+    """
+    settings = settings or _settings()
+    if not settings.kafka_bootstrap:
+        raise ValueError("no Kafka bootstrap servers configured (RANKSTREAM_KAFKA_BOOTSTRAP, "
+                         "--bootstrap or kafka_bootstrap in the TOML file); "
+                         "use ingest_files() for embedded mode")
+    default_kinds = (dict(topics) if isinstance(topics, Mapping)
+                     else dict.fromkeys(topics, None))
+    default_kinds = {t: k or kind for t, k in default_kinds.items()}
+    run = _KafkaRun(settings, store or EventStore.from_settings(settings), default_kinds,
+                    group_id=group_id, flush_events=flush_events, flush_interval=flush_interval,
+                    max_poll_records=max_poll_records, max_message_bytes=max_message_bytes,
+                    progress=progress, stop_event=stop_event or threading.Event())
+    config = {"group_instance_id": instance_id, "check_crcs": check_crcs,
+              "max_poll_records": max_poll_records, **FETCH_CONFIG, **(consumer_config or {})}
+    with _stop_on_signals(run.stop_event):
+        return run.run(config, until_end=until_end, timeout=timeout)
+
+
+def _settings():
+    from pipeline.settings import Settings
+
+    return Settings.load()
+
+
+@contextmanager
+def _stop_on_signals(event: threading.Event):
+    """Within the block, SIGTERM and SIGINT set ``event`` (main thread only)."""
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            saved[sig] = signal.signal(sig, lambda *_: event.set())
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class _KafkaRun:
+    """One consumer's run: buffers per assigned partition, flush, commit, rebalance hooks."""
+
+    def __init__(self, settings, store: EventStore, default_kinds: dict, *, group_id: str,
+                 flush_events: int, flush_interval: float, max_poll_records: int,
+                 max_message_bytes: int, progress: bool, stop_event: threading.Event):
+        self.settings, self.store, self.default_kinds = settings, store, default_kinds
+        self.group_id = group_id
+        self.flush_events, self.flush_interval = flush_events, flush_interval
+        self.max_poll_records, self.max_message_bytes = max_poll_records, max_message_bytes
+        self.progress, self.stop_event = progress, stop_event
+        self.buffers: dict = {}
+        self.summary = IngestSummary()
+        self.consumer = None
+        self.publisher = None
+        self.joined = False
+        self.bar = None
+        self.ends: dict = {}
+        self.lock = threading.Lock()
+        self.pending: list = []
+
+    # -- Kafka clients
+
+    def _consumer(self, config: dict):
+        from kafka import KafkaConsumer
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap, group_id=self.group_id,
+            client_id=f"rankstream-ingest-{os.getpid()}", enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            **{k: v for k, v in config.items() if v is not None},
+            **self.settings.kafka_security)
+        consumer.subscribe(sorted(self.default_kinds), listener=_listener(self))
+        return consumer
+
+    def _publisher(self):
+        if self.publisher is None:
+            from kafka import KafkaProducer
+
+            from pipeline.ingest.dead_letters import DeadLetterPublisher
+
+            producer = KafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap,
+                                     client_id=f"rankstream-dead-letter-{os.getpid()}",
+                                     linger_ms=20, **self.settings.kafka_security)
+            self.publisher = DeadLetterPublisher(self.settings.dead_letter_topic, producer)
+        return self.publisher
+
+    # -- partition lifecycle (called by the rebalance listener on kafka-python's IO thread)
+    #
+    # on_partitions_revoked runs while the main thread waits inside poll() or close(), so it
+    # flushes directly (blocking heartbeats for the flush, bounded by flush_events; the commit
+    # is sent async since a blocking one would wait for the IO thread itself). An assignment
+    # can complete after poll() has returned, i.e. while the main thread works: the listener
+    # seeks (what kafka-python expects it to do) and queues the new buffers for the main thread.
+
+    def assigned(self, partitions) -> None:
+        resumes = {}
+        for tp in partitions:
+            self.store.recover(tp.topic, tp.partition)
+            resumes[tp] = self.store.next_offset(tp.topic, tp.partition)
+            if resumes[tp] is None:
+                self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, resumes[tp])
+            log.info("assigned %s/%s, resuming at %s", tp.topic, tp.partition,
+                     "the beginning" if resumes[tp] is None else resumes[tp])
+        with self.lock:
+            self.pending.append(("assigned", resumes))
+        self.joined = True
+
+    def revoked(self, partitions) -> None:
+        self.apply_pending()
+        for tp in partitions:
+            if tp in self.buffers:
+                self.flush(tp, blocking_commit=False)
+                del self.buffers[tp]
+
+    def lost(self, partitions) -> None:
+        with self.lock:       # the new owner reads them again from the store's end
+            self.pending.append(("lost", set(partitions)))
+
+    def apply_pending(self) -> None:
+        """Create the buffers of new partitions, drop those of lost ones (main thread)."""
+        with self.lock:
+            events, self.pending = self.pending, []
+        for what, partitions in events:
+            for tp in partitions:
+                if what == "lost":
+                    self.buffers.pop(tp, None)
+                    continue
+                self.buffers[tp] = PartitionBuffer(tp.topic, tp.partition,
+                                                   self.default_kinds.get(tp.topic),
+                                                   self.max_message_bytes)
+                if tp in self.ends and self.bar is not None:
+                    self.bar.total = ((self.bar.total or 0)
+                                      + max(0, self.ends[tp] - (partitions[tp] or 0)))
+                    self.bar.refresh()
+
+    # -- flushing
+
+    def flush(self, tp, blocking_commit: bool = True) -> None:
+        buf = self.buffers.get(tp)
+        if buf is None or buf.empty:
+            return
+        last = buf.last
+        publisher = self._publisher() if len(buf.dead) else None
+        try:
+            self.summary.add(buf.flush(self.store, publisher))
+        except OverlapError as err:
+            log.warning("%s; dropping the buffer and resuming after the stored offsets", err)
+            if tp in self.consumer.assignment():
+                self.consumer.seek(tp, self.store.next_offset(tp.topic, tp.partition))
+            return
+        self._commit(tp, last + 1, blocking_commit)
+        if self.bar is not None:
+            self.bar.set_postfix(events=sum(self.summary.events.values()),
+                                 dead=sum(self.summary.dead_letters.values()), refresh=False)
+
+    def _commit(self, tp, offset: int, blocking: bool) -> None:
+        """Commit for lag monitoring only: the store decides where a consumer resumes."""
+        from kafka.structs import OffsetAndMetadata
+
+        def failed(err):
+            log.warning("offset commit of %s/%s at %d failed: %s",
+                        tp.topic, tp.partition, offset, err)
+
+        offsets = {tp: OffsetAndMetadata(offset, "", -1)}
+        try:
+            if blocking:
+                self.consumer.commit(offsets)
+            else:
+                self.consumer.commit_async(
+                    offsets, callback=lambda _, result: failed(result)
+                    if isinstance(result, Exception) else None)
+        except Exception as err:
+            failed(err)
+
+    def flush_due(self) -> None:
+        now = time.monotonic()
+        for tp, buf in list(self.buffers.items()):
+            if not buf.empty and (len(buf) >= self.flush_events
+                                  or now - buf.started >= self.flush_interval):
+                self.flush(tp)
+
+    # -- the loop
+
+    def run(self, config: dict, until_end: bool, timeout: float | None) -> IngestSummary:
+        started = time.monotonic()
+        self.consumer = self._consumer(config)
+        self.ends = ends = self._end_offsets() if until_end else {}
+        self.bar = progress_bar(self.progress, total=None)
+        try:
+            self.summary.stopped = self._loop(ends, until_end, started, timeout)
+            for tp in list(self.buffers):
+                self.flush(tp)
+        finally:
+            self.bar.close()
+            self.consumer.close(autocommit=False)
+            if self.publisher is not None:
+                self.publisher.close()
+        self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _end_offsets(self) -> dict:
+        from kafka.structs import TopicPartition
+
+        partitions = [TopicPartition(topic, p) for topic in self.default_kinds
+                      for p in sorted(self.consumer.partitions_for_topic(topic) or ())]
+        return self.consumer.end_offsets(partitions) if partitions else {}
+
+    def _loop(self, ends: dict, until_end: bool, started: float, timeout: float | None) -> str:
+        while True:
+            if self.stop_event.is_set():
+                return "stop requested"
+            if timeout is not None and time.monotonic() - started > timeout:
+                return f"timeout after {timeout:g} s"
+            records = self.consumer.poll(timeout_ms=500, max_records=self.max_poll_records)
+            self.apply_pending()
+            for tp, batch in records.items():
+                buf = self.buffers.get(tp)
+                if buf is None:       # never skip records: that would leave a gap in the store
+                    buf = self.buffers[tp] = PartitionBuffer(
+                        tp.topic, tp.partition, self.default_kinds.get(tp.topic),
+                        self.max_message_bytes)
+                if until_end and batch[-1].offset >= ends.get(tp, 0):
+                    batch = [r for r in batch if r.offset < ends.get(tp, 0)]
+                if batch:
+                    buf.add_messages([r.value for r in batch], [r.offset for r in batch])
+                    self.summary.messages += len(batch)
+                    self.bar.update(len(batch))
+            self.flush_due()
+            if until_end and self.joined and self._drained(ends):
+                return "end offsets reached"
+
+    def _drained(self, ends: dict) -> bool:
+        assignment = self.consumer.assignment()
+        return all(self.consumer.position(tp) >= ends.get(tp, 0) for tp in assignment)
+
+
+def _listener(run: _KafkaRun):
+    """A kafka-python rebalance listener that hands partition changes to ``run``."""
+    from kafka import ConsumerRebalanceListener
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            run.revoked(revoked)
+
+        def on_partitions_assigned(self, assigned):
+            run.assigned(assigned)
+
+        def on_partitions_lost(self, lost):
+            run.lost(lost)
+
+    return Listener()
+
+
+def new_group_id(prefix: str = "rankstream-ingest") -> str:
+    """A fresh consumer group name (tests, benchmarks, one-off backfills)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,299 @@
+"""A trained model as plain arrays, independent of the solver that made it: what
+:func:`pipeline.serving.publish.publish` takes. Saved as ``manifest.json`` + ``arrays.npz``
+(no pickle).
+
+Four kinds, built with the class methods:
+
+``user_item``          user factors U, item factors V, optional item bias b and seen items per
+                       user (CSR): per-user top-K of ``U @ V.T + b`` (AltSVM).
+``global_list``        one score per candidate item: one ranked list (TopPush).
+``query_docs``         per query a list of (doc, score), ranked per query (kernel RankSVM).
+``predicted_ratings``  one predicted rating per item: one ranked list (NPSVOR).
+
+Examples
+--------
+>>> import numpy as np
+>>> art = ModelArtifact.user_item(user_ids=["ann", "bob"], item_ids=[10, 11, 12],
+...                               user_factors=np.ones((2, 4)), item_factors=np.eye(3, 4),
+...                               seen=([0, 1, 1], [2]), algorithm="AltSVM")
+>>> art.kind, art.n_keys, art.rank
+('user_item', 2, 4)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.serving.layout import KINDS, key_of
+from solvers.persist import read_bundle, write_bundle
+
+FORMAT = "rankstream.artifact"
+ARTIFACT_FORMAT = 1
+_ARRAYS = ("item_ids", "key_ids", "user_factors", "item_factors", "item_bias", "seen_indptr",
+           "seen_indices", "precompute", "list_indptr", "list_items", "list_scores",
+           "item_scores", "fallback_scores")
+
+
+def _ids(name: str, values) -> np.ndarray:
+    """Normalise ids: integers -> int64, anything else -> unicode strings; must be unique."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
+    if arr.dtype.kind in "iu":
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind == "U":
+        pass
+    elif arr.dtype.kind in "OS":
+        arr = np.array([x.decode() if isinstance(x, bytes) else str(x) for x in arr.tolist()],
+                       dtype=str)
+    else:
+        raise ValueError(f"{name} must be integers or strings, got dtype {arr.dtype}")
+    if arr.dtype.kind == "U" and len(arr) and (arr == "").any():
+        raise ValueError(f"{name} contains an empty string")
+    if len(np.unique(arr)) != len(arr):
+        raise ValueError(f"{name} has {len(arr) - len(np.unique(arr))} duplicate ids")
+    return arr
+
+
+def _floats(name: str, values, shape: tuple) -> np.ndarray:
+    arr = np.ascontiguousarray(values, dtype=np.float32)
+    if arr.shape != shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} has {int((~np.isfinite(arr)).sum())} non-finite values")
+    return arr
+
+
+def _csr(name: str, indptr, indices, n_rows: int, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    indptr = np.asarray(indptr, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int32)
+    if indptr.shape != (n_rows + 1,) or indptr[0] != 0 or indptr[-1] != len(indices):
+        raise ValueError(f"{name}: indptr has shape {indptr.shape} and ends at "
+                         f"{indptr[-1] if len(indptr) else None}, expected shape ({n_rows + 1},) "
+                         f"from 0 to {len(indices)} (the number of indices)")
+    if (np.diff(indptr) < 0).any():
+        raise ValueError(f"{name}: indptr is not non-decreasing")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_cols):
+        raise ValueError(f"{name}: index {int(indices.max())} or {int(indices.min())} is "
+                         f"outside 0..{n_cols - 1}")
+    return indptr, indices
+
+
+@dataclass(eq=False)
+class ModelArtifact:
+    """Plain arrays of a trained model plus what describes it; build with the class methods.
+
+    Attributes
+    ----------
+    kind : {"user_item", "global_list", "query_docs", "predicted_ratings"}
+    item_ids : ndarray
+        Ids of items (or docs), int64 or str; list entries index into it.
+    key_ids : ndarray or None
+        User ids (``user_item``) or query ids (``query_docs``).
+    user_factors, item_factors, item_bias : ndarray or None
+        float32 U (n_keys x rank), V (n_items x rank), b (n_items,).
+    seen_indptr, seen_indices : ndarray or None
+        CSR of the item indices each user has already seen (excluded from their lists).
+    precompute : ndarray or None
+        bool mask over users: which get a precomputed list (default all); the others are
+        scored on demand by the lookup client from their factor.
+    list_indptr, list_items, list_scores : ndarray or None
+        CSR of each query's candidate docs and their scores (``query_docs``).
+    item_scores : ndarray or None
+        Score (``global_list``) or predicted rating (``predicted_ratings``) per item.
+    fallback_scores : ndarray or None
+        Per-item scores of the list served to unknown users/queries. ``user_item`` defaults
+        to the scores of the mean user factor.
+    algorithm, params, metrics, trained_at
+        Description copied into the published version's meta hash.
+    """
+
+    kind: str
+    item_ids: np.ndarray
+    key_ids: np.ndarray | None = None
+    user_factors: np.ndarray | None = None
+    item_factors: np.ndarray | None = None
+    item_bias: np.ndarray | None = None
+    seen_indptr: np.ndarray | None = None
+    seen_indices: np.ndarray | None = None
+    precompute: np.ndarray | None = None
+    list_indptr: np.ndarray | None = None
+    list_items: np.ndarray | None = None
+    list_scores: np.ndarray | None = None
+    item_scores: np.ndarray | None = None
+    fallback_scores: np.ndarray | None = None
+    algorithm: str = ""
+    params: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    trained_at: str | None = None
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def user_item(cls, *, user_ids, item_ids, user_factors, item_factors, item_bias=None,
+                  seen=None, precompute=None, fallback_scores=None, **describe) -> ModelArtifact:
+        """User x item factor model (AltSVM). ``seen``: a scipy CSR matrix (users x items) or
+        an ``(indptr, indices)`` pair; ``precompute``: bool mask or list of user ids that get a
+        precomputed list (default: all users).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> ModelArtifact.user_item(user_ids=[1], item_ids=[5, 6], user_factors=[[1.0]],
+        ...                         item_factors=[[1.0], [2.0]]).n_items
+        2
+        """
+        if seen is not None and hasattr(seen, "indptr"):
+            seen = (seen.indptr, seen.indices)
+        art = cls("user_item", item_ids, key_ids=user_ids, user_factors=user_factors,
+                  item_factors=item_factors, item_bias=item_bias,
+                  seen_indptr=None if seen is None else seen[0],
+                  seen_indices=None if seen is None else seen[1],
+                  fallback_scores=fallback_scores, **describe)
+        if precompute is not None:
+            mask = np.asarray(precompute)
+            if mask.dtype != bool:
+                wanted = set(key_of(u) for u in mask.tolist())
+                mask = np.array([key_of(u) in wanted for u in art.key_ids.tolist()], dtype=bool)
+            art.precompute = mask
+            art.validate()
+        return art
+
+    @classmethod
+    def global_list(cls, *, item_ids, scores, **describe) -> ModelArtifact:
+        """One score per candidate item (TopPush): one ranked list for everyone.
+
+        Examples
+        --------
+        >>> ModelArtifact.global_list(item_ids=["a", "b"], scores=[0.1, 0.9]).kind
+        'global_list'
+        """
+        return cls("global_list", item_ids, item_scores=scores, **describe)
+
+    @classmethod
+    def predicted_ratings(cls, *, item_ids, ratings, **describe) -> ModelArtifact:
+        """One predicted rating per item (NPSVOR): items ranked by predicted rating.
+
+        Examples
+        --------
+        >>> ModelArtifact.predicted_ratings(item_ids=[1, 2], ratings=[3, 5]).n_items
+        2
+        """
+        return cls("predicted_ratings", item_ids, item_scores=ratings, **describe)
+
+    @classmethod
+    def query_docs(cls, *, query_ids, doc_ids, indptr, docs, scores, fallback_scores=None,
+                   **describe) -> ModelArtifact:
+        """Per query a list of candidate docs (indices into ``doc_ids``) with scores, in CSR
+        form (kernel RankSVM); each query's list is ranked by score when published.
+
+        Examples
+        --------
+        >>> ModelArtifact.query_docs(query_ids=["q1"], doc_ids=["d1", "d2"], indptr=[0, 2],
+        ...                          docs=[1, 0], scores=[0.3, 0.7]).n_keys
+        1
+        """
+        return cls("query_docs", doc_ids, key_ids=query_ids, list_indptr=indptr,
+                   list_items=docs, list_scores=scores, fallback_scores=fallback_scores,
+                   **describe)
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check shapes, dtypes and the fields each kind needs; normalise arrays in place."""
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} is not one of {KINDS}")
+        self.item_ids = _ids("item_ids", self.item_ids)
+        n_items = len(self.item_ids)
+        if n_items == 0:
+            raise ValueError("item_ids is empty")
+        need = {"user_item": ("key_ids", "user_factors", "item_factors"),
+                "global_list": ("item_scores",), "predicted_ratings": ("item_scores",),
+                "query_docs": ("key_ids", "list_indptr", "list_items", "list_scores")}[self.kind]
+        for name in _ARRAYS[1:]:
+            given = getattr(self, name) is not None
+            if name in need and not given:
+                raise ValueError(f"a {self.kind} artifact needs {name}")
+        if self.key_ids is not None:
+            self.key_ids = _ids("key_ids", self.key_ids)
+        n_keys = self.n_keys
+        if self.kind == "user_item":
+            fac = np.asarray(self.user_factors)
+            rank = fac.shape[1] if fac.ndim == 2 else -1
+            self.user_factors = _floats("user_factors", fac, (n_keys, rank))
+            self.item_factors = _floats("item_factors", self.item_factors, (n_items, rank))
+            if self.item_bias is not None:
+                self.item_bias = _floats("item_bias", self.item_bias, (n_items,))
+            if (self.seen_indptr is None) != (self.seen_indices is None):
+                raise ValueError("seen needs both indptr and indices")
+            if self.seen_indptr is not None:
+                self.seen_indptr, self.seen_indices = _csr(
+                    "seen", self.seen_indptr, self.seen_indices, n_keys, n_items)
+            if self.precompute is not None:
+                self.precompute = np.asarray(self.precompute, dtype=bool)
+                if self.precompute.shape != (n_keys,):
+                    raise ValueError(f"precompute has shape {self.precompute.shape}, expected "
+                                     f"({n_keys},) (one flag per user)")
+        if self.kind == "query_docs":
+            self.list_indptr, self.list_items = _csr(
+                "query lists", self.list_indptr, self.list_items, n_keys, n_items)
+            self.list_scores = _floats("list_scores", self.list_scores, self.list_items.shape)
+        if self.item_scores is not None:
+            self.item_scores = _floats("item_scores", self.item_scores, (n_items,))
+        if self.fallback_scores is not None:
+            self.fallback_scores = _floats("fallback_scores", self.fallback_scores, (n_items,))
+        if not isinstance(self.params, dict) or not isinstance(self.metrics, dict):
+            raise ValueError("params and metrics must be dicts")
+        json.dumps([self.params, self.metrics])  # must be JSON-serialisable
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+    @property
+    def n_keys(self) -> int:
+        """Number of users (``user_item``) or queries (``query_docs``); 0 for global lists."""
+        return 0 if self.key_ids is None else len(self.key_ids)
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.item_factors is None else self.item_factors.shape[1]
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path) -> Path:
+        """Write the artifact as a bundle at ``path`` (:mod:`solvers.persist`: ``manifest.json``
+        + ``arrays.npz``, atomically, nothing pickled).
+
+        Examples
+        --------
+        >>> import tempfile, os
+        >>> art = ModelArtifact.global_list(item_ids=[1, 2], scores=[0.5, 0.1])
+        >>> d = art.save(os.path.join(tempfile.mkdtemp(), "m"))
+        >>> ModelArtifact.load(d).item_ids.tolist()
+        [1, 2]
+        """
+        arrays = {n: getattr(self, n) for n in _ARRAYS if getattr(self, n) is not None}
+        manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
+                    "kind": self.kind, "algorithm": self.algorithm, "params": self.params,
+                    "metrics": self.metrics, "trained_at": self.trained_at,
+                    "arrays": {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}}
+        return write_bundle(path, arrays, manifest)
+
+    @classmethod
+    def load(cls, path) -> ModelArtifact:
+        """Read an artifact written by :meth:`save` (``allow_pickle=False``)."""
+        manifest, arrays = read_bundle(path, fmt=FORMAT, version=ARTIFACT_FORMAT)
+        missing = set(manifest["arrays"]) - set(arrays)
+        if missing:
+            raise ValueError(f"{path}/arrays.npz lacks arrays {sorted(missing)} named in the "
+                             "manifest")
+        known = {f.name for f in fields(cls)}
+        return cls(kind=manifest["kind"], algorithm=manifest.get("algorithm", ""),
+                   params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
+                   trained_at=manifest.get("trained_at"),
+                   **{n: a for n, a in arrays.items() if n in known})

@@ -1,0 +1,342 @@
+"""The Redis key layout and value encodings of published models: the code side of the contract
+written down in ``pipeline/serving/REDIS_LAYOUT.md`` (``tests/serving/test_layout.py`` checks
+that the two agree).
+
+Every key of a model starts with the Redis Cluster hash tag ``{<namespace>:<model>}``, so the
+``current`` pointer, the version list and every key of every version of one model live in one
+slot: the pointer flip and the lookup read them together. Values are packed little-endian
+(float32 / int32 / int64) byte strings; see :data:`KEY_PATTERNS` and :data:`META_FIELDS`.
+
+Examples
+--------
+>>> keys = ModelKeys("rankstream", "movies")
+>>> keys.current
+'{rankstream:movies}:current'
+>>> keys.version(7).topk("alice")
+'{rankstream:movies}:v7:topk:alice'
+>>> unpack_pairs(pack_pairs([3, 1], [0.5, 0.25]))
+([3, 1], [0.5, 0.25])
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+FORMAT_VERSION = 1
+"""Bumped whenever a key or value encoding changes; readers refuse other versions."""
+
+PAIR_DTYPE = np.dtype([("index", "<i4"), ("score", "<f4")])
+"""One entry of a ranked list: item index (into the version's item ids) and its score."""
+
+KINDS = ("user_item", "global_list", "query_docs", "predicted_ratings")
+
+# name -> (key pattern after the hash tag, Redis type, value encoding). The .md table lists
+# exactly these rows; <tag> stands for {<namespace>:<model>}.
+KEY_PATTERNS = {
+    "current": ("<tag>:current", "string", "ascii `<version>:<publish_id>`"),
+    "versions": ("<tag>:versions", "list", "ascii version numbers, oldest first"),
+    "seq": ("<tag>:seq", "string", "integer counter (INCR) of version numbers"),
+    "pending": ("<tag>:pending", "set", "ascii version numbers being written or deleted"),
+    "meta": ("<tag>:v<version>:meta", "hash", "utf-8 fields, see the meta table"),
+    "items": ("<tag>:v<version>:items:<chunk>", "string",
+              "item ids of rows chunk*item_chunk...: int64 LE, or a JSON array of strings"),
+    "item_factors": ("<tag>:v<version>:V:<chunk>", "string", "float32 LE, rows x rank, C order"),
+    "item_bias": ("<tag>:v<version>:b:<chunk>", "string", "float32 LE, one per item"),
+    "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
+    "key_index": ("<tag>:v<version>:keys:<chunk>", "string",
+                  "JSON array of the user/query keys of this version"),
+    "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
+    "topk": ("<tag>:v<version>:topk:<key>", "string",
+             "ranked pairs (int32 index, float32 score)"),
+    "user_factor": ("<tag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
+    "seen": ("<tag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
+}
+
+# meta hash field -> meaning (the .md meta table lists exactly these fields)
+META_FIELDS = {
+    "format_version": "layout format version (this document: 1)",
+    "kind": "user_item | global_list | query_docs | predicted_ratings",
+    "model": "model name",
+    "version": "version number",
+    "publish_id": "random hex id of this publish; also in `current`",
+    "status": "writing | complete | deleting",
+    "algorithm": "producing algorithm, e.g. AltSVM",
+    "params": "JSON object of training parameters",
+    "metrics": "JSON object of evaluation metrics",
+    "trained_at": "ISO 8601 UTC time the artifact was trained",
+    "published_at": "ISO 8601 UTC time publishing started",
+    "n_items": "number of item (or doc) ids",
+    "item_id_type": "int64 | str",
+    "item_chunk": "rows per items/V/b/val chunk",
+    "n_item_chunks": "number of item chunks",
+    "rank": "factor dimension (0: no factors)",
+    "has_item_bias": "1 if b chunks exist",
+    "has_item_values": "1 if val chunks exist",
+    "top_k": "longest precomputed list length",
+    "n_keys": "user/query keys in the key index",
+    "key_chunk": "keys per key_index chunk",
+    "n_key_chunks": "number of key_index chunks",
+    "n_lists": "keys with a precomputed topk list",
+    "n_factor_keys": "keys with a user factor",
+    "n_seen_keys": "keys with a seen list",
+    "global": "none | model | fallback: what the global list is",
+}
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+_VERSION = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32})$")
+
+
+class LayoutError(ValueError):
+    """A key under the namespace holds something this layout does not produce."""
+
+
+class UnknownModelError(LookupError):
+    """The model has no published version (no ``current`` key) under the namespace."""
+
+
+def check_name(what: str, name: str) -> str:
+    """Validate a namespace or model name: letters, digits, ``_ . -``, up to 100 characters.
+
+    Examples
+    --------
+    >>> check_name("model", "movies-v2")
+    'movies-v2'
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{what} {name!r} is not valid: use 1-100 letters, digits, '_', '.' or "
+                         "'-', starting with a letter or digit (':' and braces are reserved "
+                         "for the key layout)")
+    return name
+
+
+def parse_current(raw: bytes, key: str) -> tuple[int, str]:
+    """Split a ``current`` value into (version, publish_id); :class:`LayoutError` if malformed.
+
+    Examples
+    --------
+    >>> parse_current(b"7:0a1b2c3d", "{ns:m}:current")
+    (7, '0a1b2c3d')
+    """
+    match = _VERSION.match(raw) if isinstance(raw, bytes) else None
+    if match is None:
+        raise LayoutError(f"{key} holds {raw[:40]!r}, expected '<version>:<publish_id>' as "
+                          f"written by rankstream publish (format {FORMAT_VERSION})")
+    return int(match.group(1)), match.group(2).decode()
+
+
+@dataclass(frozen=True)
+class VersionKeys:
+    """Key names of one published version (all share the model's hash tag)."""
+
+    prefix: str  # "{ns:model}:v7:"
+
+    @property
+    def meta(self) -> str:
+        return self.prefix + "meta"
+
+    @property
+    def global_list(self) -> str:
+        return self.prefix + "global"
+
+    def items(self, chunk: int) -> str:
+        return f"{self.prefix}items:{chunk}"
+
+    def item_factors(self, chunk: int) -> str:
+        return f"{self.prefix}V:{chunk}"
+
+    def item_bias(self, chunk: int) -> str:
+        return f"{self.prefix}b:{chunk}"
+
+    def item_values(self, chunk: int) -> str:
+        return f"{self.prefix}val:{chunk}"
+
+    def key_index(self, chunk: int) -> str:
+        return f"{self.prefix}keys:{chunk}"
+
+    def topk(self, key: str) -> str:
+        return f"{self.prefix}topk:{key}"
+
+    def user_factor(self, key: str) -> str:
+        return f"{self.prefix}u:{key}"
+
+    def seen(self, key: str) -> str:
+        return f"{self.prefix}seen:{key}"
+
+
+@dataclass(frozen=True)
+class ModelKeys:
+    """Key names of one model under one namespace.
+
+    Examples
+    --------
+    >>> ModelKeys("ns", "m").tag
+    '{ns:m}'
+    """
+
+    namespace: str
+    model: str
+
+    def __post_init__(self):
+        check_name("namespace", self.namespace)
+        check_name("model name", self.model)
+
+    @property
+    def tag(self) -> str:
+        return "{" + self.namespace + ":" + self.model + "}"
+
+    @property
+    def current(self) -> str:
+        return self.tag + ":current"
+
+    @property
+    def versions(self) -> str:
+        return self.tag + ":versions"
+
+    @property
+    def seq(self) -> str:
+        return self.tag + ":seq"
+
+    @property
+    def pending(self) -> str:
+        return self.tag + ":pending"
+
+    def version(self, version: int) -> VersionKeys:
+        return VersionKeys(f"{self.tag}:v{int(version)}:")
+
+
+def namespace_pattern(namespace: str) -> str:
+    """SCAN MATCH pattern for every key of every model under ``namespace``."""
+    return "{" + check_name("namespace", namespace) + ":*"
+
+
+# ----------------------------------------------------------------------------- value encodings
+
+def pack_pairs(indices, scores) -> bytes:
+    """Ranked list -> bytes: interleaved (int32 index, float32 score) little-endian pairs.
+
+    Examples
+    --------
+    >>> pack_pairs([2], [1.0]).hex()
+    '020000000000803f'
+    """
+    indices = np.asarray(indices)
+    out = np.empty(len(indices), dtype=PAIR_DTYPE)
+    out["index"] = indices
+    out["score"] = scores
+    return out.tobytes()
+
+
+def unpack_pairs(value: bytes, n_items: int | None = None) -> tuple[list[int], list[float]]:
+    """Bytes -> (indices, scores); :class:`LayoutError` when the value cannot be a ranked list.
+
+    Examples
+    --------
+    >>> unpack_pairs(bytes.fromhex("020000000000803f"))
+    ([2], [1.0])
+    """
+    arr = decode_pairs(value, "value", n_items)
+    return arr["index"].tolist(), arr["score"].tolist()
+
+
+def decode_pairs(value: bytes, key: str, n_items: int | None = None) -> np.ndarray:
+    """Bytes -> structured array of :data:`PAIR_DTYPE`, checked (length, index range)."""
+    if not isinstance(value, (bytes, bytearray, memoryview)) or len(value) % PAIR_DTYPE.itemsize:
+        size = len(value) if isinstance(value, (bytes, bytearray, memoryview)) else "?"
+        raise LayoutError(f"{key} holds {size} bytes, not a multiple of {PAIR_DTYPE.itemsize} "
+                          "(int32 index, float32 score) pairs")
+    arr = np.frombuffer(value, dtype=PAIR_DTYPE)
+    if n_items is not None and len(arr):
+        idx = arr["index"]
+        if idx.min() < 0 or idx.max() >= n_items:
+            raise LayoutError(f"{key} lists item index {int(idx.max())} or {int(idx.min())}, "
+                              f"outside the version's {n_items} items")
+    return arr
+
+
+def pair_struct(n: int) -> struct.Struct:
+    """``struct`` format for ``n`` pairs read as (uint32 index, float32 score): a negative
+    (corrupt) index then shows up as a huge one and fails the item lookup instead of wrapping."""
+    return struct.Struct("<" + "If" * n)
+
+
+def pack_f32(values) -> bytes:
+    """float32 little-endian bytes (C order)."""
+    return np.ascontiguousarray(values, dtype="<f4").tobytes()
+
+
+def unpack_f32(value: bytes, key: str, per_row: int = 1) -> np.ndarray:
+    """Bytes -> float32 array (rows x ``per_row`` when ``per_row`` > 1); checked length."""
+    if not isinstance(value, bytes) or len(value) % (4 * per_row):
+        size = len(value) if isinstance(value, bytes) else type(value).__name__
+        raise LayoutError(f"{key} holds {size} bytes, expected a multiple of {4 * per_row} "
+                          f"(float32 rows of {per_row})")
+    arr = np.frombuffer(value, dtype="<f4")
+    return arr.reshape(-1, per_row) if per_row > 1 else arr
+
+
+def pack_i32(values) -> bytes:
+    """int32 little-endian bytes."""
+    return np.ascontiguousarray(values, dtype="<i4").tobytes()
+
+
+def unpack_i32(value: bytes, key: str) -> np.ndarray:
+    """Bytes -> int32 array; checked length."""
+    if not isinstance(value, bytes) or len(value) % 4:
+        raise LayoutError(f"{key} is not packed int32 values")
+    return np.frombuffer(value, dtype="<i4")
+
+
+def pack_ids(ids: np.ndarray) -> bytes:
+    """Item ids -> bytes: int64 LE when integer, else a UTF-8 JSON array of strings."""
+    if ids.dtype.kind in "iu":
+        return np.ascontiguousarray(ids, dtype="<i8").tobytes()
+    return json.dumps([str(x) for x in ids.tolist()], ensure_ascii=False).encode()
+
+
+def unpack_ids(value: bytes, id_type: str, key: str) -> list:
+    """Bytes -> list of ids (ints or strings), as written by :func:`pack_ids`."""
+    try:
+        if id_type == "int64":
+            if len(value) % 8:
+                raise ValueError("length is not a multiple of 8")
+            return np.frombuffer(value, dtype="<i8").tolist()
+        if id_type == "str":
+            ids = json.loads(value)
+            if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+                raise ValueError("not a JSON array of strings")
+            return ids
+    except (ValueError, TypeError) as err:
+        raise LayoutError(f"{key} does not hold {id_type} ids: {err}") from None
+    raise LayoutError(f"{key}: unknown item_id_type {id_type!r} (expected int64 or str)")
+
+
+def pack_keys(keys: list[str]) -> bytes:
+    """User/query keys of a key_index chunk -> UTF-8 JSON array."""
+    return json.dumps(keys, ensure_ascii=False).encode()
+
+
+def unpack_keys(value: bytes, key: str) -> list[str]:
+    """Inverse of :func:`pack_keys`."""
+    return unpack_ids(value, "str", key)
+
+
+def key_of(external_id) -> str:
+    """The key suffix of a user/query id: ``str`` of it (ints as decimal).
+
+    Examples
+    --------
+    >>> key_of(42), key_of("alice")
+    ('42', 'alice')
+    """
+    if isinstance(external_id, (bool, np.bool_)):
+        raise TypeError(f"user/query id {external_id!r} is a bool, expected a str or int")
+    if isinstance(external_id, (int, np.integer)):
+        return str(int(external_id))
+    if isinstance(external_id, str) and external_id:
+        return external_id
+    raise TypeError(f"user/query id {external_id!r} is not a non-empty str or an int")

@@ -1,0 +1,476 @@
+"""Online top-K lookups from the versions :func:`pipeline.serving.publish.publish` wrote to Redis.
+
+One round trip per answer from a precomputed list: ``MGET current topk:<user>`` with the
+version this process last saw. ``MGET`` is atomic, so when the returned ``current`` equals that
+version the list belongs to it; when ``current`` has moved, the client loads the new version's
+item ids once (they are immutable per version) and asks again. Answers map the stored item
+indices to ids in process.
+
+Other answers take one more round trip: users with a factor but no precomputed list (or
+``k`` beyond the precomputed length) are scored on demand from their factor and the version's
+item factors (read once per version, kept in memory); unknown users or queries get the
+version's fallback list and ``source == "fallback"`` says so.
+
+When Redis is down or slower than ``timeout``: ``on_error="raise"`` raises
+:class:`RedisUnavailable`; ``on_error="last_known"`` answers from an in-process cache of the
+last answers (``stale=True``; users never answered get the last-known fallback list). After a
+failure the client does not touch Redis for ``retry_interval`` seconds.
+
+Examples
+--------
+>>> topk = TopK("redis://127.0.0.1:6379/0", namespace="rankstream")  # doctest: +SKIP
+>>> rec = topk.recommend("movies", "alice", k=3)  # doctest: +SKIP
+>>> rec.items, rec.source, rec.version  # doctest: +SKIP
+([(1193, 4.2), (661, 3.9), (914, 3.7)], 'precomputed', 7)
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pipeline.serving.layout import (
+    LayoutError,
+    ModelKeys,
+    UnknownModelError,
+    key_of,
+    pair_struct,
+    parse_current,
+    unpack_f32,
+    unpack_i32,
+)
+from pipeline.serving.redis_client import as_client, client_from_url, redact
+from pipeline.serving.redis_wire import round_trip
+from pipeline.serving.version_cache import Vanished, VersionState, load_factors, load_version_state
+from solvers.topk import topk_of_scores
+
+__all__ = ["TopK", "Recommendation", "RedisUnavailable", "LayoutError", "UnknownModelError"]
+
+_ATTEMPTS = 6  # re-resolutions of `current` when versions vanish while being read
+
+
+class RedisUnavailable(ConnectionError):
+    """Redis did not answer (down, refused, or slower than the timeout)."""
+
+
+@dataclass(slots=True)
+class Recommendation:
+    """One answer of :class:`TopK`.
+
+    Attributes
+    ----------
+    model : str
+    user : object
+        The user (or query) as asked; ``None`` for global lists.
+    items : list of (item id, score)
+        Best first.
+    version : int
+        The published version the answer comes from (all of it: versions never mix).
+    source : str
+        ``"precomputed"`` (the user's own stored list), ``"on_demand"`` (scored now from the
+        user's factor), ``"global"`` (the model is one global list), ``"fallback"`` (unknown
+        user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback).
+    stale : bool
+        True when Redis was unavailable and this is the last-known answer.
+    """
+
+    model: str
+    user: object
+    items: list
+    version: int
+    source: str
+    stale: bool = False
+
+
+_STRUCTS = [pair_struct(n) for n in range(257)]
+
+
+def _pairs(st: VersionState, value: bytes, k: int, key: str) -> list:
+    """Stored pairs -> [(item id, score)] (first ``k``), validated against the version."""
+    n = len(value) >> 3
+    if len(value) & 7 or n > st.top_k:
+        raise LayoutError(f"{key} holds {len(value)} bytes, not up to {st.top_k} "
+                          "(int32 index, float32 score) pairs")
+    if n > k:
+        n = k
+    flat = (_STRUCTS[n] if n <= 256 else pair_struct(n)).unpack_from(value)
+    ids = st.item_ids
+    try:
+        return list(zip([ids[i] for i in flat[0::2]], flat[1::2]))
+    except IndexError:
+        raise LayoutError(f"{key} lists an item index outside the version's {st.n_items} "
+                          "items") from None
+
+
+class TopK:
+    """Top-K lookup client.
+
+    Parameters
+    ----------
+    redis : str or redis.Redis
+        A URL (``redis://``, ``rediss://`` for TLS, ``unix://``; AUTH as
+        ``redis://:password@host:port/db``) or a redis-py client (its own timeouts apply).
+    namespace : str
+        Key namespace the models were published under.
+    on_error : {"raise", "last_known"}
+        Policy when Redis is down or slow (see the module docstring).
+    timeout : float
+        Seconds to wait for Redis on a lookup (connect and read) before the policy applies.
+    load_timeout : float
+        Seconds allowed for reading a new version's item ids/factors (bigger values).
+    retry_interval : float
+        After a failure, seconds during which lookups do not touch Redis.
+    last_known_size : int
+        Answers remembered for ``on_error="last_known"``.
+
+    Examples
+    --------
+    >>> from pipeline.serving.artifact import ModelArtifact
+    >>> from pipeline.serving.embedded_redis import EmbeddedRedis
+    >>> from pipeline.serving.publish import publish
+    >>> art = ModelArtifact.user_item(user_ids=["ann", "bob"], item_ids=[10, 11, 12],
+    ...                               user_factors=[[1.0], [-1.0]],
+    ...                               item_factors=[[0.5], [2.0], [1.0]])
+    >>> with EmbeddedRedis() as server:
+    ...     _ = publish("movies", art, server.url, top_k=2)
+    ...     with TopK(server.url, on_error="last_known") as topk:
+    ...         ann = topk.recommend("movies", "ann", k=2)
+    ...         answers = topk.recommend_many("movies", ["bob", "nobody"], k=2)
+    >>> ann.items, ann.source, ann.version
+    ([(11, 2.0), (12, 1.0)], 'precomputed', 1)
+    >>> [(r.items, r.source) for r in answers]
+    [([(10, -0.5), (12, -1.0)], 'precomputed'), ([(10, 0.0), (11, 0.0)], 'fallback')]
+    """
+
+    def __init__(self, redis, *, namespace: str = "rankstream", on_error: str = "raise",
+                 timeout: float = 0.1, load_timeout: float = 10.0, retry_interval: float = 0.5,
+                 last_known_size: int = 100_000):
+        if on_error not in ("raise", "last_known"):
+            raise ValueError(f"on_error is {on_error!r}, expected 'raise' or 'last_known'")
+        if isinstance(redis, str):
+            self._client = client_from_url(redis, timeout=timeout)
+            self._bulk = client_from_url(redis, timeout=load_timeout)
+            self._where = redact(redis)
+        else:
+            self._client = self._bulk = as_client(redis)
+            kw = self._client.connection_pool.connection_kwargs
+            self._where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+        self.namespace = namespace
+        self.on_error = on_error
+        self.retry_interval = float(retry_interval)
+        self._keys: dict[str, ModelKeys] = {}
+        self._current: dict[str, VersionState] = {}  # model -> last version seen current
+        self._states: dict[bytes, VersionState] = {}  # "{tag}|current value" -> state
+        self._last: dict | None = {} if on_error == "last_known" else None
+        self._last_size = int(last_known_size)
+        self._down_until = 0.0
+        self._last_error: Exception | None = None
+        self._local = threading.local()
+        self._held: list = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_settings(cls, settings, **kwargs) -> TopK:
+        """A client for ``settings.redis_url`` with the settings' namespace, timeout and
+        failure policy (``RANKSTREAM_REDIS_*``); ``kwargs`` override.
+
+        Examples
+        --------
+        >>> from pipeline.settings import Settings
+        >>> s = Settings(redis_url="redis://127.0.0.1:6379/0", redis_on_error="last_known")
+        >>> TopK.from_settings(s).on_error
+        'last_known'
+        """
+        if not settings.redis_url:
+            raise ValueError("no Redis URL configured (RANKSTREAM_REDIS_URL); for a run "
+                             "without one, start pipeline.serving.embedded_redis."
+                             "redis_url_for(settings) and pass its URL")
+        options = {"namespace": settings.namespace, "timeout": settings.redis_timeout,
+                   "on_error": settings.redis_on_error, **kwargs}
+        return cls(settings.redis_url, **options)
+
+    # ------------------------------------------------------------------ connection
+    def _conn(self):
+        if self._pid != os.getpid():  # forked: never share the parent's sockets
+            self._local = threading.local()
+            self._held = []
+            self._pid = os.getpid()
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._client.connection_pool.make_connection()
+            self._local.conn = conn
+            with self._lock:
+                self._held.append(conn)
+        return conn
+
+    def _send(self, commands: list[tuple]) -> list:
+        """:func:`~pipeline.serving.redis_wire.round_trip` on this thread's connection; a
+        dropped connection is retried once on a fresh one (e.g. after a Redis restart)."""
+        import redis
+
+        for attempt in (0, 1):
+            try:
+                return round_trip(self._conn(), commands)
+            except (redis.ResponseError, redis.AuthenticationError):
+                raise
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+                if attempt or isinstance(err, redis.TimeoutError):
+                    raise _Down(err) from err
+
+    def close(self) -> None:
+        """Close the connections of this client."""
+        with self._lock:
+            for conn in self._held:
+                conn.disconnect()
+            self._held.clear()
+        self._local = threading.local()
+        self._client.close()
+        if self._bulk is not self._client:
+            self._bulk.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ public API
+    def recommend(self, model: str, user=None, k: int = 10) -> Recommendation:
+        """Top ``k`` (item id, score) for ``user`` (``None`` for a global-list model).
+
+        Examples
+        --------
+        >>> topk.recommend("movies", 42, k=2).items  # doctest: +SKIP
+        [(1193, 4.25), (661, 3.5)]
+        """
+        st = self._current.get(model)
+        if st is not None and not self._down_until:
+            if st.per_key and 0 <= k and (k <= st.top_k or not st.rank):
+                key = user if type(user) is str else key_of(user)
+                try:
+                    cur, value = self._send([("MGET", st.current_key, st.topk_prefix + key)])[0]
+                except _Down as down:
+                    return self._failed(model, [user], k, down.err)[0]
+                if cur == st.current_raw and value is not None:
+                    rec = Recommendation(model, user, _pairs(st, value, k, key), st.version,
+                                         "precomputed")
+                    if self._last is not None:
+                        self._remember(model, key, rec)
+                    return rec
+            elif not st.per_key:
+                try:
+                    cur = self._send([("GET", st.current_key)])[0]
+                except _Down as down:
+                    return self._failed(model, [user], k, down.err)[0]
+                if cur == st.current_raw:
+                    return self._global(st, user, k)
+        return self._resolve(model, [user], k)[0]
+
+    def recommend_many(self, model: str, users, k: int = 10) -> list[Recommendation]:
+        """:meth:`recommend` for many users in one round trip (all from one version).
+
+        Examples
+        --------
+        >>> [r.source for r in topk.recommend_many("movies", [1, 2, 3])]  # doctest: +SKIP
+        ['precomputed', 'precomputed', 'fallback']
+        """
+        users = list(users)
+        st = self._current.get(model)
+        if not users:
+            return []
+        if (st is not None and st.per_key and not self._down_until and 0 <= k
+                and (k <= st.top_k or not st.rank)):
+            keys = [u if type(u) is str else key_of(u) for u in users]
+            prefix = st.topk_prefix
+            try:
+                reply = self._send([("MGET", st.current_key, *[prefix + x for x in keys])])[0]
+            except _Down as down:
+                return self._failed(model, users, k, down.err)
+            if reply[0] == st.current_raw and None not in reply:
+                out = [Recommendation(model, u, _pairs(st, v, k, x), st.version, "precomputed")
+                       for u, x, v in zip(users, keys, reply[1:])]
+                if self._last is not None:
+                    for x, rec in zip(keys, out):
+                        self._remember(model, x, rec)
+                return out
+        return self._resolve(model, users, k)
+
+    # ------------------------------------------------------------------ slow path
+    def _model_keys(self, model: str) -> ModelKeys:
+        keys = self._keys.get(model)
+        if keys is None:
+            keys = self._keys[model] = ModelKeys(self.namespace, model)
+        return keys
+
+    def _resolve(self, model: str, users: list, k: int) -> list[Recommendation]:
+        if k < 0:
+            raise ValueError(f"k is {k}, it must be >= 0")
+        if self._down_until:
+            if time.monotonic() < self._down_until:
+                return self._failed(model, users, k, self._last_error, again=False)
+            self._down_until = 0.0
+        try:
+            for _ in range(_ATTEMPTS):
+                try:
+                    out = self._resolve_once(model, users, k)
+                except Vanished:
+                    continue
+                if self._last is not None:
+                    for u, rec in zip(users, out):
+                        if rec.user is not None:
+                            self._remember(model, key_of(u), rec)
+                return out
+        except _Down as down:
+            return self._failed(model, users, k, down.err)
+        except Exception as err:
+            import redis
+
+            if isinstance(err, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
+                    err, redis.AuthenticationError):
+                return self._failed(model, users, k, err)
+            raise
+        raise LayoutError(f"model {model!r}: the current version vanished {_ATTEMPTS} times "
+                          "while being read (publishing faster than versions are kept?)")
+
+    def _state(self, keys: ModelKeys, raw: bytes) -> VersionState:
+        cache_key = keys.tag.encode() + b"|" + raw
+        st = self._states.get(cache_key)
+        if st is None:
+            st = load_version_state(self._bulk, keys, raw)
+            with self._lock:
+                if len(self._states) >= 16:
+                    self._states.pop(next(iter(self._states)))
+                self._states[cache_key] = st
+        return st
+
+    def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
+        import redis
+
+        keys = self._model_keys(model)
+        try:
+            raw = self._send([("GET", keys.current)])[0]
+        except redis.ResponseError as err:
+            raise LayoutError(f"{keys.current} is not a string key ({err})") from None
+        if raw is None:
+            raise UnknownModelError(f"model {model!r} has no published version in namespace "
+                                    f"{self.namespace!r} at {self._where} ({keys.current} does "
+                                    "not exist)")
+        parse_current(raw, keys.current)
+        st = self._state(keys, raw)
+        self._current[model] = st
+        if not st.per_key:
+            return [self._global(st, u, k) for u in users]
+        names = [key_of(u) for u in users]
+        lists = self._send([("MGET", keys.current, *[st.topk_prefix + x for x in names])])[0]
+        if lists[0] != raw:
+            raise Vanished(st.version)
+        lists = lists[1:]
+        out: list = [None] * len(users)
+        need = []
+        for i, value in enumerate(lists):
+            if value is not None and (k <= st.top_k or not st.rank):
+                out[i] = Recommendation(model, users[i], _pairs(st, value, k, names[i]),
+                                        st.version, "precomputed")
+            else:
+                need.append(i)
+        if need:
+            self._answer_rest(st, users, names, lists, need, k, out)
+        return out
+
+    def _answer_rest(self, st: VersionState, users, names, lists, need, k, out) -> None:
+        """On-demand scoring or fallback for ``need``; one more round trip."""
+        cmds = [("EXISTS", st.topk_prefix + names[i]) for i in need if lists[i] is None]
+        if st.rank:
+            mget = [st.current_key]
+            for i in need:
+                mget += [st.user_prefix + names[i], st.seen_prefix + names[i]]
+            cmds.append(("MGET", *mget))
+        replies = self._send(cmds) if cmds else []
+        exists = iter(replies[:len(cmds) - bool(st.rank)])
+        if st.rank:
+            factors = replies[-1]
+            if factors[0] != st.current_raw:
+                raise Vanished(st.version)
+            factors = factors[1:]
+        for j, i in enumerate(need):
+            if lists[i] is None and next(exists):
+                raise LayoutError(f"{st.topk_prefix + names[i]} exists but is not a string "
+                                  "(a foreign key under the namespace?)")
+            u_raw = factors[2 * j] if st.rank else None
+            if u_raw is not None:
+                items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i])
+                out[i] = Recommendation(st.model, users[i], items, st.version, "on_demand")
+            elif lists[i] is not None:
+                out[i] = Recommendation(st.model, users[i], _pairs(st, lists[i], k, names[i]),
+                                        st.version, "precomputed")
+            else:
+                source = "fallback" if st.global_items is not None else "missing"
+                out[i] = Recommendation(st.model, users[i], st.global_answer(k), st.version,
+                                        source)
+
+    def _on_demand(self, st: VersionState, u_raw: bytes, seen_raw, k: int, name: str) -> list:
+        V, b = load_factors(self._bulk, st)
+        u = unpack_f32(u_raw, st.user_prefix + name)
+        if u.shape != (st.rank,):
+            raise LayoutError(f"{st.user_prefix + name} holds {u.size} floats, the version has "
+                              f"rank {st.rank}")
+        scores = V @ u if b is None else V @ u + b
+        seen = None
+        if seen_raw is not None:
+            seen = unpack_i32(seen_raw, st.seen_prefix + name)
+            if len(seen) and (seen.min() < 0 or seen.max() >= st.n_items):
+                raise LayoutError(f"{st.seen_prefix + name} lists an item index outside the "
+                                  f"version's {st.n_items} items")
+        idx, sc = topk_of_scores(scores, k, exclude=seen)
+        ids = st.item_ids
+        return [(ids[i], s) for i, s in zip(idx.tolist(), sc.astype(np.float32).tolist())]
+
+    def _global(self, st: VersionState, user, k: int) -> Recommendation:
+        if st.global_items is None:
+            return Recommendation(st.model, user, [], st.version, "missing")
+        return Recommendation(st.model, user, st.global_answer(k), st.version, "global")
+
+    # ------------------------------------------------------------------ failure policy
+    def _remember(self, model: str, key: str, rec: Recommendation) -> None:
+        last = self._last
+        last.pop((model, key), None)
+        last[(model, key)] = rec
+        if len(last) > self._last_size:
+            try:  # the oldest entry; another thread may resize the dict meanwhile
+                last.pop(next(iter(last)), None)
+            except (RuntimeError, StopIteration):
+                pass
+
+    def _failed(self, model: str, users: list, k: int, err, again: bool = True) -> list:
+        if again:
+            self._last_error = err
+            self._down_until = time.monotonic() + self.retry_interval
+        msg = (f"Redis at {self._where} is unavailable ({type(err).__name__}: {err}); "
+               f"next attempt in up to {self.retry_interval:g} s")
+        if self._last is None:
+            raise RedisUnavailable(msg) from err
+        st = self._current.get(model)
+        out = []
+        for u in users:
+            rec = self._last.get((model, key_of(u))) if u is not None else None
+            if rec is not None:
+                out.append(replace(rec, items=rec.items[:k], stale=True))
+            elif st is not None:
+                source = ("global" if not st.per_key else
+                          "fallback" if st.global_items is not None else "missing")
+                out.append(Recommendation(model, u, st.global_answer(k), st.version, source,
+                                          stale=True))
+            else:
+                raise RedisUnavailable(msg + f"; and no last-known answer for model {model!r}")
+        return out
+
+
+class _Down(Exception):
+    def __init__(self, err):
+        super().__init__(str(err))
+        self.err = err

@@ -1,0 +1,311 @@
+"""Publish a :class:`~pipeline.serving.artifact.ModelArtifact` to Redis as a new immutable version,
+then flip the model's ``current`` pointer to it in one atomic script, then prune old versions.
+The key layout is ``pipeline/serving/REDIS_LAYOUT.md``.
+
+Readers never see a half-written model: every key of the new version is written (pipelined in
+big non-transactional chunks) before ``current`` moves, and live keys are never updated in
+place. Per-user top-K lists are computed exactly (blocked BLAS matmul + a jitted selection
+kernel, in threads) while earlier blocks are being written.
+
+Examples
+--------
+>>> import numpy as np, redis
+>>> art = ModelArtifact.user_item(user_ids=["ann", "bob"], item_ids=[1, 2, 3],
+...                               user_factors=np.ones((2, 2)), item_factors=np.eye(3, 2))
+>>> res = publish("movies", art, redis.Redis(), top_k=2)  # doctest: +SKIP
+>>> res.version, res.n_lists  # doctest: +SKIP
+(1, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.layout import (
+    FORMAT_VERSION,
+    PAIR_DTYPE,
+    ModelKeys,
+    VersionKeys,
+    pack_f32,
+    pack_i32,
+    pack_ids,
+    pack_keys,
+    pack_pairs,
+)
+from pipeline.serving.redis_client import as_client
+from pipeline.serving.redis_wire import MsetWriter
+from pipeline.serving.versions import (
+    SupersededError,
+    delete_version,
+    flip,
+    prune,
+    rollback,
+    versions,
+)
+from solvers.topk import topk_of_scores, user_topk_blocks
+
+__all__ = ["PublishResult", "SupersededError", "publish", "rollback", "versions", "prune"]
+
+ITEM_CHUNK = 65536  # rows per items/V/b/val value (8 MiB of rank-32 factors)
+KEY_CHUNK = 10000  # keys per key-index value
+
+
+@dataclass
+class PublishResult:
+    """What :func:`publish` did."""
+
+    model: str
+    namespace: str
+    version: int
+    publish_id: str
+    kind: str
+    n_items: int
+    n_lists: int
+    seconds: float
+    pruned: list[int] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: int,
+          global_role: str) -> dict:
+    n_item_chunks = -(-art.n_items // ITEM_CHUNK)
+    n_lists = n_factor = n_seen = 0
+    if art.kind == "user_item":
+        n_factor = art.n_keys
+        n_lists = art.n_keys if art.precompute is None else int(art.precompute.sum())
+        n_seen = 0 if art.seen_indptr is None else int((np.diff(art.seen_indptr) > 0).sum())
+    elif art.kind == "query_docs":
+        n_lists = int((np.diff(art.list_indptr) > 0).sum())
+    return {
+        "format_version": FORMAT_VERSION, "kind": art.kind, "model": model, "version": version,
+        "publish_id": publish_id, "status": "writing", "algorithm": art.algorithm,
+        "params": json.dumps(art.params), "metrics": json.dumps(art.metrics),
+        "trained_at": art.trained_at or "", "published_at": _now(), "n_items": art.n_items,
+        "item_id_type": "int64" if art.item_ids.dtype.kind in "iu" else "str",
+        "item_chunk": ITEM_CHUNK, "n_item_chunks": n_item_chunks, "rank": art.rank,
+        "has_item_bias": int(art.item_bias is not None),
+        "has_item_values": int(art.item_scores is not None), "top_k": top_k,
+        "n_keys": art.n_keys, "key_chunk": KEY_CHUNK, "n_key_chunks": -(-art.n_keys // KEY_CHUNK),
+        "n_lists": n_lists, "n_factor_keys": n_factor, "n_seen_keys": n_seen,
+        "global": global_role,
+    }
+
+
+def _global_scores(art: ModelArtifact) -> tuple[np.ndarray | None, str]:
+    if art.kind in ("global_list", "predicted_ratings"):
+        return art.item_scores, "model"
+    if art.fallback_scores is not None:
+        return art.fallback_scores, "fallback"
+    if art.kind == "user_item":  # the mean user's list
+        scores = art.item_factors @ art.user_factors.mean(axis=0, dtype=np.float64)
+        if art.item_bias is not None:
+            scores = scores + art.item_bias
+        return scores.astype(np.float32), "fallback"
+    return None, "none"
+
+
+def _write_items(w: MsetWriter, vk: VersionKeys, art: ModelArtifact) -> None:
+    for c, lo in enumerate(range(0, art.n_items, ITEM_CHUNK)):
+        hi = min(lo + ITEM_CHUNK, art.n_items)
+        w.set(vk.items(c), pack_ids(art.item_ids[lo:hi]))
+        if art.item_factors is not None:
+            w.set(vk.item_factors(c), pack_f32(art.item_factors[lo:hi]))
+        if art.item_bias is not None:
+            w.set(vk.item_bias(c), pack_f32(art.item_bias[lo:hi]))
+        if art.item_scores is not None:
+            w.set(vk.item_values(c), pack_f32(art.item_scores[lo:hi]))
+
+
+def _slices(buf: bytes, starts, stops) -> list:
+    mv = memoryview(buf)
+    return [mv[a:b] for a, b in zip(starts, stops)]
+
+
+def _write_user_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
+                      top_k: int, progress) -> float:
+    """Per-user factors, seen lists and precomputed top-K lists; returns compute seconds."""
+    n = art.n_keys
+    rank = art.rank
+    u_bytes = pack_f32(art.user_factors)
+    w.mset([vk.user_factor(k) for k in key_strs],
+           _slices(u_bytes, range(0, n * rank * 4, rank * 4), range(rank * 4, (n + 1) * rank * 4,
+                                                                    rank * 4)))
+    if art.seen_indptr is not None:
+        has = np.flatnonzero(np.diff(art.seen_indptr) > 0)
+        seen_bytes = pack_i32(art.seen_indices)
+        ptr = art.seen_indptr * 4
+        w.mset([vk.seen(key_strs[u]) for u in has.tolist()],
+               _slices(seen_bytes, ptr[has].tolist(), ptr[has + 1].tolist()))
+    blocks = user_topk_blocks(art.user_factors, art.item_factors, top_k,
+                              item_bias=art.item_bias, seen_indptr=art.seen_indptr,
+                              seen_indices=art.seen_indices)
+    mask = art.precompute
+    topk_prefix = vk.prefix + "topk:"
+    waited = 0.0
+    while True:
+        t0 = time.perf_counter()
+        blk = next(blocks, None)
+        waited += time.perf_counter() - t0
+        if blk is None:
+            break
+        b, k = blk.indices.shape
+        rec = np.empty((b, k), dtype=PAIR_DTYPE)
+        rec["index"] = blk.indices
+        rec["score"] = blk.scores
+        rows = range(blk.start, blk.start + b)
+        starts = range(0, b * k * 8, k * 8)
+        stops = [s + c * 8 for s, c in zip(starts, blk.counts.tolist())]
+        values = _slices(rec.tobytes(), starts, stops)
+        keys = [topk_prefix + key_strs[r] for r in rows]
+        if mask is not None:
+            sel = mask[blk.start:blk.start + b].tolist()
+            keys = [x for x, s in zip(keys, sel) if s]
+            values = [x for x, s in zip(values, sel) if s]
+        w.mset(keys, values)
+        if progress is not None:
+            progress.update(b)
+    return waited
+
+
+def _write_query_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
+                       top_k: int) -> None:
+    indptr, docs, scores = art.list_indptr, art.list_items, art.list_scores
+    rows = np.repeat(np.arange(art.n_keys), np.diff(indptr))
+    order = np.lexsort((docs, -scores, rows))  # per query: score desc, then doc index
+    rank_in_row = np.arange(len(order)) - indptr[rows[order]]
+    keep = order[rank_in_row < top_k]
+    packed = pack_pairs(docs[keep], scores[keep])
+    counts = np.minimum(np.diff(indptr), top_k)
+    ends = np.cumsum(counts) * PAIR_DTYPE.itemsize
+    starts = ends - counts * PAIR_DTYPE.itemsize
+    has = np.flatnonzero(counts > 0).tolist()
+    w.mset([vk.topk(key_strs[q]) for q in has],
+           _slices(packed, starts[has].tolist(), ends[has].tolist()))
+
+
+def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
+            keep_versions: int = 3, *, namespace: str = "rankstream",
+            progress: bool = False) -> PublishResult:
+    """Write ``artifact`` as a new version of ``model_name``, flip ``current`` to it, prune.
+
+    Parameters
+    ----------
+    model_name : str
+        Letters, digits, ``_ . -``.
+    artifact : ModelArtifact
+        Any kind (``user_item``, ``global_list``, ``query_docs``, ``predicted_ratings``).
+    redis : redis.Redis or str
+        A redis-py client or a URL (``redis://``, ``rediss://``, ``unix://``).
+    top_k : int
+        Length of every precomputed list (per user, per query, and the global list).
+    keep_versions : int
+        Versions kept after publishing (the new one included); older ones are deleted.
+    namespace : str
+        Key namespace (the first part of the hash tag ``{namespace:model}``).
+    progress : bool
+        Show a progress bar over users.
+
+    Returns
+    -------
+    PublishResult
+
+    Raises
+    ------
+    SupersededError
+        A newer version went live while this one was written (a concurrent publisher); this
+        version is deleted and ``current`` stays on the newer one.
+
+    Examples
+    --------
+    >>> from pipeline.serving.embedded_redis import EmbeddedRedis
+    >>> art = ModelArtifact.global_list(item_ids=["a", "b", "c"], scores=[0.2, 0.9, 0.5])
+    >>> with EmbeddedRedis() as server:
+    ...     first = publish("top-items", art, server.url, top_k=2)
+    ...     second = publish("top-items", art, server.url, top_k=2, keep_versions=1)
+    >>> first.version, second.version, second.pruned
+    (1, 2, [1])
+    """
+    t_start = time.perf_counter()
+    if not isinstance(artifact, ModelArtifact):
+        raise TypeError(f"artifact must be a ModelArtifact, got {type(artifact).__name__}")
+    if int(top_k) < 1:
+        raise ValueError(f"top_k is {top_k}, it must be at least 1")
+    if int(keep_versions) < 1:
+        raise ValueError(f"keep_versions is {keep_versions}, it must be at least 1")
+    top_k = int(min(top_k, artifact.n_items))
+    client = as_client(redis, retries=3)
+    keys = ModelKeys(namespace, model_name)
+    version = int(client.incr(keys.seq))
+    publish_id = secrets.token_hex(8)
+    vk = keys.version(version)
+    global_scores, global_role = _global_scores(artifact)
+    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role)
+    client.sadd(keys.pending, version)
+    client.hset(vk.meta, mapping=meta)
+    try:
+        waited, n_keys = _write_version(client, vk, artifact, model_name, top_k, global_scores,
+                                        progress)
+        t_written = time.perf_counter()
+        client.hset(vk.meta, "status", "complete")
+        flip(client, keys, version, publish_id)
+    except BaseException:
+        try:  # best effort: leave no half-written or superseded version (prune retries later)
+            delete_version(client, keys, version)
+        except Exception:
+            pass
+        raise
+    t_flipped = time.perf_counter()
+    pruned = prune(model_name, client, keep_versions, namespace=namespace)
+    t_end = time.perf_counter()
+    return PublishResult(
+        model=model_name, namespace=namespace, version=version, publish_id=publish_id,
+        kind=artifact.kind, n_items=artifact.n_items, n_lists=int(meta["n_lists"]),
+        seconds=t_end - t_start, pruned=pruned,
+        timings={"write": t_written - t_start, "waiting_for_topk": waited,
+                 "flip": t_flipped - t_written, "prune": t_end - t_flipped,
+                 "keys_written": n_keys})
+
+
+def _write_version(client, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
+                   top_k: int, global_scores, progress: bool) -> tuple[float, int]:
+    """Every key of the version (key index first); returns (seconds waiting for top-K
+    compute, keys written)."""
+    with MsetWriter(client) as w:
+        return _write_all(w, vk, artifact, model_name, top_k, global_scores, progress)
+
+
+def _write_all(w: MsetWriter, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
+               top_k: int, global_scores, progress: bool) -> tuple[float, int]:
+    key_strs = [] if artifact.key_ids is None else [str(k) for k in artifact.key_ids.tolist()]
+    for c, lo in enumerate(range(0, len(key_strs), KEY_CHUNK)):  # the index goes first
+        w.set(vk.key_index(c), pack_keys(key_strs[lo:lo + KEY_CHUNK]))
+    _write_items(w, vk, artifact)
+    if global_scores is not None:
+        w.set(vk.global_list, pack_pairs(*topk_of_scores(global_scores, top_k)))
+    waited = 0.0
+    if artifact.kind == "user_item":
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=artifact.n_keys, unit="user", desc=f"publish {model_name}")
+        try:
+            waited = _write_user_lists(w, vk, artifact, key_strs, top_k, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+    elif artifact.kind == "query_docs":
+        _write_query_lists(w, vk, artifact, key_strs, top_k)
+    w.flush()
+    return waited, w.n_keys

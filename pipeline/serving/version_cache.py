@@ -1,0 +1,152 @@
+"""What the lookup client keeps in memory per published version: its meta, item ids, global
+list and (loaded on first need) item factors. Versions are immutable, so this is read once per
+version and process; a version that disappears while being read raises :class:`Vanished` and
+the caller re-resolves ``current``.
+
+Examples
+--------
+>>> keys = ModelKeys("rankstream", "movies")
+>>> st = load_version_state(client, keys, b"7:0a1b2c3d")  # doctest: +SKIP
+>>> st.version, st.kind, st.n_items  # doctest: +SKIP
+(7, 'user_item', 20000)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.serving.layout import (
+    FORMAT_VERSION,
+    KINDS,
+    LayoutError,
+    ModelKeys,
+    decode_pairs,
+    parse_current,
+    unpack_f32,
+    unpack_ids,
+)
+
+PER_KEY_KINDS = ("user_item", "query_docs")
+
+
+class Vanished(Exception):
+    """The version was pruned (or replaced) while this process was reading it."""
+
+
+class VersionState:
+    """Immutable in-process data of one published version."""
+
+    __slots__ = ("model", "version", "publish_id", "current_raw", "current_key", "kind",
+                 "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
+                 "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefix",
+                 "user_prefix", "seen_prefix", "vkeys", "n_item_chunks", "item_factors",
+                 "item_bias", "meta")
+
+    def global_answer(self, k: int) -> list:
+        return self.global_items[:k] if self.global_items is not None else []
+
+
+def _ask(client, what: str, fn):
+    import redis
+
+    try:
+        return fn()
+    except redis.ResponseError as err:
+        raise LayoutError(f"{what} does not hold what the layout says ({err})") from None
+
+
+def _int(meta: dict, name: str, key: str) -> int:
+    try:
+        return int(meta[name])
+    except (KeyError, ValueError):
+        raise LayoutError(f"{key} field {name!r} is {meta.get(name)!r}, expected an "
+                          "integer") from None
+
+
+def load_version_state(client, keys: ModelKeys, current_raw: bytes) -> VersionState:
+    """Read meta, item ids and the global list of the version ``current_raw`` points to."""
+    version, publish_id = parse_current(current_raw, keys.current)
+    vk = keys.version(version)
+    raw = _ask(client, vk.meta, lambda: client.hgetall(vk.meta))
+    if not raw:
+        raise Vanished(version)
+    try:
+        meta = {k.decode(): v.decode() for k, v in raw.items()}
+    except UnicodeDecodeError:
+        raise LayoutError(f"{vk.meta} has fields that are not UTF-8") from None
+    fmt = meta.get("format_version")
+    if fmt != str(FORMAT_VERSION):
+        raise LayoutError(f"{vk.meta} has format_version {fmt!r}, this client reads format "
+                          f"{FORMAT_VERSION} (see pipeline/serving/REDIS_LAYOUT.md)")
+    if meta.get("publish_id") != publish_id or meta.get("status") != "complete":
+        raise Vanished(version)  # replaced or being deleted since current was read
+    if meta.get("kind") not in KINDS:
+        raise LayoutError(f"{vk.meta} has kind {meta.get('kind')!r}, expected one of {KINDS}")
+    st = VersionState()
+    st.meta = meta
+    st.model, st.version, st.publish_id = keys.model, version, publish_id
+    st.current_raw, st.current_key, st.vkeys = current_raw, keys.current, vk
+    st.kind = meta["kind"]
+    st.per_key = st.kind in PER_KEY_KINDS
+    for name in ("n_items", "top_k", "rank", "n_lists", "n_factor_keys", "n_keys",
+                 "n_item_chunks"):
+        setattr(st, name, _int(meta, name, vk.meta))
+    st.has_bias = meta.get("has_item_bias") == "1"
+    st.global_role = meta.get("global", "none")
+    st.topk_prefix, st.user_prefix, st.seen_prefix = (vk.prefix + "topk:", vk.prefix + "u:",
+                                                      vk.prefix + "seen:")
+    st.item_factors = st.item_bias = None
+    pipe = client.pipeline(transaction=False)
+    for c in range(st.n_item_chunks):
+        pipe.get(vk.items(c))
+    pipe.get(vk.global_list)
+    replies = pipe.execute(raise_on_error=False)
+    for i, r in enumerate(replies):
+        if isinstance(r, Exception):
+            key = vk.items(i) if i < st.n_item_chunks else vk.global_list
+            raise LayoutError(f"{key} does not hold what the layout says ({r})")
+    chunks, global_raw = replies[:-1], replies[-1]
+    if any(c is None for c in chunks):
+        raise Vanished(version)
+    ids: list = []
+    for c, value in enumerate(chunks):
+        ids += unpack_ids(value, meta.get("item_id_type", "?"), vk.items(c))
+    if len(ids) != st.n_items:
+        raise LayoutError(f"{vk.prefix}items:* hold {len(ids)} ids, meta says n_items="
+                          f"{st.n_items}")
+    st.item_ids = ids
+    st.global_items = None
+    if st.global_role != "none":
+        if global_raw is None:
+            raise Vanished(version)
+        pairs = decode_pairs(global_raw, vk.global_list, st.n_items)
+        st.global_items = list(zip([ids[i] for i in pairs["index"].tolist()],
+                                   pairs["score"].tolist()))
+    return st
+
+
+def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | None]:
+    """Item factors (n_items x rank float32) and bias of a version, read once and kept."""
+    if st.item_factors is not None:
+        return st.item_factors, st.item_bias
+    if st.rank == 0:
+        raise LayoutError(f"model {st.model!r} version {st.version} has no factors")
+    vk = st.vkeys
+    pipe = client.pipeline(transaction=False)
+    for c in range(st.n_item_chunks):
+        pipe.get(vk.item_factors(c))
+        if st.has_bias:
+            pipe.get(vk.item_bias(c))
+    replies = _ask(client, vk.prefix + "V:*", pipe.execute)
+    if any(r is None for r in replies):
+        raise Vanished(st.version)
+    step = 2 if st.has_bias else 1
+    V = np.concatenate([unpack_f32(r, vk.item_factors(c), st.rank)
+                        for c, r in enumerate(replies[::step])])
+    b = (np.concatenate([unpack_f32(r, vk.item_bias(c)) for c, r in enumerate(replies[1::2])])
+         if st.has_bias else None)
+    if V.shape != (st.n_items, st.rank) or (b is not None and b.shape != (st.n_items,)):
+        raise LayoutError(f"{vk.prefix}V:* hold {V.shape} factors, meta says "
+                          f"({st.n_items}, {st.rank})")
+    st.item_factors, st.item_bias = V, b
+    return V, b

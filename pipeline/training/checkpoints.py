@@ -1,0 +1,107 @@
+"""Checkpoints: what the next retrain of a model warm-starts from, one per published run.
+
+Layout: ``{root}/{model}/{run_id}/``, a bundle (:mod:`solvers.persist`: ``arrays.npz`` with the
+id maps and the solver's warm state, ``manifest.json`` with the algorithm, params, metrics, the
+event-store window, timings). The train step writes a run's checkpoint into its run directory;
+the publish step *commits* it after the version is live in Redis, by renaming it into
+``{root}/{model}/``. So a checkpoint exists only for a run that passed the gate and published,
+it appears whole or not at all, and it is never used as a warm start otherwise. Run ids sort by
+time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from solvers.persist import fsync_dir, makedirs_durable, read_bundle, write_bundle
+
+FORMAT = "rankstream.checkpoint"
+FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    manifest: dict
+    arrays: dict
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+
+def write_checkpoint(path, *, arrays: dict, manifest: dict) -> Path:
+    """Write a checkpoint bundle at ``path`` (atomically; an existing one is replaced)."""
+    return write_bundle(path, arrays, {**manifest, "format": FORMAT,
+                                       "format_version": FORMAT_VERSION})
+
+
+def commit_checkpoint(source, root, model: str, run_id: str) -> Path:
+    """Move the checkpoint bundle ``source`` (a run's) to ``{root}/{model}/{run_id}`` in one
+    rename, durably; a no-op when it is there already (a retried publish step)."""
+    target = Path(root) / model / run_id
+    if target.exists():
+        return target
+    makedirs_durable(target.parent)
+    os.replace(source, target)
+    fsync_dir(target.parent)
+    fsync_dir(Path(source).parent)
+    return target
+
+
+def read_checkpoint(path) -> Checkpoint:
+    """Load one checkpoint; ``ValueError`` if it is incomplete, corrupt or of another format."""
+    try:
+        manifest, arrays = read_bundle(path, fmt=FORMAT, version=FORMAT_VERSION)
+    except FileNotFoundError as err:
+        raise ValueError(f"checkpoint {path} is incomplete: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"checkpoint {err}") from None
+    return Checkpoint(Path(path), manifest, arrays)
+
+
+def run_dirs(root, model: str) -> list[Path]:
+    """Completed directories of ``model`` under ``root``, oldest first (temp dirs excluded)."""
+    model_dir = Path(root) / model
+    if not model_dir.is_dir():
+        return []
+    return sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def latest_checkpoint(root, model: str, *, algorithm: str | None = None) -> Checkpoint | None:
+    """The newest readable checkpoint of ``model`` (of ``algorithm``, if given), or None.
+
+    An unreadable or incompatible newest checkpoint gives a ``RuntimeWarning`` naming it and
+    the reason, and is skipped; it is never deleted (a person may want to look at it).
+    """
+    for path in reversed(run_dirs(root, model)):
+        try:
+            ckpt = read_checkpoint(path)
+        except ValueError as err:
+            warnings.warn(f"{err}; skipping it (cold start if no older one is usable)",
+                          RuntimeWarning, stacklevel=2)
+            continue
+        if algorithm and ckpt.manifest.get("algorithm") != algorithm:
+            warnings.warn(f"checkpoint {path} is for algorithm "
+                          f"{ckpt.manifest.get('algorithm')!r}, the model now uses "
+                          f"{algorithm!r}; skipping it", RuntimeWarning, stacklevel=2)
+            continue
+        return ckpt
+    return None
+
+
+def prune_checkpoints(root, model: str, keep: int = 3) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (and leftovers of interrupted writes);
+    returns what was removed."""
+    removed = run_dirs(root, model)[:-keep] if keep > 0 else run_dirs(root, model)
+    model_dir = Path(root) / model
+    if model_dir.is_dir():
+        removed += [p for p in model_dir.iterdir()
+                    if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed

@@ -1,0 +1,115 @@
+"""Model configs: one TOML file holds many models; adding a model is a config change.
+
+Every table is validated when the file is loaded, against the algorithm's registry entry
+(:mod:`pipeline.training.registry`): an unknown key, parameter, kind, metric or split is refused
+there, with the model, the key and the allowed values named. Example (``dags/models.toml`` is
+the shipped, tested version)::
+
+    [models.movies]
+    algorithm = "altsvm"              # a key of pipeline.training.registry.FAMILIES
+    kinds = ["rating"]                # event kinds it trains on
+    window = { last_days = 30 }       # or { last_events = 1_000_000 }, or {} for everything
+    schedule = "@hourly"
+    params = { rank = 10, reg = 1000.0 }
+    evaluation = { split = "per_user_last", holdout = 5, k = 10, relevance = 4.0,
+                   metric = "ndcg@10", seed = 0 }
+    gate = { tolerance = 0.01 }       # publish unless metric is worse than served by more
+    publish = { top_k = 100, keep_versions = 3 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.training.registry import Family, family
+
+GATE_KEYS = {"tolerance": 0.0}
+PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    algorithm: str
+    kinds: tuple[str, ...]
+    window: dict = field(default_factory=dict)
+    schedule: str = "@hourly"
+    params: dict = field(default_factory=dict)
+    evaluation: dict = field(default_factory=dict)
+    gate: dict = field(default_factory=dict)
+    publish: dict = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        """The metric the gate compares."""
+        return self.evaluation["metric"]
+
+    @property
+    def family(self) -> Family:
+        return family(self.algorithm)
+
+
+def _table(where: str, name: str, key: str, raw: dict, allowed: dict | tuple) -> dict:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: model {name!r} {key} is {value!r}, expected a table")
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ValueError(f"{where}: model {name!r} has unknown {key} keys {unknown}; "
+                         f"allowed: {sorted(allowed)}")
+    return dict(value)
+
+
+def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
+    """One validated model config from its table; ``where`` names the source in errors."""
+    known = set(ModelConfig.__dataclass_fields__) - {"name"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"{where}: model {name!r} has unknown keys {sorted(unknown)}; "
+                         f"expected some of {sorted(known)}")
+    try:
+        fam = family(raw.get("algorithm"))
+    except ValueError as err:
+        raise ValueError(f"{where}: model {name!r}: {err}") from None
+    kinds = tuple(raw.get("kinds", fam.kinds[:1]))
+    bad = set(kinds) - set(fam.kinds)
+    if not kinds or bad:
+        raise ValueError(f"{where}: model {name!r} ({fam.name}) trains on kinds {list(kinds)}, "
+                         f"expected a non-empty subset of {list(fam.kinds)}")
+    window = _table(where, name, "window", raw, ("last_days", "last_events"))
+    if len(window) > 1:
+        raise ValueError(f"{where}: model {name!r} window is {window}, expected {{}} or one of "
+                         "{last_days = N} / {last_events = N}")
+    for key, value in window.items():
+        if not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{where}: model {name!r} window.{key} is {value!r}, "
+                             "expected a number > 0")
+    params = _table(where, name, "params", raw, fam.param_names)
+    evaluation = {**fam.evaluation, **_table(where, name, "evaluation", raw, fam.evaluation)}
+    if "metric" not in raw.get("evaluation", {}) and "k" in evaluation:
+        evaluation["metric"] = fam.evaluation["metric"].split("@")[0] + f"@{evaluation['k']}"
+    metrics = fam.metric_names(evaluation)
+    if evaluation["metric"] not in metrics:
+        raise ValueError(f"{where}: model {name!r} metric is {evaluation['metric']!r}, "
+                         f"expected one of {list(metrics)}")
+    if evaluation["split"] not in fam.splits:
+        raise ValueError(f"{where}: model {name!r} split is {evaluation['split']!r}, "
+                         f"expected one of {list(fam.splits)}")
+    gate = {**GATE_KEYS, **_table(where, name, "gate", raw, GATE_KEYS)}
+    publish = {**PUBLISH_KEYS, **_table(where, name, "publish", raw, PUBLISH_KEYS)}
+    return ModelConfig(name=name, algorithm=fam.name, kinds=kinds, window=window,
+                       schedule=raw.get("schedule", "@hourly"), params=params,
+                       evaluation=evaluation, gate=gate, publish=publish)
+
+
+def load_models(path) -> dict[str, ModelConfig]:
+    """All models of a TOML config file, validated; errors name the model, key and value."""
+    path = Path(path)
+    with open(path, "rb") as fh:
+        raw = tomllib.load(fh)
+    models = raw.get("models", {})
+    if not models:
+        raise ValueError(f"{path}: no [models.NAME] tables found")
+    return {name: parse_model(name, spec, str(path)) for name, spec in models.items()}

@@ -1,0 +1,118 @@
+"""The algorithm registry: everything the pipeline knows about a model family, in one entry.
+
+A family is its problem and kernels (``solvers/``), one trainer (``pipeline/training/trainers/``)
+and one :class:`Family` entry below. Nothing else in the pipeline names an algorithm: model
+configs are validated against the entry (parameters, event kinds, metrics, splits), the retrain
+loop calls the entry's trainer, the gate reads the direction of the entry's metrics, and the
+publisher takes the artifact the trainer made.
+
+Examples
+--------
+>>> family("altsvm").kinds
+('rating', 'comparison')
+>>> family("altsvm").metric_names({"k": 5})
+('ndcg@5', 'precision@5', 'pairwise_accuracy')
+>>> family("toppush").higher_is_better("average_precision")
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family as the pipeline sees it.
+
+    Attributes
+    ----------
+    name : str
+        The config's ``algorithm`` value.
+    estimator : str
+        Class name in :data:`solvers.ESTIMATORS`; its constructor's parameters are what a
+        config's ``params`` table may set (plus ``dataset_params``).
+    trainer : str
+        ``module:Class`` of its :class:`pipeline.training.trainers.Trainer`.
+    kinds : tuple of str
+        Event kinds it trains on; the first is the default.
+    dataset_params : tuple of str
+        ``params`` keys read by the dataset builder rather than the estimator.
+    metrics : dict
+        Metric name (``{k}`` stands for ``evaluation.k``) -> +1 if higher is better, -1 if
+        lower is.
+    evaluation : dict
+        Defaults of the ``[evaluation]`` table; its keys are the ones a config may set.
+    splits : tuple of str
+        Holdout splits it implements (``evaluation.split``); the first is the default.
+    artifact_kind : str
+        The :class:`pipeline.serving.artifact.ModelArtifact` kind it publishes.
+    """
+
+    name: str
+    estimator: str
+    trainer: str
+    kinds: tuple[str, ...]
+    metrics: dict
+    evaluation: dict
+    splits: tuple[str, ...]
+    artifact_kind: str
+    dataset_params: tuple[str, ...] = field(default=())
+
+    def estimator_class(self):
+        import solvers
+
+        return getattr(solvers, self.estimator)
+
+    @cached_property
+    def param_names(self) -> tuple[str, ...]:
+        """Every key a config's ``params`` may hold."""
+        return tuple(self.estimator_class().param_names()) + self.dataset_params
+
+    def estimator_params(self, params: dict) -> dict:
+        """The part of a config's ``params`` that goes to the estimator's constructor."""
+        return {k: v for k, v in params.items() if k not in self.dataset_params}
+
+    def new_trainer(self):
+        module, _, cls = self.trainer.partition(":")
+        return getattr(importlib.import_module(module), cls)(self)
+
+    def metric_names(self, evaluation: dict) -> tuple[str, ...]:
+        """The metrics its evaluation reports, for an ``[evaluation]`` table."""
+        k = evaluation.get("k", self.evaluation.get("k"))
+        return tuple(m.format(k=k) for m in self.metrics)
+
+    def higher_is_better(self, metric: str) -> bool:
+        for pattern, sign in self.metrics.items():
+            if pattern.split("@")[0] == metric.split("@")[0]:
+                return sign > 0
+        raise KeyError(f"{self.name} has no metric {metric!r}")
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family(name="altsvm", estimator="AltSVM",
+           trainer="pipeline.training.trainers.altsvm:AltSVMTrainer",
+           kinds=("rating", "comparison"), dataset_params=("max_pairs_per_user",),
+           metrics={"ndcg@{k}": +1, "precision@{k}": +1, "pairwise_accuracy": +1},
+           evaluation={"split": "per_user_last", "holdout": 5, "fraction": 0.2,
+                       "min_train": 5, "k": 10, "relevance": 4.0, "metric": "ndcg@10",
+                       "seed": 0},
+           splits=("per_user_last", "random"), artifact_kind="user_item"),
+    Family(name="toppush", estimator="TopPush",
+           trainer="pipeline.training.trainers.toppush:TopPushTrainer",
+           kinds=("outcome",),
+           metrics={"pos@top": +1, "average_precision": +1, "auc": +1, "ndcg": +1},
+           evaluation={"split": "random", "fraction": 0.2, "metric": "pos@top", "seed": 0},
+           splits=("random",), artifact_kind="global_list"),
+)}
+
+
+def family(name: str) -> Family:
+    """The registry entry of ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"algorithm {name!r} is not known; expected one of "
+                         f"{sorted(FAMILIES)}") from None

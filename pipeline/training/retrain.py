@@ -1,0 +1,285 @@
+"""The retrain loop: "retrain model M from the last window of events, starting from its previous
+duals, publish if it is good". Airflow runs the steps as separate tasks; the CLI runs them in
+one process through :func:`run`.
+
+Every step reads and writes one run directory ``{home}/runs/{model}/{run_key}`` whose key is a
+fingerprint of the data snapshot (the store offsets of the model's own event kinds), the model
+config and the warm-start source, so each step is idempotent: a repeated or retried step finds
+its output and returns it, and running the same window twice publishes one version.
+
+A run directory holds ``dataset/`` (a bundle: the solver inputs, its manifest the dataset
+summary), ``artifact/`` (the :class:`~pipeline.serving.artifact.ModelArtifact` to publish),
+``checkpoint/`` (id maps and warm state for the next run) and one JSON summary per later step.
+The publish step publishes the artifact, then commits the checkpoint (renames it into the
+checkpoint directory): a run that was rejected, failed or did not publish never becomes a
+warm start.
+
+Steps: :func:`ingest_step` -> :func:`dataset_step` -> :func:`train_step` (fit with warm start,
+evaluate, write artifact and checkpoint) -> :func:`gate_step` (compare with the published
+metric) -> :func:`publish_step` -> :func:`prune_step`. Each returns a small JSON-able summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.settings import Settings
+from pipeline.training.checkpoints import (
+    commit_checkpoint,
+    latest_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    run_dirs,
+    write_checkpoint,
+)
+from pipeline.training.config import ModelConfig, load_models
+from solvers.persist import read_bundle, read_json, read_manifest, write_bundle, write_json
+
+KEEP_RUN_DIRS = 5
+DATASET_FORMAT = "rankstream.dataset"
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _model(config, name: str) -> ModelConfig:
+    models = config if isinstance(config, dict) else load_models(config)
+    if name not in models:
+        raise KeyError(f"model {name!r} is not configured; configured: {sorted(models)}")
+    return models[name]
+
+
+def _store(settings: Settings):
+    from pipeline.ingest.store import EventStore
+
+    return EventStore.from_settings(settings)
+
+
+def _runs_root(settings: Settings, model: str) -> Path:
+    return Path(settings.home) / "runs" / model
+
+
+def _dataset(run_dir: Path) -> tuple[dict, dict]:
+    return read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT, version=1)
+
+
+def ingest_step(settings: Settings, kinds, *, progress: bool = False) -> dict:
+    """Drain the kinds' Kafka topics into the store (nothing to do in embedded mode)."""
+    if not settings.kafka_bootstrap:
+        return {"ingested": 0, "mode": "embedded"}
+    from pipeline.ingest.events import default_topic
+    from pipeline.ingest.kafka import ingest_kafka
+
+    summary = ingest_kafka({default_topic(k): k for k in kinds}, settings=settings,
+                           until_end=True, progress=progress)
+    return {"ingested": sum(summary.events.values()),
+            "dead_letters": sum(summary.dead_letters.values()),
+            "seconds": round(summary.seconds, 3), "mode": "kafka"}
+
+
+def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) -> dict:
+    """Build the dataset of the current store snapshot into a (new or existing) run dir."""
+    cfg = _model(config, model)
+    trainer = cfg.family.new_trainer()
+    started = time.perf_counter()
+    previous = None if cold else latest_checkpoint(settings.checkpoint_dir, model,
+                                                   algorithm=cfg.algorithm)
+    store = _store(settings)
+    config_key = _digest(cfg.__dict__)
+    snapshot = {f"{t}/{p}": o for (t, p), o in sorted(store.next_offsets(kinds=cfg.kinds).items())}
+    if (previous is not None and previous.manifest.get("config_key") == config_key
+            and previous.manifest.get("window", {}).get("end_offsets") == snapshot):
+        # same store snapshot and config: the same window, known without building it
+        return {"model": model, "decision": "unchanged", "run_dir": None,
+                "reason": f"checkpoint {previous.run_id} was trained on this exact window"}
+    arrays, info = trainer.build(store, cfg, None if previous is None else previous.arrays)
+    data_key = _digest({"window": info["window"], "config": config_key})
+    fingerprint = _digest({"data": data_key, "cold": cold,
+                           "warm_from": None if previous is None else previous.run_id})
+    for existing in _runs_root(settings, model).glob(f"*-{fingerprint}"):
+        done = read_manifest(existing / "dataset", fmt=DATASET_FORMAT)
+        if done:   # same snapshot, config and warm start as an earlier run: reuse it
+            return {**_summary(done), "reused": True}
+    run_key = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + fingerprint
+    run_dir = _runs_root(settings, model) / run_key
+    summary = {"model": model, "algorithm": cfg.algorithm, "run_dir": str(run_dir),
+               "run_key": run_key, "data_key": data_key, "config_key": config_key, **info,
+               "warm_from": None if previous is None else str(previous.path),
+               "dataset_seconds": round(time.perf_counter() - started, 3),
+               "decision": "no_data" if info["n_train"] == 0 else "pending"}
+    write_bundle(run_dir / "dataset", arrays,
+                 {"format": DATASET_FORMAT, "format_version": 1, **summary})
+    return summary
+
+
+def _summary(manifest: dict) -> dict:
+    return {k: v for k, v in manifest.items() if k not in ("format", "format_version")}
+
+
+def train_step(config, model: str, run_dir) -> dict:
+    """Fit, warm-started from the checkpoint the dataset step chose; evaluate; write the
+    run's artifact and checkpoint once."""
+    run_dir = Path(run_dir)
+    done = read_json(run_dir / "train.json")
+    if done:
+        return done
+    cfg = _model(config, model)
+    trainer = cfg.family.new_trainer()
+    ds, arrays = _dataset(run_dir)
+    warm = None
+    if ds["warm_from"]:
+        from pipeline.training.trainers import warm_state
+
+        warm = warm_state(read_checkpoint(ds["warm_from"]).arrays)
+    fitted, fit_info = trainer.fit(arrays, cfg, warm)
+    metrics = trainer.evaluate(fitted, arrays, cfg)
+    trained_at = datetime.now(timezone.utc).isoformat()
+    trainer.artifact(fitted, arrays, cfg, params=cfg.params, metrics=metrics,
+                     trained_at=trained_at).save(run_dir / "artifact")
+    fit_info = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fit_info.items()}
+    write_checkpoint(run_dir / "checkpoint", arrays=trainer.checkpoint(fitted, arrays),
+                     manifest={"algorithm": cfg.algorithm, "params": cfg.params,
+                               "metrics": metrics, "window": ds["window"],
+                               "data_key": ds["data_key"], "config_key": ds["config_key"],
+                               "train": fit_info, "trained_at": trained_at})
+    return write_json(run_dir / "train.json", {
+        "model": model, "run_dir": str(run_dir), "warm_start": warm is not None, **fit_info,
+        "metrics": metrics, "trained_at": trained_at})
+
+
+def served_versions(settings: Settings, client, model: str) -> list:
+    from pipeline.serving.layout import UnknownModelError
+    from pipeline.serving.versions import versions
+
+    try:
+        return versions(model, client, namespace=settings.namespace)
+    except UnknownModelError:
+        return []
+
+
+def published_metric(settings: Settings, redis_url: str, model: str, metric: str):
+    """The recorded ``metric`` of the version ``model`` currently serves (None if none)."""
+    from pipeline.serving.redis_client import as_client
+
+    current = [v for v in served_versions(settings, as_client(redis_url), model) if v.current]
+    return (current[0].metrics.get(metric), current[0].version) if current else (None, None)
+
+
+def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
+    """Publish only if the candidate's metric is not worse than the served version's by more
+    than the configured tolerance (in the metric's own direction); record the decision."""
+    run_dir = Path(run_dir)
+    done = read_json(run_dir / "gate.json")
+    if done:
+        return done
+    cfg = _model(config, model)
+    trained = read_json(run_dir / "train.json")
+    metric = cfg.metric
+    value = trained["metrics"].get(metric)
+    served, version = published_metric(settings, redis_url, model, metric)
+    tolerance = float(cfg.gate["tolerance"])
+    higher = cfg.family.higher_is_better(metric)
+    if value is None:
+        ok, reason = False, f"no {metric} could be computed (empty or one-class holdout)"
+    elif served is None:
+        ok, reason = True, f"nothing served yet; {metric} = {value:.4f}"
+    elif higher:
+        ok = value >= served - tolerance
+        reason = (f"{metric} {value:.4f} {'>=' if ok else '<'} served v{version} {served:.4f} "
+                  f"- tolerance {tolerance}")
+    else:
+        ok = value <= served + tolerance
+        reason = (f"{metric} {value:.4f} {'<=' if ok else '>'} served v{version} {served:.4f} "
+                  f"+ tolerance {tolerance}")
+    return write_json(run_dir / "gate.json", {
+        "model": model, "run_dir": str(run_dir), "metric": metric, "value": value,
+        "served_value": served, "served_version": version, "publish": ok, "reason": reason})
+
+
+def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
+    """Publish the run's artifact as a new version, then commit its checkpoint; once per run
+    (a retried step after a crash finds the version it already published by ``trained_at``)."""
+    run_dir = Path(run_dir)
+    done = read_json(run_dir / "published.json")
+    if done:
+        return done
+    gate = read_json(run_dir / "gate.json")
+    if not gate["publish"]:
+        return write_json(run_dir / "published.json", {
+            "model": model, "published": False, "version": None, "reason": gate["reason"]})
+    from pipeline.serving.artifact import ModelArtifact
+    from pipeline.serving.publish import SupersededError, publish
+    from pipeline.serving.redis_client import as_client
+
+    cfg = _model(config, model)
+    ds = _summary(read_manifest(run_dir / "dataset", fmt=DATASET_FORMAT))
+    trained = read_json(run_dir / "train.json")
+    client = as_client(redis_url)
+    already = [v for v in served_versions(settings, client, model)
+               if v.trained_at == trained["trained_at"] and v.status == "complete"]
+    if already:
+        version, seconds = already[0].version, 0.0
+    else:
+        try:
+            result = publish(model, ModelArtifact.load(run_dir / "artifact"), client,
+                             top_k=int(cfg.publish["top_k"]),
+                             keep_versions=int(cfg.publish["keep_versions"]),
+                             namespace=settings.namespace)
+        except SupersededError as err:
+            return write_json(run_dir / "published.json", {
+                "model": model, "published": False, "version": None, "reason": str(err)})
+        version, seconds = result.version, result.seconds
+    ckpt = commit_checkpoint(run_dir / "checkpoint", settings.checkpoint_dir, model,
+                             ds["run_key"])
+    return write_json(run_dir / "published.json", {
+        "model": model, "published": True, "version": version, "checkpoint": str(ckpt),
+        "publish_seconds": round(seconds, 3), "reason": gate["reason"]})
+
+
+def prune_step(config, model: str, settings: Settings) -> dict:
+    """Keep the newest checkpoints (``publish.keep_versions``) and run directories."""
+    cfg = _model(config, model)
+    removed = prune_checkpoints(settings.checkpoint_dir, model,
+                                keep=int(cfg.publish["keep_versions"]))
+    runs = run_dirs(Path(settings.home) / "runs", model)
+    for old in runs[:-KEEP_RUN_DIRS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return {"model": model, "checkpoints_removed": len(removed),
+            "runs_removed": max(0, len(runs) - KEEP_RUN_DIRS)}
+
+
+def run(model: str, config, *, settings: Settings | None = None, redis_url: str | None = None,
+        cold: bool = False, publish: bool = True, ingest: bool = False,
+        progress: bool = False) -> dict:
+    """All steps for one model in this process; returns a summary for people and XCom."""
+    settings = settings or Settings.load()
+    cfg = _model(config, model)
+    started = time.perf_counter()
+    summary = {"model": model, "algorithm": cfg.algorithm}
+    if ingest:
+        summary["ingest"] = ingest_step(settings, cfg.kinds, progress=progress)
+    ds = dataset_step(config, model, settings, cold=cold)
+    summary["dataset"] = ds
+    if ds["decision"] in ("no_data", "unchanged"):
+        summary.update(decision=ds["decision"], reason=ds.get("reason", "no events in window"))
+        return summary
+    summary["train"] = train_step(config, model, ds["run_dir"])
+    if publish:
+        if redis_url is None:
+            raise ValueError("publishing needs a Redis URL (settings.redis_url or redis_url=)")
+        gate = gate_step(config, model, ds["run_dir"], settings, redis_url)
+        summary["gate"] = gate
+        summary["publish"] = publish_step(config, model, ds["run_dir"], settings, redis_url)
+        summary["prune"] = prune_step(config, model, settings)
+        summary["decision"] = "published" if summary["publish"]["published"] else "rejected"
+        summary["reason"] = summary["publish"]["reason"]
+    else:
+        summary["decision"] = "trained"
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    return summary

@@ -1,0 +1,73 @@
+"""Trainers: one per model family, between the generic retrain loop and the family's solver.
+
+A trainer builds the family's dataset from the event store, fits its estimator (warm-started
+from the previous checkpoint), evaluates it on the holdout, and turns the fitted model into
+the :class:`~pipeline.serving.artifact.ModelArtifact` that is published and the checkpoint
+arrays the next run starts from. Datasets and checkpoints travel as dicts of plain numpy arrays
+(``np.savez``-able, no pickle); warm states are keyed by external ids through the persisted id
+maps, so they survive growth of the data.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.training.idmap import IdMap
+
+WARM_PREFIX = "warm_"
+
+
+class Trainer:
+    """The interface every family's trainer implements (see the module docstring).
+
+    ``id_maps`` names the arrays of a dataset that are id maps: they are stored in the
+    checkpoint, so the next run extends them instead of renumbering.
+    """
+
+    id_maps: tuple[str, ...] = ()
+
+    def __init__(self, family):
+        self.family = family
+
+    def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
+        """``(arrays, info)`` of the current window; ``previous``: the last checkpoint's
+        arrays (id maps to extend), or None. ``info`` has ``window``, ``stats``, ``n_train``."""
+        raise NotImplementedError
+
+    def fit(self, arrays: dict, cfg, warm: dict | None):
+        """The fitted estimator and ``{"fit_seconds", "n_iter", ...}``."""
+        model = self.family.estimator_class()(**self.family.estimator_params(cfg.params))
+        started = time.perf_counter()
+        self.fit_model(model, arrays, warm)
+        return model, {"fit_seconds": time.perf_counter() - started,
+                       "n_iter": int(model.n_iter_), **self.fit_info(model)}
+
+    def fit_model(self, model, arrays: dict, warm: dict | None) -> None:
+        raise NotImplementedError
+
+    def fit_info(self, model) -> dict:
+        return {}
+
+    def evaluate(self, model, arrays: dict, cfg) -> dict:
+        """Holdout metrics (names from the registry entry); {} when there is no holdout."""
+        raise NotImplementedError
+
+    def artifact(self, model, arrays: dict, cfg, **describe):
+        """The :class:`~pipeline.serving.artifact.ModelArtifact` to publish."""
+        raise NotImplementedError
+
+    def checkpoint(self, model, arrays: dict) -> dict:
+        """What the next run starts from: the id maps and the estimator's warm state."""
+        return {**{name: arrays[name] for name in self.id_maps},
+                **{WARM_PREFIX + k: v for k, v in model.warm_state().items()}}
+
+
+def warm_state(checkpoint_arrays: dict) -> dict:
+    """The solver warm state stored in a checkpoint (its ``warm_*`` arrays)."""
+    n = len(WARM_PREFIX)
+    return {k[n:]: v for k, v in checkpoint_arrays.items() if k.startswith(WARM_PREFIX)}
+
+
+def idmap(arrays: dict | None, name: str) -> IdMap:
+    """The id map ``name`` of a checkpoint's arrays (empty when there is none)."""
+    return IdMap(arrays[name]) if arrays and name in arrays else IdMap()

@@ -1,0 +1,334 @@
+"""AltSVM's driver (Park et al., ICML 2015, Algorithm 1): state in, result out.
+
+Problem (paper eq. 3, with an optional item bias regularized like V)::
+
+    P(U, V, b) = Σ_c L(u_iᵀ(v_j − v_k) + b_j − b_k) + reg/2 (‖U‖² + ‖V‖² + ‖b‖²)
+
+over comparisons c = (user i, winner j, loser k). Each outer iteration is a V-step (a linear
+SVM in (V, b) with U fixed, eq. 6) then a U-step (one small rankSVM per user with V fixed,
+eq. 5), each one epoch of stochastic dual coordinate descent; the kernels and the exact
+coordinate steps are in :mod:`solvers._altsvm_kernels`.
+
+Dual variables. Each comparison has one dual for the V-step (``beta``, eq. 9) and one for the
+U-step (``alpha``, eq. 7), kept across outer iterations (§4.2) and across fits (warm start).
+They are loss slopes (a = −L'(z) at the optimum), independent of ``reg``: w = (1/reg) Σ a x.
+Before each half-step the primal is rebuilt exactly from its duals with the current other
+factor (Algorithm 1 lines 3 and 13). Rebuilds and objective values go through the distinct
+(user, item) pairs ("entries") of the comparisons, so they cost O(|E| r + |Ω|), not O(|Ω| r).
+
+Monotone objective. A rebuilt primal can be worse than the point the previous half-step left
+(the duals were fitted against the old other factor), most of all at small ``reg``. So
+P(U_old, V_new) is computed in the same pass that rebuilds U; while it exceeds the previous
+objective up to 2 more V epochs run, and if it still does, V and b go back to their previous
+values (beta keeps its progress and starts the next V-step). Per user, the U-step likewise runs
+up to 50 more epochs while the user's share of the objective is above its value at the old
+u_i, and else keeps the old u_i. ``objective`` is non-increasing by construction; an outer
+iteration whose V-step was reverted never counts as converged.
+
+Parallel schedule (``n_threads`` > 1). The U-step, fused with the rebuild of U and the
+objective, runs over users in parallel, race-free with per-user random streams (the same
+numbers for any thread count). The V-step is lock-free (Hogwild, §4.1): comparisons grouped by
+user are cut into blocks of 256, visited in a fresh random block order every epoch, each block
+sequentially, blocks dealt to threads dynamically. With ``n_threads=1`` every kernel is the
+serial one and a fit is bit-for-bit reproducible.
+
+Stopping rule: the decrease of the objective in an outer iteration, measured against the
+whole decrease from the point w = 0 (U = V = 0, b = 0, where P(0) = n L(0))::
+
+    f_{t−1} − f_t  <=  tol · (P(0) − f_t),
+
+f_0 being the objective at the starting point (random U, V = 0; or, warm, after its first
+U-step). P(0) is the same for a cold and a warm fit, so a good warm start neither stops before
+it has taken in the new comparisons nor keeps running. While f_t >= P(0) (a cold start begins
+at P(0) + reg/2 ‖U_random‖²) the rule does not hold, except that a decrease below round-off
+(1e-12 P(0)) stops the fit. A warm start begins with one U-step against the stored V: it
+brings the new comparisons' alpha in before the first V-step. (Measurements behind these
+choices: docs/solver-notes.md.)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers import _altsvm_kernels as K
+
+LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGISTIC}
+MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
+MAX_EXTRA_U_EPOCHS = 50
+BLOCK = 256  # comparisons per block of the V-step's block-shuffled order
+CHUNK = 4  # blocks (V-step) or users (U-step) a thread takes at a time
+
+
+# ---------------------------------------------------------------------- layout and duals
+
+def by_user(c: np.ndarray) -> np.ndarray:
+    """Rows of ``c`` stably sorted by user (no copy when they already are)."""
+    u = c[:, 0]
+    if (u[1:] >= u[:-1]).all():
+        return c
+    return c[np.argsort(u, kind="stable")]
+
+
+def layout(c: np.ndarray, n_users: int, n_items: int) -> dict:
+    """Index arrays for the kernels, from comparisons sorted by user: per-user pointers and the
+    distinct (user, item) entries, by user and by item (see :mod:`solvers._altsvm_kernels`)."""
+    cu = np.ascontiguousarray(c[:, 0], dtype=np.int32)
+    cw = np.ascontiguousarray(c[:, 1], dtype=np.int32)
+    cl = np.ascontiguousarray(c[:, 2], dtype=np.int32)
+    user_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(cu, minlength=n_users), out=user_ptr[1:])
+    pos_w, pos_l, entry_user, entry_item, entry_ptr = K.build_entries(user_ptr, cw, cl, n_items)
+    item_entry_ptr = np.zeros(n_items + 1, dtype=np.int64)
+    np.cumsum(np.bincount(entry_item, minlength=n_items), out=item_entry_ptr[1:])
+    return {"cu": cu, "cw": cw, "cl": cl, "user_ptr": user_ptr, "pos_w": pos_w, "pos_l": pos_l,
+            "entry_user": entry_user, "entry_item": entry_item, "entry_ptr": entry_ptr,
+            "item_entry_ptr": item_entry_ptr,
+            "item_entries": np.argsort(entry_item, kind="stable").astype(np.int64),
+            "n_entries": entry_item.shape[0]}
+
+
+def join_duals(old_user, old_winner, old_loser, old_duals, lay) -> tuple[list, int]:
+    """Carry two dual vectors keyed by (user, winner, loser) onto the comparisons of layout
+    ``lay`` (:func:`solvers._altsvm_kernels.join_duals`). Returns ([alpha, beta], matched)."""
+    old_duals = [np.ascontiguousarray(d, dtype=np.float64) for d in old_duals]
+    if (old_user[1:] < old_user[:-1]).any():  # warm_state() keeps them sorted by user
+        order = np.argsort(old_user, kind="stable")
+        old_user, old_winner, old_loser = old_user[order], old_winner[order], old_loser[order]
+        old_duals = [d[order] for d in old_duals]
+    n_users = lay["user_ptr"].shape[0] - 1
+    old_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(old_user[old_user < n_users], minlength=n_users), out=old_ptr[1:])
+    n = lay["cw"].shape[0]
+    out_a, out_b = np.empty(n), np.empty(n)
+    matched = K.join_duals(old_ptr, np.ascontiguousarray(old_winner, dtype=np.int64),
+                           np.ascontiguousarray(old_loser, dtype=np.int64),
+                           old_duals[0], old_duals[1], lay["user_ptr"], lay["pos_w"],
+                           lay["pos_l"], lay["entry_ptr"], lay["entry_item"], out_a, out_b)
+    return [out_a, out_b], int(matched)
+
+
+def map_duals(old_triples, old_duals, new_triples) -> tuple[list, int]:
+    """:func:`join_duals` for comparisons in any order: the two dual vectors in the order of
+    ``new_triples``. A triple that occurs m times in both sets maps its occurrences in order;
+    new triples get 0; vanished ones are dropped."""
+    old_triples = np.asarray(old_triples, dtype=np.int64)
+    new_triples = np.asarray(new_triples, dtype=np.int64)
+    order = np.argsort(new_triples[:, 0], kind="stable")
+    n_users = int(max(old_triples[:, 0].max(initial=-1), new_triples[:, 0].max(initial=-1))) + 1
+    n_items = int(max(old_triples[:, 1:].max(initial=-1), new_triples[:, 1:].max(initial=-1))) + 1
+    lay = layout(new_triples[order], n_users, n_items)
+    (a, b), matched = join_duals(old_triples[:, 0], old_triples[:, 1], old_triples[:, 2],
+                                 old_duals, lay)
+    out_a, out_b = np.empty_like(a), np.empty_like(b)
+    out_a[order] = a
+    out_b[order] = b
+    return [out_a, out_b], matched
+
+
+# ---------------------------------------------------------------------- starting point
+
+@dataclass
+class Start:
+    """The point a fit starts from (arrays are updated in place by :func:`solve`)."""
+
+    U: np.ndarray
+    V: np.ndarray
+    b: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    warm: bool
+    n_matched: int = 0
+
+
+def cold_start(lay: dict, n_users: int, n_items: int, rank: int, rng) -> Start:
+    """Random U (uniform, scaled by 1/sqrt(rank)), V = 0, b = 0, all duals 0."""
+    n = lay["cu"].shape[0]
+    U = rng.random((n_users, rank)) / np.sqrt(max(rank, 1))
+    return Start(U, np.zeros((n_items, rank)), np.zeros(n_items), np.zeros(n), np.zeros(n),
+                 warm=False)
+
+
+def warm_start(lay: dict, state: dict, n_users: int, n_items: int, rank: int, loss: str,
+               reg: float, fit_bias: bool) -> Start:
+    """Duals joined by (user, winner, loser) and clipped into the feasible set of ``loss``; V
+    and b from the state (zero rows for new items); U rebuilt exactly from alpha with that V,
+    u_i = (1/reg) Σ alpha_c (v_j − v_k) (LIBLINEAR's setup loop); new users start at 0."""
+    (alpha, beta), matched = join_duals(state["user"], state["winner"], state["loser"],
+                                        (state["alpha"], state["beta"]), lay)
+    hi = np.inf if loss == "squared_hinge" else 1.0
+    np.clip(alpha, 0.0, hi, out=alpha)
+    np.clip(beta, 0.0, hi, out=beta)
+    U = np.zeros((n_users, rank))
+    V = np.zeros((n_items, rank))
+    b = np.zeros(n_items)
+    V[: state["V"].shape[0]] = state["V"]
+    if fit_bias:
+        b[: state["b"].shape[0]] = state["b"]
+    K.users_from_duals(lay["user_ptr"], lay["pos_w"], lay["pos_l"], lay["entry_ptr"],
+                       lay["entry_item"], alpha, V, reg, np.empty(lay["n_entries"]), U)
+    return Start(U, V, b, alpha, beta, warm=True, n_matched=matched)
+
+
+# ---------------------------------------------------------------------- the alternating loop
+
+@dataclass
+class Result:
+    """What :func:`solve` returns (U, V, b, alpha, beta are the start's arrays, updated)."""
+
+    U: np.ndarray
+    V: np.ndarray
+    b: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    objective: np.ndarray
+    objective_init: float
+    n_iter: int
+    converged: bool
+    last_ratio: float
+    n_extra_v_epochs: int
+    n_v_reverts: int
+
+
+def _seed(rng) -> np.uint64:
+    """The next kernel seed (drawn as a 1-element array: the stream fits keep reproducing)."""
+    return rng.integers(0, 2**63, size=1, dtype=np.int64).astype(np.uint64)[0]
+
+
+def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max_iter: int,
+          tol: float, rng, parallel: bool, verbose: bool = False) -> Result:
+    """Algorithm 1 with the monotone safeguards and the stopping rule of the module docstring.
+    ``rng`` (a numpy Generator) seeds every epoch's coordinate order."""
+    loss_code = LOSSES[loss]
+    U, V, b, alpha, beta = start.U, start.V, start.b, start.alpha, start.beta
+    n = lay["cu"].shape[0]
+    n_users, r = U.shape
+    ustep = K.ustep_parallel if parallel else K.ustep_serial
+    vstep = K.vstep_hogwild if parallel else K.vstep_serial
+    user_ptr, cw, cl = lay["user_ptr"], lay["cw"], lay["cl"]
+    pos_w, pos_l = lay["pos_w"], lay["pos_l"]
+    entry_ptr, entry_item = lay["entry_ptr"], lay["entry_item"]
+    block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
+    blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
+    B, A, x = (np.empty(lay["n_entries"]) for _ in range(3))
+    shares = np.empty((n_users, 2))
+    U_old = U.copy()
+
+    def objective_of_u() -> float:
+        K.user_shares(user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss_code,
+                      x, shares[:, 0])
+        return float(shares[:, 0].sum()) + 0.5 * reg * K.sum_squares(V, b)
+
+    def u_step() -> tuple[float, float]:
+        """U-step from U_old (the V-step's features); P before and after it."""
+        if r == 0:
+            f = objective_of_u()
+            return f, f
+        ustep(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b, reg,
+              loss_code, MAX_EXTRA_U_EPOCHS, _seed(rng), A, x, U, shares)
+        vb = 0.5 * reg * K.sum_squares(V, b)
+        return float(shares[:, 0].sum()) + vb, float(shares[:, 1].sum()) + vb
+
+    f_prev = objective_init = objective_of_u()
+    f_zero = n * K.loss_value(loss_code, 0.0)  # P(0, 0, 0): the stopping rule's reference
+    if start.warm and r > 0:
+        _, f_prev = u_step()  # brings the new comparisons' alpha in against the stored V
+    objective: list[float] = []
+    converged = False
+    extra_v = reverts = 0
+    ratio = np.inf
+    t0 = time.perf_counter()
+    it = 0
+    for it in range(1, max_iter + 1):
+        U_old[:] = U
+        V_old, b_old = V.copy(), b.copy()
+        reverted = False
+        # V-step: V, b rebuilt from beta with the current U (Alg. 1 line 3), then CD
+        K.scatter_duals(pos_w, pos_l, beta, B)
+        K.items_from_duals(lay["item_entry_ptr"], lay["item_entries"], lay["entry_user"], B,
+                           U_old, reg, V, b, fit_bias)
+        for attempt in range(MAX_EXTRA_V_EPOCHS + 2):
+            if attempt <= MAX_EXTRA_V_EPOCHS:
+                vstep(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
+                      loss_code, _seed(rng))
+            else:  # still above the previous objective: keep the old V, b
+                V[:] = V_old
+                b[:] = b_old
+                reverts += 1
+                reverted = True
+            # U-step (Alg. 1 lines 13-20); the same pass gives P(U_old, V_new)
+            f_v, f = u_step()
+            if f_v <= f_prev or attempt > MAX_EXTRA_V_EPOCHS:
+                break
+            U[:] = U_old  # the V-step went up: undo the U-step (alpha keeps its progress)
+            extra_v += attempt < MAX_EXTRA_V_EPOCHS
+        objective.append(f)
+        progress = f_zero - f
+        stalled = f_prev - f <= 1e-12 * f_zero
+        ratio = (f_prev - f) / progress if progress > 0 else (0.0 if stalled else np.inf)
+        if verbose:
+            print(f"AltSVM iter {it:3d}  objective {f:.6e}  decrease / (P(0) - P) "
+                  f"{ratio:.2e}  {time.perf_counter() - t0:.3f} s")
+        if tol > 0 and (0.0 <= ratio <= tol or stalled) and not reverted:
+            converged = True
+            break
+        f_prev = f
+    if verbose:
+        print(f"AltSVM: {n} comparisons, rank {r}, {it} outer iterations, objective "
+              f"{objective[-1]:.6e}, {'converged' if converged else 'NOT converged'} "
+              f"in {time.perf_counter() - t0:.3f} s")
+    return Result(U, V, b, alpha, beta, np.asarray(objective), objective_init, it, converged,
+                  float(ratio), extra_v, reverts)
+
+
+# ---------------------------------------------------------------------- one user (fold-in)
+
+def solve_users(c: np.ndarray, n_users: int, V, b, reg: float, loss: str, max_epochs: int,
+                gap_tol: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+    """Solve the U-subproblem (4) with V and b fixed to a duality gap below
+    ``gap_tol * max(1, P)``; returns (U, alpha in the order of ``c``, gap)."""
+    o = np.argsort(c[:, 0], kind="stable")
+    c = c[o]
+    user_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(c[:, 0], minlength=n_users), out=user_ptr[1:])
+    cw = np.ascontiguousarray(c[:, 1], dtype=np.int32)
+    cl = np.ascontiguousarray(c[:, 2], dtype=np.int32)
+    U = np.zeros((n_users, V.shape[1]))  # = w(alpha) for alpha = 0
+    alpha = np.zeros(c.shape[0])
+    gap = np.inf
+    for epoch in range(0, max_epochs, 10):
+        K.solve_users(user_ptr, cw, cl, alpha, U, V, b, reg, LOSSES[loss], 10,
+                      np.uint64(seed + epoch))
+        gap, primal = user_duality_gap(c[:, 0], cw, cl, alpha, U, V, b, reg, loss)
+        if gap <= gap_tol * max(1.0, primal):
+            break
+    out = np.empty_like(alpha)
+    out[o] = alpha
+    return U, out, gap
+
+
+def user_duality_gap(users, cw, cl, alpha, U, V, b, reg, loss) -> tuple[float, float]:
+    """Duality gap P(U) + D(alpha) of the U-subproblem (4) in the rescaled dual, and P(U).
+
+    With the bias offset o_c = b_j − b_k the margin is z_c = u_iᵀx_c + o_c, whose loss has
+    conjugate L*(−a) + a o_c, so D(a) = reg/2 ‖U(a)‖² + Σ_c [L*(−a_c) + a_c o_c] (U(a) is
+    maintained by the kernel) and P(U) + D(alpha) >= 0 with equality at the optimum.
+    """
+    offset = b[cw] - b[cl]
+    z = np.einsum("ij,ij->i", U[users], V[cw] - V[cl]) + offset
+    if loss == "squared_hinge":
+        primal_loss = np.maximum(0.0, 1.0 - z) ** 2
+        conj = -alpha + 0.25 * alpha**2
+    elif loss == "hinge":
+        primal_loss = np.maximum(0.0, 1.0 - z)
+        conj = -alpha
+    else:
+        primal_loss = np.logaddexp(0.0, -z)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            conj = np.where(alpha > 0, alpha * np.log(alpha), 0.0) + \
+                np.where(alpha < 1, (1 - alpha) * np.log1p(-alpha), 0.0)
+    UU = float(np.vdot(U, U))
+    primal = float(primal_loss.sum()) + 0.5 * reg * UU
+    return primal + 0.5 * reg * UU + float((conj + alpha * offset).sum()), primal

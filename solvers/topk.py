@@ -1,0 +1,165 @@
+"""Exact top-K lists: per user from factors (blocked BLAS matmul + a jitted selection kernel,
+run in threads), and for single score vectors (numpy only). The one top-K of the project:
+``AltSVM.recommend``, the publisher's precomputed lists and the lookup client's on-demand
+scoring all go through here, so they agree item for item.
+
+Order everywhere: descending score, equal scores by lower item index first, i.e. the first
+``k`` of ``np.argsort(-scores, kind="stable")``; -inf and NaN never rank (-inf marks an
+excluded item).
+
+Examples
+--------
+>>> import numpy as np
+>>> topk_of_scores(np.array([0.5, 2.0, -1.0, 2.0], dtype=np.float32), 3)
+(array([1, 3, 0]), array([2. , 2. , 0.5], dtype=float32))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def topk_of_scores(scores: np.ndarray, k: int, exclude=None) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` (indices, scores) of one score vector, skipping ``exclude`` indices.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> topk_of_scores(np.array([3.0, 1.0, 2.0]), 2, exclude=[0])
+    (array([2, 1]), array([2., 1.]))
+    """
+    scores = np.asarray(scores)
+    if exclude is not None and len(exclude):
+        scores = scores.copy()
+        scores[np.asarray(exclude, dtype=np.intp)] = -np.inf
+    valid = np.flatnonzero(scores > -np.inf)  # also drops NaN
+    if len(valid) > k:
+        vals = scores[valid]
+        kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+        above = valid[vals > kth]
+        ties = valid[vals == kth][: k - len(above)]
+        valid = np.concatenate([above, ties])
+    order = valid[np.lexsort((valid, -scores[valid]))] if len(valid) else valid
+    return order, scores[order]
+
+
+SMALL = 2_000_000  # users x items below which plain numpy selects the top K
+
+
+def _block_topk_numpy(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, counts):
+    """Same contract as ``solvers._topk_kernels.block_topk``, in numpy (small problems)."""
+    for r in range(scores.shape[0]):
+        u = row_offset + r
+        idx, sc = topk_of_scores(scores[r], k, seen_indices[seen_indptr[u]:seen_indptr[u + 1]])
+        counts[r] = len(idx)
+        out_i[r, :len(idx)] = idx
+        out_s[r, :len(idx)] = sc
+
+
+@dataclass
+class TopKBlock:
+    """Top-K lists of the rows ``start:start+len(counts)`` of a user block."""
+
+    start: int
+    indices: np.ndarray  # (B, k) int32, valid up to counts[r]
+    scores: np.ndarray  # (B, k) float32
+    counts: np.ndarray  # (B,) int32
+
+
+def _blas_single_thread():
+    # Each worker thread runs its own matmul; a multi-threaded BLAS on top of that only fights
+    # the other workers for the cores (OpenBLAS threads spin after each call).
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it BLAS keeps its own threads
+        return nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,
+                     item_bias: np.ndarray | None = None, seen_indptr: np.ndarray | None = None,
+                     seen_indices: np.ndarray | None = None, block: int = 256,
+                     workers: int | None = None) -> Iterator[TopKBlock]:
+    """Exact top-``k`` items of every user (score ``U @ V.T + b``, seen items excluded), in
+    blocks of ``block`` users, in order.
+
+    Work is split over ``workers`` threads (default: the CPU count); each computes its block's
+    scores into a reused buffer with a single-threaded BLAS call and selects the top ``k`` in
+    cache with a jitted kernel that releases the GIL.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> U = np.eye(2, dtype=np.float32); V = np.array([[1, 0], [0, 1], [2, 0]], np.float32)
+    >>> [b.indices[:, :2].tolist() for b in user_topk_blocks(U, V, 2)]
+    [[[2, 0], [1, 0]]]
+    """
+    n_users = user_factors.shape[0]
+    n_items = item_factors.shape[0]
+    k = int(min(k, n_items))
+    U = np.ascontiguousarray(user_factors, dtype=np.float32)
+    VT = np.ascontiguousarray(np.asarray(item_factors, dtype=np.float32).T)
+    bias = None if item_bias is None else np.asarray(item_bias, dtype=np.float32)
+    if seen_indptr is None:
+        seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
+        seen_indices = np.zeros(0, dtype=np.int32)
+    indptr = np.ascontiguousarray(seen_indptr, dtype=np.int64)
+    indices = np.ascontiguousarray(seen_indices, dtype=np.int32)
+    workers = max(1, workers or os.cpu_count() or 1)
+    if n_users * n_items <= SMALL:  # not worth loading the jitted kernel (about 1 s)
+        block_topk = _block_topk_numpy
+        workers = 1
+    else:
+        from solvers._topk_kernels import block_topk
+    buffers: dict[int, np.ndarray] = {}
+
+    def run(start: int) -> TopKBlock:
+        import threading
+
+        stop = min(start + block, n_users)
+        tid = threading.get_ident()
+        buf = buffers.get(tid)
+        if buf is None:
+            buf = buffers[tid] = np.empty((block, n_items), dtype=np.float32)
+        scores = buf[: stop - start]
+        np.matmul(U[start:stop], VT, out=scores)
+        if bias is not None:
+            scores += bias
+        out = TopKBlock(start, np.empty((stop - start, k), np.int32),
+                        np.empty((stop - start, k), np.float32), np.empty(stop - start, np.int32))
+        block_topk(scores, indptr, indices, start, k, out.indices, out.scores, out.counts)
+        return out
+
+    starts = range(0, n_users, block)
+    with _blas_single_thread():
+        if workers == 1:
+            yield from map(run, starts)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="topk") as pool:
+            pending = []
+            for start in starts:  # keep at most 2 blocks per worker in flight
+                pending.append(pool.submit(run, start))
+                if len(pending) >= 2 * workers:
+                    yield pending.pop(0).result()
+            for fut in pending:
+                yield fut.result()
+
+
+def warm_up() -> float:
+    """Compile (or load from cache) the selection kernel, so timings exclude it; returns the
+    seconds."""
+    import time
+
+    from solvers._topk_kernels import block_topk
+
+    started = time.perf_counter()
+    scores = np.ones((1, 2), np.float32)
+    block_topk(scores, np.zeros(2, np.int64), np.zeros(0, np.int32), 0, 1,
+               np.empty((1, 1), np.int32), np.empty((1, 1), np.float32), np.empty(1, np.int32))
+    return time.perf_counter() - started

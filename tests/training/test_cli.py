@@ -1,0 +1,41 @@
+"""`rankstream train` and `rankstream models` against a real redis-server."""
+
+from __future__ import annotations
+
+from pipeline.cli import main
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.settings import Settings
+
+CONFIG = """
+[models.movies]
+algorithm = "altsvm"
+kinds = ["rating"]
+params = { rank = 6, reg = 150.0, random_state = 0, n_threads = 1 }
+evaluation = { holdout = 4 }
+"""
+
+
+def test_train_then_models(tmp_path, redis_url, redis_client, capsys):
+    config = tmp_path / "models.toml"
+    config.write_text(CONFIG)
+    home = tmp_path / "home"
+    events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
+                 settings=Settings(home=home), progress=False)
+    common = ["--config", str(config), "--home", str(home), "--redis-url", redis_url,
+              "--namespace", "clitest"]
+    assert main(["train", "movies", *common]) == 0
+    out = capsys.readouterr().out
+    assert "model movies (altsvm): published" in out and "version 1" in out
+    assert main(["models", *common]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[1].split()[:3] == ["movies", "altsvm", "v1"]
+    assert main(["train", "movies", *common]) == 0
+    assert "unchanged" in capsys.readouterr().out
+
+
+def test_train_without_a_config_says_how_to_give_one(tmp_path, redis_url, capsys, monkeypatch):
+    monkeypatch.delenv("RANKSTREAM_CONFIG", raising=False)
+    assert main(["train", "movies", "--home", str(tmp_path), "--redis-url", redis_url]) == 1
+    assert "pass --config" in capsys.readouterr().err
