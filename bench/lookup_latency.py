@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO))
 from pipeline.serving.artifact import ModelArtifact  # noqa: E402
 from pipeline.serving.lookup import TopK  # noqa: E402
 from pipeline.serving.publish import publish  # noqa: E402
-from pipeline.serving.redis_client import client_from_url, redact  # noqa: E402
+from pipeline.serving.redis_client import client_from_url  # noqa: E402
+from pipeline.settings import redact  # noqa: E402
 from solvers.topk import warm_up  # noqa: E402
 
 TARGETS = {"ratio_p50": 1.2, "recommend_p99_us": 1000.0, "batch_users_per_s": 50_000,

@@ -13,12 +13,15 @@ with nothing new to learn skips the rest of its run.
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import dag, task
+
+from pipeline.naming import is_valid_name
 
 CONFIG = os.environ.get("RANKSTREAM_CONFIG") or str(Path(__file__).with_name("models.toml"))
 DEFAULT_ARGS = {
@@ -85,4 +88,9 @@ def build_dag(model: str, spec: dict):
 
 
 for _model, _spec in _model_specs(CONFIG).items():
-    globals()[f"rankstream_{_model}"] = build_dag(_model, _spec)
+    if is_valid_name(_model):
+        globals()[f"rankstream_{_model}"] = build_dag(_model, _spec)
+    else:  # one bad table must not take every other model's DAG down with it
+        logging.getLogger(__name__).error(
+            "%s: model name %r is not valid (1-100 letters, digits, '_', '.' or '-'); its DAG "
+            "is not built", CONFIG, _model)

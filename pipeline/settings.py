@@ -14,6 +14,9 @@ Environment variables (all optional):
 ``RANKSTREAM_REDIS_ON_ERROR``    lookups when Redis is down/slow: ``raise`` (default) or
                                  ``last_known`` (answer from the in-process cache)
 ``RANKSTREAM_DEAD_LETTER_TOPIC`` dead-letter topic (default ``rankstream.dead-letter``)
+``RANKSTREAM_MAX_FUTURE_SECONDS`` events dated more than this after the ingesting machine's clock
+                                 are dead letters (default ``86400``: one day)
+``RANKSTREAM_MAX_FEATURE_INDEX`` larger feature indices are dead letters (default ``16777215``)
 ``RANKSTREAM_CONFIG``            TOML file with a ``[rankstream]`` table of the same keys
                                  (lower case, without the prefix) and the model configs
 """
@@ -22,11 +25,37 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 ENV_PREFIX = "RANKSTREAM_"
+_SECRET_WORDS = ("password", "secret", "token", "key", "sasl_plain_username")
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ``***`` (for messages, logs and reports).
+
+    Examples
+    --------
+    >>> redact("redis://:p%40ss@localhost:6379/0")
+    'redis://:***@localhost:6379/0'
+    >>> redact("unix:///tmp/r.sock?db=0&password=secret")
+    'unix:///tmp/r.sock?db=0&password=***'
+    """
+    url = re.sub(r"(//[^:/@]*:)[^/]*@", r"\1***@", url)
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
+
+
+def state_dir(*parts: str) -> Path:
+    """A directory for rankstream's own state under the user's home, never a shared /tmp:
+    ``$XDG_STATE_HOME/rankstream/...`` (default ``~/.local/state/rankstream/...``), created with
+    mode 0700."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    path = base.joinpath("rankstream", *parts)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 @dataclass(frozen=True)
@@ -39,7 +68,19 @@ class Settings:
     redis_timeout: float = 0.1
     redis_on_error: str = "raise"
     dead_letter_topic: str = "rankstream.dead-letter"
+    max_future_seconds: float = 86_400.0
+    max_feature_index: int = 2**24 - 1
     config: Path | None = None
+
+    def __repr__(self) -> str:
+        """No secret in a log or report: the Redis URL's password and the Kafka security
+        settings that hold secrets are shown as ``***``."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if shown["redis_url"]:
+            shown["redis_url"] = redact(shown["redis_url"])
+        shown["kafka_security"] = {k: "***" if any(w in k for w in _SECRET_WORDS) else v
+                                   for k, v in self.kafka_security.items()}
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     def __post_init__(self):
         object.__setattr__(self, "home", Path(self.home))
@@ -84,12 +125,14 @@ class Settings:
                 values["kafka_security"] = json.loads(values["kafka_security"])
             except json.JSONDecodeError as err:
                 raise ValueError(f"RANKSTREAM_KAFKA_SECURITY is not a JSON object: {err}") from None
-        if isinstance(values.get("redis_timeout"), str):
-            try:
-                values["redis_timeout"] = float(values["redis_timeout"])
-            except ValueError:
-                raise ValueError(f"redis_timeout is {values['redis_timeout']!r}, expected "
-                                 "seconds") from None
+        for f in fields(cls):   # numbers given as text (environment variables)
+            value = values.get(f.name)
+            if f.type in ("float", "int") and isinstance(value, str):
+                try:
+                    values[f.name] = float(value) if f.type == "float" else int(value)
+                except ValueError:
+                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()} is {value!r}, expected "
+                                     f"a number") from None
         for key in ("home", "config"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])

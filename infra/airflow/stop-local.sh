@@ -3,5 +3,5 @@
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 for name in dag-processor scheduler api-server; do
-  "$(dirname "$0")/../stop_pid.sh" "$name" "$AIRFLOW_HOME/run/$name.pid" 20
+  "$(dirname "$0")/../stop_pid.sh" "$name" "$AIRFLOW_HOME/run/$name.pid" 20 "airflow $name"
 done

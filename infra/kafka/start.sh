@@ -4,14 +4,15 @@
 # it says so and exits 0. Waits until the broker answers on its port.
 #
 #   RANKSTREAM_KAFKA_PORT   client port (default 9092); the controller uses port+1
-#   RANKSTREAM_KAFKA_DIR    state dir (default ${TMPDIR:-/tmp}/rankstream-kafka-$PORT): pid, logs, data
+#   RANKSTREAM_KAFKA_DIR    state dir (default ~/.local/state/rankstream/kafka-$PORT): pid, logs, data
 #   RANKSTREAM_KAFKA_LIBS   jar cache (default ~/.cache/rankstream/kafka-libs)
 #   RANKSTREAM_KAFKA_HEAP   JVM heap (default 512m)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../state.sh"
 port=${RANKSTREAM_KAFKA_PORT:-9092}
 cport=$((port + 1))
-dir=${RANKSTREAM_KAFKA_DIR:-${TMPDIR:-/tmp}/rankstream-kafka-$port}
+dir=${RANKSTREAM_KAFKA_DIR:-$(rs_state_dir "kafka-$port")}
 libs=${RANKSTREAM_KAFKA_LIBS:-$HOME/.cache/rankstream/kafka-libs}
 heap=${RANKSTREAM_KAFKA_HEAP:-512m}
 pidfile=$dir/kafka.pid
@@ -30,7 +31,7 @@ fi
 "$here/fetch.sh" "$libs"
 
 rm -rf "$dir"
-mkdir -p "$dir/data" "$dir/logs"
+(umask 077 && mkdir -p "$dir/data" "$dir/logs")
 cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1

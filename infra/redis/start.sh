@@ -3,10 +3,12 @@
 # 127.0.0.1, without persistence. Idempotent; waits until it answers PING.
 #
 #   RANKSTREAM_REDIS_PORT   port (default 6379)
-#   RANKSTREAM_REDIS_DIR    state dir (default ${TMPDIR:-/tmp}/rankstream-redis-$PORT): pid, log
+#   RANKSTREAM_REDIS_DIR    state dir (default ~/.local/state/rankstream/redis-$PORT): pid, log
+# Runs Debian's /usr/bin/redis-server (see infra/state.sh for why not the venv's).
 set -euo pipefail
+. "$(dirname "$0")/../state.sh"
 port=${RANKSTREAM_REDIS_PORT:-6379}
-dir=${RANKSTREAM_REDIS_DIR:-${TMPDIR:-/tmp}/rankstream-redis-$port}
+dir=${RANKSTREAM_REDIS_DIR:-$(rs_state_dir "redis-$port")}
 pidfile=$dir/redis.pid
 
 if ! command -v redis-server >/dev/null; then
@@ -20,7 +22,9 @@ if ! command -v redis-server >/dev/null; then
 fi
 # The Debian package starts a system-wide service on 6379 where systemd runs; we never use it.
 
-ping() { redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; }
+server=$(rs_redis redis-server)
+cli=$(rs_redis redis-cli)
+ping() { "$cli" -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; }
 
 if [[ -f $pidfile ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null && ping; then
   echo "redis already running: pid $(cat "$pidfile"), 127.0.0.1:$port"
@@ -30,8 +34,8 @@ if ping; then
   echo "port 127.0.0.1:$port is taken by another redis; set RANKSTREAM_REDIS_PORT" >&2
   exit 1
 fi
-mkdir -p "$dir"
-redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes --save '' --appendonly no \
+(umask 077 && mkdir -p "$dir")
+"$server" --bind 127.0.0.1 --port "$port" --protected-mode yes --save '' --appendonly no \
   --dir "$dir" --daemonize yes --pidfile "$pidfile" --logfile "$dir/redis.log"
 for _ in $(seq 1 100); do
   if ping; then echo "redis started: pid $(cat "$pidfile"), 127.0.0.1:$port"; exit 0; fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def _lookups(url: str, users: list, n: int = 2000) -> dict:
                            "p99": round(float(np.percentile(times, 99)), 1), "n": n}}
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def run(args) -> int:
     from pipeline.cli.train import format_summary
     from pipeline.ingest import synthetic
@@ -107,6 +112,7 @@ def run(args) -> int:
     from pipeline.settings import Settings
     from pipeline.training import retrain
 
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the embedded Redis stops
     started = time.perf_counter()
     home = Path(args.home)
     shutil.rmtree(home, ignore_errors=True)

@@ -20,6 +20,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-publish", action="store_true", help="train and evaluate only")
     parser.add_argument("--ingest", action="store_true",
                         help="drain the model's Kafka topics into the store first")
+    parser.add_argument("--wait", nargs="?", type=float, const=3600.0, default=0.0,
+                        metavar="SECONDS", help="if another run of the model is going on, wait "
+                        "for it (up to SECONDS, default an hour) instead of exiting")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_redis_arguments(parser)
 
@@ -46,14 +49,16 @@ def format_summary(s: dict) -> str:
 
 def run(args) -> int:
     from pipeline.training import retrain
+    from pipeline.training.lock import ModelBusyError
 
     try:
         config = model_config(settings_of(args))
         with redis_session(args) as (settings, url):
             summary = retrain.run(args.model, config, settings=settings,
                                   redis_url=url, cold=args.cold, publish=not args.no_publish,
-                                  ingest=args.ingest, progress=sys.stderr.isatty())
-    except (ValueError, KeyError, OSError) as err:
+                                  ingest=args.ingest, progress=sys.stderr.isatty(),
+                                  wait=args.wait)
+    except (ValueError, KeyError, OSError, ModelBusyError) as err:
         return fail("train", err)
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
     return 0

@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.ingest.codec import DecodeError, batch_columns, batch_row, decode, is_batch, reencode
-from pipeline.ingest.dead_letters import DeadLetters
+from pipeline.ingest.dead_letters import DeadLetters, Malformed
 from pipeline.ingest.events import KINDS
-from pipeline.ingest.validate import resolve_kind, show, validate_columns, validate_rows
+from pipeline.ingest.store import OverlapError
+from pipeline.ingest.validate import Limits, resolve_kind, show, validate_columns, validate_rows
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 
@@ -58,13 +59,18 @@ class PartitionBuffer:
         Kind of events that carry no ``kind`` field.
     max_message_bytes : int
         Larger messages are dead letters ("message is N bytes, over the limit of M").
+    limits : Limits, optional
+        Deployment bounds on event times and feature indices
+        (:class:`pipeline.ingest.validate.Limits`).
     """
 
     def __init__(self, topic: str, partition: int, default_kind: str | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 limits: Limits | None = None):
         self.topic, self.partition = topic, partition
         self.default_kind = default_kind
         self.max_message_bytes = max_message_bytes
+        self.limits = limits or Limits()
         self._clear()
 
     def _clear(self) -> None:
@@ -95,15 +101,55 @@ class PartitionBuffer:
                 self.tables.setdefault(kind, []).append(table)
                 self.events += table.num_rows
 
-    def add_messages(self, values: Sequence[bytes], offsets: Sequence[int]) -> None:
-        """Decode and validate raw message values (offsets ascending)."""
+    def _mark(self) -> tuple:
+        return {k: len(v) for k, v in self.tables.items()}, len(self.dead), self.events
+
+    def _restore(self, mark: tuple) -> None:
+        """Forget everything added since ``mark`` (see :meth:`add_messages`)."""
+        lengths, n_dead, events = mark
+        self.tables = {k: v[:lengths.get(k, 0)] for k, v in self.tables.items()
+                       if lengths.get(k, 0)}
+        self.dead.truncate(n_dead)
+        self.events = events
+
+    def add_messages(self, values: Sequence[bytes | None], offsets: Sequence[int]) -> None:
+        """Decode and validate raw message values (offsets ascending).
+
+        Atomic: when this returns, every message is in the buffer as events or dead letters and
+        the buffer's span covers exactly them; when it raises, the buffer is as it was. The
+        batch is validated column-wise in one go; if that raises (an input no check foresaw),
+        the messages are taken one at a time, and one that still raises becomes a dead letter
+        naming the error, so that no message can stop its partition for good.
+        """
         if not values:
             return
+        mark = self._mark()
+        try:
+            self._add_messages(values, offsets)
+        except Exception:
+            self._restore(mark)
+            for value, offset in zip(values, offsets):
+                one = self._mark()
+                try:
+                    self._add_messages([value], [offset])
+                except Exception as err:
+                    self._restore(one)
+                    self.dead.add(offset, -1, f"could not be processed: "
+                                  f"{type(err).__name__}: {str(err)[:200]}", value or b"")
+        except BaseException:
+            self._restore(mark)
+            raise
         self._span(offsets[0], offsets[-1])
+
+    def _add_messages(self, values, offsets) -> None:
         rows, row_offsets, row_source = [], [], []    # source: (message position, index)
         formats = {}
         for pos, value in enumerate(values):
             offset = offsets[pos]
+            if value is None:
+                self.dead.add(offset, -1, "message is a tombstone (null value), expected an "
+                              "event", b"")
+                continue
             if len(value) > self.max_message_bytes:
                 self.dead.add(offset, -1, f"message is {len(value)} bytes, over the limit of "
                               f"{self.max_message_bytes}", value)
@@ -132,27 +178,40 @@ class PartitionBuffer:
         if rows:
             def raw_of(i):
                 pos, index = row_source[i]
-                return values[pos] if index < 0 else reencode(rows[i], formats[pos])
+                return values[pos] if index < 0 else reencode(rows[i], formats[pos],
+                                                              whole=values[pos])
             self._validate(rows, row_offsets, [s[1] for s in row_source], raw_of)
 
     def add_rows(self, rows: list, offsets: Sequence[int],
                  raw_of: Callable[[int], bytes] | None = None) -> None:
         """Validate already decoded events (file sources); ``raw_of(i)`` gives the bytes kept
-        for a dead letter (default: the row as JSON)."""
+        for a dead letter (default: the row as JSON). Atomic like :meth:`add_messages`."""
         if not rows:
             return
+        raw_of = raw_of or (lambda i: reencode(rows[i], "json"))
+        mark = self._mark()
+        try:
+            good = [i for i, row in enumerate(rows) if type(row) is not Malformed]
+            for i in range(len(rows)):
+                if type(rows[i]) is Malformed:
+                    self.dead.add(offsets[i], -1, rows[i].reason, rows[i].raw)
+            if good:
+                self._validate([rows[i] for i in good], [offsets[i] for i in good],
+                               [-1] * len(good), lambda j: raw_of(good[j]))
+        except BaseException:
+            self._restore(mark)
+            raise
         self._span(offsets[0], offsets[-1])
-        self._validate(rows, offsets, [-1] * len(rows),
-                       raw_of or (lambda i: reencode(rows[i], "json")))
 
     def _validate(self, rows, offsets, indexes, raw_of) -> None:
-        tables, bad = validate_rows(rows, np.asarray(offsets, dtype=np.int64), self.default_kind)
+        tables, bad = validate_rows(rows, np.asarray(offsets, dtype=np.int64), self.default_kind,
+                                    self.limits)
         self._keep(tables)
         for i in sorted(bad):
             row = rows[i]
             kind = row.get("kind", self.default_kind) if type(row) is dict else None
             self.dead.add(offsets[i], indexes[i], bad[i], raw_of(i),
-                          kind if kind in KINDS else None)
+                          kind if type(kind) is str and kind in KINDS else None)
 
     def _add_batch(self, batch: dict, fmt: str, offset: int, value: bytes) -> None:
         try:
@@ -164,28 +223,37 @@ class PartitionBuffer:
         except (DecodeError, ValueError) as err:
             self.dead.add(offset, -1, str(err), value)
             return
-        table, bad = validate_columns(kind, columns, n, np.full(n, offset, dtype=np.int64))
+        table, bad = validate_columns(kind, columns, n, np.full(n, offset, dtype=np.int64),
+                                      self.limits)
         self._keep({kind: table})
         for i in sorted(bad):
-            self.dead.add(offset, i, bad[i], reencode(batch_row(columns, i), fmt), kind)
+            self.dead.add(offset, i, bad[i], reencode(batch_row(columns, i), fmt, whole=value),
+                          kind)
 
     def flush(self, store, publisher=None) -> Flushed:
         """Write what is buffered as one segment group (dead letters sent to the dead-letter
-        topic first, if a publisher is given) and start afresh. Raises
-        :class:`pipeline.ingest.store.OverlapError` (buffer cleared) if the store already has these
-        offsets."""
+        topic first, if a publisher is given) and start afresh.
+
+        If anything raises, the buffer is left as it was (nothing is half-flushed), except for
+        :class:`pipeline.ingest.store.OverlapError`: the store already holds these offsets, so
+        the buffer is dropped.
+        """
         done = Flushed()
         if self.empty:
             return done
         tables = {kind: pa.concat_tables(parts) for kind, parts in self.tables.items()}
         dead = self.dead.table(self.topic, self.partition) if len(self.dead) else None
-        first, last = self.first, self.last
+        if dead is not None and publisher is not None:
+            publisher.publish(dead)
+        try:
+            done.files = len(store.write(self.topic, self.partition, self.first, self.last,
+                                         tables, dead))
+        except OverlapError:
+            self._clear()
+            raise
         done.events = Counter({kind: t.num_rows for kind, t in tables.items()})
         done.dead_letters = self.dead.counts()
         self._clear()
-        if dead is not None and publisher is not None:
-            publisher.publish(dead)
-        done.files = len(store.write(self.topic, self.partition, first, last, tables, dead))
         return done
 
 

@@ -124,6 +124,8 @@ def decode(value: bytes) -> tuple[object, str]:
         raise DecodeError(f"bad JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
         raise DecodeError("bad JSON: nested too deeply") from None
+    except ValueError as err:  # e.g. an integer of more than 4,300 digits
+        raise DecodeError(f"bad JSON: {str(err)[:200]}") from None
 
 
 def is_batch(obj) -> bool:
@@ -155,11 +157,11 @@ def batch_row(columns: dict[str, list], i: int) -> dict:
     return {name: values[i] for name, values in columns.items() if values[i] is not None}
 
 
-def reencode(obj, fmt: str) -> bytes:
-    """One event out of a batch message, encoded as the message was (JSON or msgpack)."""
-    if fmt == "json":
-        try:
-            return encode_json(obj)
-        except (TypeError, ValueError):
-            return repr(obj).encode()
-    return encode_msgpack(obj)
+def reencode(obj, fmt: str, whole: bytes = b"") -> bytes:
+    """One event out of a batch or array message, encoded as the message was (JSON or msgpack);
+    ``whole`` (the whole message) when the event cannot be encoded on its own (e.g. nested too
+    deeply), so that a dead letter always keeps the bytes that arrived."""
+    try:
+        return encode_json(obj) if fmt == "json" else encode_msgpack(obj)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return whole

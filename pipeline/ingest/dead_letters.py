@@ -13,8 +13,10 @@ Dead letters go to two places:
   writes them as JSON lines with the raw bytes in base64;
 * the dead-letter topic (``Settings.dead_letter_topic``), value = raw bytes, key =
   ``topic/partition/offset/index``, headers ``rankstream.reason``, ``.topic``, ``.partition``,
-  ``.offset``, ``.index``. These are sent and flushed *before* the store segment is written,
-  so a crash in between may send a dead letter twice (at least once; the key identifies it).
+  ``.offset``, ``.index`` (and ``.size``, ``.truncated`` for a payload over 256 KiB, which is
+  sent truncated). These are sent and acknowledged *before* the store segment is written, so a
+  crash in between may send a dead letter twice (at least once; the key identifies it), and a
+  topic that refuses them stops ingestion before anything of those offsets is stored.
 
 Examples
 --------
@@ -33,15 +35,25 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 
+DEAD_LETTER_MAX_BYTES = 256 << 10    # larger payloads go to the topic truncated
 DEAD_LETTER_KIND = "dead_letter"     # the name dead-letter segments go by in a segment group
 DEAD_LETTER_SCHEMA = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
     ("index", pa.int32()), ("kind", pa.string()), ("reason", pa.string()),
     ("raw", pa.binary()), ("ingested_at", pa.int64()),
 ])
+
+
+class Malformed(NamedTuple):
+    """A record a file source could not read (a CSV record with a cell over the size limit, a
+    broken quote): it becomes one dead letter with this reason, not a failed file."""
+
+    reason: str
+    raw: bytes = b""
 
 
 class DeadLetters:
@@ -56,6 +68,11 @@ class DeadLetters:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def truncate(self, n: int) -> None:
+        """Forget every dead letter after the first ``n``."""
+        for column in (self.offsets, self.indexes, self.kinds, self.reasons, self.raws):
+            del column[n:]
 
     def add(self, offset: int, index: int, reason: str, raw: bytes, kind: str | None = None):
         self.offsets.append(offset)
@@ -77,26 +94,63 @@ class DeadLetters:
         return Counter(kind or "message" for kind in self.kinds)
 
 
-class DeadLetterPublisher:
-    """Sends dead letters to the dead-letter topic with a kafka-python producer."""
+class DeadLetterTopicError(RuntimeError):
+    """The dead-letter topic refused a dead letter; ingestion stops before storing or committing
+    the offsets it came from."""
 
-    def __init__(self, topic: str, producer):
+
+class DeadLetterPublisher:
+    """Sends dead letters to the dead-letter topic with a kafka-python producer.
+
+    A payload over ``max_bytes`` is sent truncated to ``max_bytes``, with the headers
+    ``rankstream.size`` (the original size) and ``rankstream.truncated``; the local dead-letter
+    files keep it whole. Any send the broker refuses raises :class:`DeadLetterTopicError`
+    naming the topic, the broker's error and what to do about it.
+    """
+
+    def __init__(self, topic: str, producer, max_bytes: int = DEAD_LETTER_MAX_BYTES):
         self.topic = topic
         self.producer = producer
+        self.max_bytes = max_bytes
         self.sent = 0
 
     def publish(self, table: pa.Table) -> None:
         """Send every row of a dead-letter table and wait until the broker has them all."""
-        for row in table.to_pylist():
-            where = f"{row['topic']}/{row['partition']}/{row['offset']}/{row['index']}"
-            headers = [("rankstream.reason", row["reason"].encode()),
-                       ("rankstream.topic", row["topic"].encode()),
-                       ("rankstream.partition", str(row["partition"]).encode()),
-                       ("rankstream.offset", str(row["offset"]).encode()),
-                       ("rankstream.index", str(row["index"]).encode())]
-            self.producer.send(self.topic, value=row["raw"], key=where.encode(), headers=headers)
-        self.producer.flush()
+        from kafka.errors import KafkaError
+
+        futures = []
+        try:
+            for row in table.to_pylist():
+                where = f"{row['topic']}/{row['partition']}/{row['offset']}/{row['index']}"
+                raw = row["raw"]
+                headers = [("rankstream.reason", row["reason"].encode()),
+                           ("rankstream.topic", row["topic"].encode()),
+                           ("rankstream.partition", str(row["partition"]).encode()),
+                           ("rankstream.offset", str(row["offset"]).encode()),
+                           ("rankstream.index", str(row["index"]).encode())]
+                if len(raw) > self.max_bytes:
+                    headers += [("rankstream.size", str(len(raw)).encode()),
+                                ("rankstream.truncated", b"1")]
+                    raw = raw[:self.max_bytes]
+                futures.append(self.producer.send(self.topic, value=raw, key=where.encode(),
+                                                  headers=headers))
+            self.producer.flush(timeout=60)
+        except KafkaError as err:
+            raise self._refused(err) from None
+        for future in futures:
+            if not future.is_done or future.failed():
+                raise self._refused(future.exception or TimeoutError("not acknowledged"))
         self.sent += table.num_rows
+
+    def _refused(self, err) -> DeadLetterTopicError:
+        return DeadLetterTopicError(
+            f"the dead-letter topic {self.topic!r} refused a dead letter "
+            f"({type(err).__name__}: {err}); nothing of these offsets was stored or committed, "
+            "and ingestion stopped so that no message is lost. Make the topic writable: create "
+            "it (or let the broker auto-create topics), grant this client write access to it, "
+            f"and let it accept records of {self.max_bytes + 4096} bytes (topic config "
+            "max.message.bytes), or point RANKSTREAM_DEAD_LETTER_TOPIC at a topic that is; "
+            "then run ingest again")
 
     def close(self) -> None:
         self.producer.close()

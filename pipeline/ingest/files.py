@@ -30,6 +30,7 @@ from pipeline.ingest.buffer import (
 )
 from pipeline.ingest.sources import read_chunks
 from pipeline.ingest.store import EventStore, file_source_topic
+from pipeline.ingest.validate import Limits
 
 
 def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settings=None,
@@ -56,7 +57,9 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
         Records per segment group.
     """
     started = time.monotonic()
-    store = store or _store(settings)
+    settings = settings or _settings()
+    store = store or EventStore.from_settings(settings)
+    limits = Limits.from_settings(settings)
     summary = IngestSummary(unit="records")
     with progress_bar(progress, unit="rec") as bar:
         for path in paths:
@@ -64,7 +67,7 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
             store.recover(topic, 0)
             start = store.next_offset(topic, 0) or 0
             for chunk in read_chunks(path, fmt, kind, start, chunk_size):
-                buf = PartitionBuffer(topic, 0, kind, max_message_bytes)
+                buf = PartitionBuffer(topic, 0, kind, max_message_bytes, limits)
                 if chunk.lines is not None:
                     buf.add_messages(chunk.lines, chunk.offsets)
                 else:
@@ -77,9 +80,7 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
     return summary
 
 
-def _store(settings) -> EventStore:
-    if settings is None:
-        from pipeline.settings import Settings
+def _settings():
+    from pipeline.settings import Settings
 
-        settings = Settings.load()
-    return EventStore.from_settings(settings)
+    return Settings.load()

@@ -17,9 +17,13 @@ returns (for Airflow tasks); otherwise it follows the topics until SIGTERM/SIGIN
 
 from __future__ import annotations
 
+import fcntl
+import getpass
 import logging
 import os
+import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -32,7 +36,9 @@ from pipeline.ingest.buffer import (
     PartitionBuffer,
     progress_bar,
 )
+from pipeline.ingest.dead_letters import DEAD_LETTER_MAX_BYTES
 from pipeline.ingest.store import EventStore, OverlapError
+from pipeline.ingest.validate import Limits
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +82,9 @@ def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str 
         Larger messages are dead letters.
     instance_id : str, optional
         Static group membership (KIP-345): a restarted consumer with the same id gets its
-        partitions back at once instead of waiting for the session timeout.
+        partitions back at once instead of waiting for the dead one's session to time out.
+        Default: an id stable per host, user, group and process slot (:func:`member_slot`), so
+        a restart after a crash resumes at once as well.
     timeout : float, optional
         Give up after this many seconds (flushing what was read).
     check_crcs : bool
@@ -103,16 +111,69 @@ def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str 
                     group_id=group_id, flush_events=flush_events, flush_interval=flush_interval,
                     max_poll_records=max_poll_records, max_message_bytes=max_message_bytes,
                     progress=progress, stop_event=stop_event or threading.Event())
-    config = {"group_instance_id": instance_id, "check_crcs": check_crcs,
-              "max_poll_records": max_poll_records, **FETCH_CONFIG, **(consumer_config or {})}
-    with _stop_on_signals(run.stop_event):
-        return run.run(config, until_end=until_end, timeout=timeout)
+    with _stop_on_signals(run.stop_event), member_slot(group_id, instance_id) as member:
+        log.info("consumer group %s, static member id %s", group_id, member)
+        config = {"group_instance_id": member, "check_crcs": check_crcs,
+                  "max_poll_records": max_poll_records, **FETCH_CONFIG,
+                  **(consumer_config or {})}
+        summary = run.run(config, until_end=until_end, timeout=timeout)
+        if instance_id is None:  # a clean end hands the partitions over now, not in 45 s
+            _leave_group(settings, group_id, member)
+        return summary
 
 
 def _settings():
     from pipeline.settings import Settings
 
     return Settings.load()
+
+
+@contextmanager
+def member_slot(group_id: str, instance_id: str | None = None):
+    """Yield the static member id of this consumer: ``instance_id`` if given, else
+    ``rankstream-<host>-<user>-<group>-<slot>`` where slot is the lowest number whose lock file
+    (in the user's state directory) this process can hold. A consumer restarted after a crash
+    gets the dead one's slot, hence its id, and the broker hands it the same partitions at
+    once (without static membership it sat idle until the dead member's session expired, 45 s
+    by default); consumers running at the same time on one host hold different slots, so they
+    never fence each other."""
+    if instance_id is not None:
+        yield instance_id
+        return
+    from pipeline.settings import state_dir
+
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{socket.gethostname()}-{getpass.getuser()}")
+    group = re.sub(r"[^A-Za-z0-9._-]", "_", group_id)
+    directory = state_dir("members")
+    for slot in range(4096):
+        fh = open(directory / f"{group}.{slot}.lock", "a+b")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            continue
+        try:
+            yield f"rankstream-{safe}-{group}-{slot}"[:249]
+        finally:
+            fh.close()   # releases the lock
+        return
+    raise RuntimeError(f"no free consumer slot for group {group_id!r} in {directory}")
+
+
+def _leave_group(settings, group_id: str, member: str) -> None:
+    """Remove a static member that stopped cleanly from its group (static members never send
+    LeaveGroup themselves), so that the others take its partitions at once."""
+    from kafka.admin import KafkaAdminClient, MemberToRemove
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                                 **settings.kafka_security)
+        try:
+            admin.remove_group_members(group_id, [MemberToRemove(group_instance_id=member)])
+        finally:
+            admin.close()
+    except Exception as err:  # the session timeout removes it anyway
+        log.warning("could not remove member %s from group %s: %s", member, group_id, err)
 
 
 @contextmanager
@@ -149,6 +210,8 @@ class _KafkaRun:
         self.ends: dict = {}
         self.lock = threading.Lock()
         self.pending: list = []
+        self.failed = False   # after an error nothing more is flushed or committed
+        self.limits = Limits.from_settings(settings)
 
     # -- Kafka clients
 
@@ -172,7 +235,9 @@ class _KafkaRun:
 
             producer = KafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap,
                                      client_id=f"rankstream-dead-letter-{os.getpid()}",
-                                     linger_ms=20, **self.settings.kafka_security)
+                                     linger_ms=20, max_block_ms=15_000,
+                                     max_request_size=DEAD_LETTER_MAX_BYTES + (64 << 10),
+                                     **self.settings.kafka_security)
             self.publisher = DeadLetterPublisher(self.settings.dead_letter_topic, producer)
         return self.publisher
 
@@ -200,11 +265,19 @@ class _KafkaRun:
         self.joined = True
 
     def revoked(self, partitions) -> None:
+        """Flush what the revoked partitions buffered, unless the run failed: then the buffers
+        are dropped unflushed (the next owner reads those offsets again from the store's end);
+        an error path never writes or commits."""
         self.apply_pending()
         for tp in partitions:
-            if tp in self.buffers:
-                self.flush(tp, blocking_commit=False)
-                del self.buffers[tp]
+            try:
+                if not self.failed:
+                    self.flush(tp, blocking_commit=False)
+            except BaseException:
+                self.failed = True
+                raise
+            finally:
+                self.buffers.pop(tp, None)
 
     def lost(self, partitions) -> None:
         with self.lock:       # the new owner reads them again from the store's end
@@ -219,13 +292,15 @@ class _KafkaRun:
                 if what == "lost":
                     self.buffers.pop(tp, None)
                     continue
-                self.buffers[tp] = PartitionBuffer(tp.topic, tp.partition,
-                                                   self.default_kinds.get(tp.topic),
-                                                   self.max_message_bytes)
+                self.buffers[tp] = self._buffer(tp)
                 if tp in self.ends and self.bar is not None:
                     self.bar.total = ((self.bar.total or 0)
                                       + max(0, self.ends[tp] - (partitions[tp] or 0)))
                     self.bar.refresh()
+
+    def _buffer(self, tp) -> PartitionBuffer:
+        return PartitionBuffer(tp.topic, tp.partition, self.default_kinds.get(tp.topic),
+                               self.max_message_bytes, self.limits)
 
     # -- flushing
 
@@ -284,6 +359,11 @@ class _KafkaRun:
             self.summary.stopped = self._loop(ends, until_end, started, timeout)
             for tp in list(self.buffers):
                 self.flush(tp)
+        except BaseException:
+            # nothing more is flushed or committed: closing the consumer below revokes its
+            # partitions, and a revoke must not flush buffers this error left behind
+            self.failed = True
+            raise
         finally:
             self.bar.close()
             self.consumer.close(autocommit=False)
@@ -310,9 +390,7 @@ class _KafkaRun:
             for tp, batch in records.items():
                 buf = self.buffers.get(tp)
                 if buf is None:       # never skip records: that would leave a gap in the store
-                    buf = self.buffers[tp] = PartitionBuffer(
-                        tp.topic, tp.partition, self.default_kinds.get(tp.topic),
-                        self.max_message_bytes)
+                    buf = self.buffers[tp] = self._buffer(tp)
                 if until_end and batch[-1].offset >= ends.get(tp, 0):
                     batch = [r for r in batch if r.offset < ends.get(tp, 0)]
                 if batch:

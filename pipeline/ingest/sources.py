@@ -9,7 +9,9 @@ Parquet columns keep their types (a ``map<int, double>`` column holds sparse fea
 text ``features`` column is parsed as JSON). CSV cells are text: the fields of the event's kind
 that hold numbers (``ts``, ``rating``, ``label``) are converted when they parse as numbers
 (otherwise they stay text and validation says why the event is rejected), ``features`` is
-parsed as JSON, empty cells count as missing. Ids stay text.
+parsed as JSON, empty cells count as missing. Ids stay text. A CSV record the csv module
+cannot read (a cell over 128 KiB, a broken quote) is a :class:`Malformed` record: one dead
+letter, and the rest of the file is read.
 
 Examples
 --------
@@ -30,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.ingest.dead_letters import Malformed
 from pipeline.ingest.events import FEATURES, ID, KINDS, TEXT
 
 FORMATS = ("jsonl", "csv", "parquet", "movielens")
@@ -89,10 +92,27 @@ def _jsonl(path: Path, kind, start: int):
 
 
 def _csv(path: Path, kind, start: int):
+    """Records after the header; a record the csv module cannot read (a cell over its 128 KiB
+    field limit, a broken quote) is a :class:`Malformed` record, and reading goes on."""
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
-        for number, row in enumerate(csv.DictReader(fh)):
-            if number >= start:
-                yield number, coerce_text_row(row, kind)
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            return
+        number = 0
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as err:
+                if number >= start:
+                    yield number, Malformed(f"CSV record on line {reader.line_num}: {err}")
+                number += 1
+                continue
+            if cells and number >= start:
+                yield number, coerce_text_row(dict(zip(header, cells)), kind)
+            number += bool(cells)
 
 
 def _parquet(path: Path, kind, start: int):

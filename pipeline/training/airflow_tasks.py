@@ -9,6 +9,8 @@ A missing connection falls back to the environment (``RANKSTREAM_KAFKA_BOOTSTRAP
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from pipeline.training.config import load_models
@@ -26,10 +28,21 @@ def _connection(conn_id: str):
 
 
 def redis_url_of(conn) -> str:
-    """``redis://[:password@]host:port/db`` (``rediss://`` when ``extra.ssl``) of a Connection."""
+    """``redis://[[user]:password@]host:port/db`` (``rediss://`` when ``extra.ssl``) of a
+    Connection; user and password are percent-encoded (a password may hold ``@ # ? /``).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as C
+    >>> redis_url_of(C(login=None, password="p@ss#w?rd/1", host="h", port=6380, schema=2,
+    ...                extra_dejson={}))
+    'redis://:p%40ss%23w%3Frd%2F1@h:6380/2'
+    """
     scheme = "rediss" if str(conn.extra_dejson.get("ssl", "")).lower() in ("1", "true") \
         else "redis"
-    auth = f":{conn.password}@" if conn.password else ""
+    auth = ""
+    if conn.password:
+        auth = f"{quote(conn.login or '', safe='')}:{quote(conn.password, safe='')}@"
     return f"{scheme}://{auth}{conn.host or '127.0.0.1'}:{conn.port or 6379}/{conn.schema or 0}"
 
 
@@ -46,6 +59,19 @@ def settings() -> Settings:
     return Settings.load(overrides)
 
 
+# Every step holds the model's retrain lock, so a CLI `rankstream train` of the same model and
+# a DAG run never interleave their steps; a step waits for the other run up to LOCK_WAIT.
+LOCK_WAIT = 3600.0
+
+
+def _locked(model: str, step):
+    from pipeline.training.lock import model_lock
+
+    s = settings()
+    with model_lock(s, model, wait=LOCK_WAIT):
+        return step(s)
+
+
 def _skip_unless_run(summary: dict) -> dict:
     if summary.get("run_dir") is None or summary.get("decision") == "no_data":
         from airflow.sdk.exceptions import AirflowSkipException
@@ -60,25 +86,31 @@ def ingest_step(config: str, model: str) -> dict:
 
 
 def dataset_step(config: str, model: str) -> dict:
-    return _skip_unless_run(retrain.dataset_step(config, model, settings()))
+    def step(s):
+        summary = retrain.dataset_step(config, model, s)
+        if summary["decision"] == "unchanged":   # Redis may have lost it meanwhile
+            summary["served"] = retrain.ensure_served(config, model, summary["checkpoint"], s,
+                                                      _redis_url(s))
+        return summary
+
+    return _skip_unless_run(_locked(model, step))
 
 
 def train_step(config: str, model: str, run_dir: str) -> dict:
-    return retrain.train_step(config, model, run_dir)
+    return _locked(model, lambda s: retrain.train_step(config, model, run_dir))
 
 
 def gate_step(config: str, model: str, run_dir: str) -> dict:
-    s = settings()
-    return retrain.gate_step(config, model, run_dir, s, _redis_url(s))
+    return _locked(model, lambda s: retrain.gate_step(config, model, run_dir, s, _redis_url(s)))
 
 
 def publish_step(config: str, model: str, run_dir: str) -> dict:
-    s = settings()
-    return retrain.publish_step(config, model, run_dir, s, _redis_url(s))
+    return _locked(model, lambda s: retrain.publish_step(config, model, run_dir, s,
+                                                         _redis_url(s)))
 
 
 def prune_step(config: str, model: str) -> dict:
-    return retrain.prune_step(config, model, settings())
+    return _locked(model, lambda s: retrain.prune_step(config, model, s))
 
 
 def _redis_url(s: Settings) -> str:

@@ -33,18 +33,30 @@ def _csr_parts(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             value.values.to_numpy()[start:stop])
 
 
-def features_csr(table: pa.Table, n_features: int | None = None):
+def features_csr(table: pa.Table, n_features: int | None = None,
+                 max_features: int | None = None):
     """The features of an event table as a ``scipy.sparse.csr_matrix`` (rows = events).
+
+    ``n_features``: the width (an error if an event has a higher index); ``max_features``:
+    indices of that or more are left out.
 
     >>> import pyarrow as pa
     >>> t = pa.table({"feature_index": [[0, 2], []], "feature_value": [[1.0, 3.0], []]})
     >>> features_csr(t).toarray()
     array([[1., 0., 3.],
            [0., 0., 0.]])
+    >>> features_csr(t, max_features=2).toarray()
+    array([[1.],
+           [0.]])
     """
     from scipy.sparse import csr_matrix
 
     indptr, indices, values = _csr_parts(table)
+    if max_features is not None and indices.size and indices.max() >= max_features:
+        keep = indices < max_features
+        row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))[keep]
+        indices, values = indices[keep], values[keep]
+        indptr = np.r_[0, np.cumsum(np.bincount(row, minlength=len(indptr) - 1))]
     width = int(indices.max()) + 1 if indices.size else 0
     if n_features is not None:
         if width > n_features:

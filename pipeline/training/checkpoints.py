@@ -3,10 +3,13 @@
 Layout: ``{root}/{model}/{run_id}/``, a bundle (:mod:`solvers.persist`: ``arrays.npz`` with the
 id maps and the solver's warm state, ``manifest.json`` with the algorithm, params, metrics, the
 event-store window, timings). The train step writes a run's checkpoint into its run directory;
-the publish step *commits* it after the version is live in Redis, by renaming it into
+the publish step *commits* it after the version is live in Redis, by renaming it (with the
+run's artifact inside, ``artifact/``, so the last published model can be published again) into
 ``{root}/{model}/``. So a checkpoint exists only for a run that passed the gate and published,
 it appears whole or not at all, and it is never used as a warm start otherwise. Run ids sort by
-time.
+time. A checkpoint that cannot warm-start its model (unreadable, another model's, another
+algorithm's, or incompatible with a changed config) is set aside to ``.set-aside/`` with a
+warning, and the run trains cold.
 """
 
 from __future__ import annotations
@@ -72,31 +75,49 @@ def run_dirs(root, model: str) -> list[Path]:
     return sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def latest_checkpoint(root, model: str, *, algorithm: str | None = None) -> Checkpoint | None:
-    """The newest readable checkpoint of ``model`` (of ``algorithm``, if given), or None.
+def set_aside(path, reason: str) -> Path:
+    """Move a checkpoint that cannot warm-start its model to ``.set-aside/`` beside it (kept for
+    a person to look at, never used again) with a ``RuntimeWarning`` that says why."""
+    path = Path(path)
+    target = path.parent / ".set-aside" / path.name
+    makedirs_durable(target.parent)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(path, target)
+    fsync_dir(path.parent)
+    warnings.warn(f"checkpoint {path} {reason}; moved to {target}; this run trains cold",
+                  RuntimeWarning, stacklevel=3)
+    return target
 
-    An unreadable or incompatible newest checkpoint gives a ``RuntimeWarning`` naming it and
-    the reason, and is skipped; it is never deleted (a person may want to look at it).
+
+def latest_checkpoint(root, model: str, *, algorithm: str | None = None) -> Checkpoint | None:
+    """The newest usable checkpoint of ``model`` (of ``algorithm``, if given), or None.
+
+    A newer one that is unreadable, of another format, of another model or of another
+    algorithm is set aside (:func:`set_aside`) with a warning that says why, and the next
+    older one is tried.
     """
     for path in reversed(run_dirs(root, model)):
         try:
             ckpt = read_checkpoint(path)
         except ValueError as err:
-            warnings.warn(f"{err}; skipping it (cold start if no older one is usable)",
-                          RuntimeWarning, stacklevel=2)
+            set_aside(path, f"cannot be read ({err})")
+            continue
+        owner = ckpt.manifest.get("model")
+        if owner != model:
+            set_aside(path, f"belongs to model {owner!r}, not {model!r}")
             continue
         if algorithm and ckpt.manifest.get("algorithm") != algorithm:
-            warnings.warn(f"checkpoint {path} is for algorithm "
-                          f"{ckpt.manifest.get('algorithm')!r}, the model now uses "
-                          f"{algorithm!r}; skipping it", RuntimeWarning, stacklevel=2)
+            set_aside(path, f"is for algorithm {ckpt.manifest.get('algorithm')!r}, the model "
+                            f"now uses {algorithm!r}")
             continue
         return ckpt
     return None
 
 
 def prune_checkpoints(root, model: str, keep: int = 3) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (and leftovers of interrupted writes);
-    returns what was removed."""
+    """Delete all but the newest ``keep`` checkpoints (and leftovers of interrupted writes; set
+    aside checkpoints stay); returns what was removed."""
     removed = run_dirs(root, model)[:-keep] if keep > 0 else run_dirs(root, model)
     model_dir = Path(root) / model
     if model_dir.is_dir():

@@ -23,6 +23,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.naming import check_name
 from pipeline.training.registry import Family, family
 
 GATE_KEYS = {"tolerance": 0.0}
@@ -64,6 +65,10 @@ def _table(where: str, name: str, key: str, raw: dict, allowed: dict | tuple) ->
 
 def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     """One validated model config from its table; ``where`` names the source in errors."""
+    try:
+        check_name("model name", name)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
     known = set(ModelConfig.__dataclass_fields__) - {"name"}
     unknown = set(raw) - known
     if unknown:

@@ -163,6 +163,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     train = ~test
     derived = pairs_from_ratings(r_user[train], r_item[train], r_rating[train],
                                  max_pairs_per_user=max_pairs_per_user, random_state=seed)
+    possible = _pairs_possible(r_user[train], r_rating[train])
     comps = np.concatenate([derived, explicit])
     seen = r_user * (2**31) + r_item      # unique already: the latest rating per (user, item)
     if len(explicit):                     # explicit comparisons add their two items
@@ -178,7 +179,19 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         test={"user": r_user[test], "item": r_item[test], "rating": r_rating[test]},
         seen_indptr=indptr, seen_indices=seen_i.astype(np.int64), window=win,
         stats={"ratings": int(len(r_user)), "comparisons": int(len(comps)),
-               "test_ratings": int(test.sum()), "users": len(users), "items": len(items)})
+               "test_ratings": int(test.sum()), "users": len(users), "items": len(items),
+               "max_pairs_per_user": max_pairs_per_user or 0,
+               "comparisons_dropped_by_cap": int(possible - len(derived))})
+
+
+def _pairs_possible(users: np.ndarray, ratings: np.ndarray) -> int:
+    """Within-user pairs with different ratings, over all users: Σ_u (n_u² − Σ_r n_ur²) / 2."""
+    if len(users) == 0:
+        return 0
+    _, per_user = np.unique(users, return_counts=True)
+    _, per_rating = np.unique(np.column_stack([users, ratings]), axis=0, return_counts=True)
+    return int((np.sum(per_user.astype(np.int64) ** 2)
+                - np.sum(per_rating.astype(np.int64) ** 2)) // 2)
 
 
 def stable_split(index: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray:
@@ -188,16 +201,19 @@ def stable_split(index: np.ndarray, fraction: float, seed: int = 0) -> np.ndarra
 
 
 def outcomes(store: EventStore, *, window=None, items: IdMap | None = None,
-             test_fraction: float = 0.2, seed: int = 0,
-             n_features: int | None = None) -> OutcomeData:
-    """TopPush inputs from outcome events: one row per item (its latest outcome)."""
+             test_fraction: float = 0.2, seed: int = 0, n_features: int | None = None,
+             max_features: int = 2**24) -> OutcomeData:
+    """TopPush inputs from outcome events: one row per item (its latest outcome). Features of
+    index ``max_features`` or more are left out (counted in the stats), so no single event can
+    make the model's weight vector arbitrarily large."""
     columns = {"outcome": ["ts", "offset", "item", "label", "feature_index", "feature_value"]}
     tables, win = _window_tables(store, ["outcome"], window or {}, columns)
     t = tables["outcome"]
     items, idx = _indices(items or IdMap(), t.column("item"))
     keep = _latest_per_key(idx, t.column("ts").to_numpy(), t.column("offset").to_numpy())
     t = t.take(pa.array(keep))
-    X = features_csr(t)
+    X = features_csr(t, max_features=max_features)
+    dropped = int(pc.sum(pc.list_value_length(t.column("feature_index"))).as_py() or 0) - X.nnz
     if n_features is not None and X.shape[1] < n_features:
         X.resize((X.shape[0], n_features))
     y = t.column("label").to_numpy().astype(np.int8)
@@ -206,4 +222,5 @@ def outcomes(store: EventStore, *, window=None, items: IdMap | None = None,
         np.zeros(len(rows), bool)
     return OutcomeData(items=items, X=X, y=y, rows=rows, test_mask=test, window=win,
                        stats={"outcomes": int(len(rows)), "positives": int(y.sum()),
-                              "test": int(test.sum()), "features": int(X.shape[1])})
+                              "test": int(test.sum()), "features": int(X.shape[1]),
+                              "feature_values_over_max_features": dropped})

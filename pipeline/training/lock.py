@@ -1,0 +1,62 @@
+"""One retrain of a model at a time: an ``flock`` on ``HOME/locks/<model>.lock``, which the
+kernel releases when its process dies (no stale lock after a crash or SIGKILL).
+
+Examples
+--------
+>>> import tempfile
+>>> from pipeline.settings import Settings
+>>> settings = Settings(home=tempfile.mkdtemp())
+>>> with model_lock(settings, "movies"):
+...     try:
+...         with model_lock(settings, "movies"):
+...             pass
+...     except ModelBusyError as err:
+...         print(str(err).split(";")[0][:36])
+model 'movies' is being retrained by
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+class ModelBusyError(RuntimeError):
+    """Another process is retraining the model."""
+
+
+@contextmanager
+def model_lock(settings, model: str, *, wait: float = 0.0):
+    """Hold the model's retrain lock within the block. If another process holds it, wait up to
+    ``wait`` seconds (0: not at all) for it, then raise :class:`ModelBusyError` naming the
+    holder."""
+    path = Path(settings.home) / "locks" / f"{model}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as fh:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.seek(0)
+                    holder = fh.read().strip() or "another process"
+                    raise ModelBusyError(
+                        f"model {model!r} is being retrained by {holder}; let it finish, or "
+                        "wait for it (rankstream train --wait)") from None
+                time.sleep(0.2)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                 f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
