@@ -99,12 +99,12 @@ kinds = ["rating"]
 window = {}
 evaluation = { split = "per_user_last", holdout = 2, k = 10, relevance = 4.0, \
 metric = "ndcg@10", seed = 0 }
-gate = { tolerance = 1.0 }                # chaos measures the pipeline, not the model: publish
+gate = { tolerance = 1.0, trivial_margin = -1.0 }   # chaos measures the pipeline: publish
 publish = { top_k = 20, keep_versions = 3 }
 
 [models.movies.params]
 rank = 4
-reg = 100.0
+reg_ratio = 0.3
 item_bias = true
 max_iter = 10
 random_state = 0

@@ -14,7 +14,7 @@ Examples
 
 from importlib import import_module
 
-from solvers._base import ConvergenceWarning, NotFittedError
+from solvers._base import CollapseWarning, ConvergenceWarning, DegenerateFitWarning, NotFittedError
 
 # the estimator families: class name -> module (a new family adds one line here)
 ESTIMATORS = {
@@ -27,7 +27,8 @@ _LAZY = {
     "metrics": "solvers.metrics",
 }
 
-__all__ = ["ConvergenceWarning", "NotFittedError", "warm_up", *_LAZY]
+__all__ = ["CollapseWarning", "ConvergenceWarning", "DegenerateFitWarning", "NotFittedError",
+           "warm_up", *_LAZY]
 
 
 def __getattr__(name):

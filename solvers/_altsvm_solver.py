@@ -20,7 +20,10 @@ Monotone objective. A rebuilt primal can be worse than the point the previous ha
 (the duals were fitted against the old other factor), most of all at small ``reg``. So
 P(U_old, V_new) is computed in the same pass that rebuilds U; while it exceeds the previous
 objective up to 2 more V epochs run, and if it still does, V and b go back to their previous
-values (beta keeps its progress and starts the next V-step). Per user, the U-step likewise runs
+values (beta keeps its progress and starts the next V-step), except when those are the cold
+start's V = 0, b = 0: U = V = 0 is a fixed point of the alternation (each half-step rebuilds
+its factor from the other), so going back there ends the fit at no model; instead the first
+V-step gets up to 20 extra epochs and keeps its result. Per user, the U-step likewise runs
 up to 50 more epochs while the user's share of the objective is above its value at the old
 u_i, and else keeps the old u_i. ``objective`` is non-increasing by construction; an outer
 iteration whose V-step was reverted never counts as converged.
@@ -52,11 +55,15 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import minimize
+from scipy.sparse import csr_matrix
+from scipy.sparse.linalg import svds
 
 from solvers import _altsvm_kernels as K
 
 LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGISTIC}
 MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
+MAX_FIRST_V_EPOCHS = 20  # extra epochs of a V-step that starts from V = 0, b = 0
 MAX_EXTRA_U_EPOCHS = 50
 BLOCK = 256  # comparisons per block of the V-step's block-shuffled order
 CHUNK = 4  # blocks (V-step) or users (U-step) a thread takes at a time
@@ -244,13 +251,15 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     for it in range(1, max_iter + 1):
         U_old[:] = U
         V_old, b_old = V.copy(), b.copy()
+        from_zero = not (V_old.any() or b_old.any())   # never revert to this fixed point
+        extra = MAX_FIRST_V_EPOCHS if from_zero else MAX_EXTRA_V_EPOCHS
         reverted = False
         # V-step: V, b rebuilt from beta with the current U (Alg. 1 line 3), then CD
         K.scatter_duals(pos_w, pos_l, beta, B)
         K.items_from_duals(lay["item_entry_ptr"], lay["item_entries"], lay["entry_user"], B,
                            U_old, reg, V, b, fit_bias)
-        for attempt in range(MAX_EXTRA_V_EPOCHS + 2):
-            if attempt <= MAX_EXTRA_V_EPOCHS:
+        for attempt in range(extra + 2):
+            if attempt <= extra:
                 vstep(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
                       loss_code, _seed(rng))
             else:  # still above the previous objective: keep the old V, b
@@ -260,10 +269,10 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
                 reverted = True
             # U-step (Alg. 1 lines 13-20); the same pass gives P(U_old, V_new)
             f_v, f = u_step()
-            if f_v <= f_prev or attempt > MAX_EXTRA_V_EPOCHS:
+            if f_v <= f_prev or attempt > extra or (from_zero and attempt == extra):
                 break
             U[:] = U_old  # the V-step went up: undo the U-step (alpha keeps its progress)
-            extra_v += attempt < MAX_EXTRA_V_EPOCHS
+            extra_v += attempt < extra
         objective.append(f)
         progress = f_zero - f
         stalled = f_prev - f <= 1e-12 * f_zero
@@ -281,6 +290,109 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
               f"in {time.perf_counter() - t0:.3f} s")
     return Result(U, V, b, alpha, beta, np.asarray(objective), objective_init, it, converged,
                   float(ratio), extra_v, reverts)
+
+
+# ---------------------------------------------------------------------- reg_max
+
+def loss_slope(loss: str, z: np.ndarray) -> np.ndarray:
+    """L'(z) (≤ 0) of each loss; the hinge's subgradient −1 for z < 1, 0 above."""
+    if loss == "squared_hinge":
+        return -2.0 * np.maximum(0.0, 1.0 - z)
+    if loss == "hinge":
+        return -(z < 1.0).astype(np.float64)
+    return -1.0 / (1.0 + np.exp(np.minimum(z, 700.0)))
+
+
+class Threshold:
+    """reg_max of a set of comparisons: the λ at and above which U = V = 0 is optimal.
+
+    With G_a the users x items matrix of the comparisons' loss slopes a_c = −L'(z_c) at
+    U = V = 0 (for each comparison (i, j, k), +a_c at (i, j) and −a_c at (i, k)),
+    reg_max = σ_max(G_a) (see ``AltSVM.reg_max`` for the argument). Without a bias z = 0.
+    With an item bias the slopes are those of the bias-only optimum b*(λ) at the same λ, so
+    reg_max solves λ = σ_max(G_{a*(λ)}): a secant iteration from λ_0 = σ_max(G_{a(0)}), each
+    σ_max by ARPACK warm-started from the last singular vector, each bias-only fit warm-started
+    from the last. For a smooth loss that fit is L-BFGS on the distinct (winner, loser) pairs
+    weighted by their counts (far fewer than the comparisons) and a = −L'(b_j − b_k). The
+    hinge has a kink where many margins sit at the optimum, so there the fit is AltSVM at rank
+    0 by the same dual coordinate descent, whose duals are the slopes (a subgradient; the
+    hinge's dual optimum need not be unique, and σ_max follows the one the solver reaches).
+    G's sparsity pattern is found once.
+    """
+
+    def __init__(self, c: np.ndarray, n_users: int, n_items: int, loss: str):
+        self.loss = loss
+        self.lay = lay = layout(by_user(c), n_users, n_items)
+        # the entries (distinct (user, item) pairs) in CSR order, and G's pattern
+        self.order = np.lexsort((lay["entry_item"], lay["entry_user"]))
+        ptr = np.zeros(n_users + 1, dtype=np.int64)
+        np.cumsum(np.bincount(lay["entry_user"], minlength=n_users), out=ptr[1:])
+        self.G = csr_matrix((np.ones(lay["n_entries"]), lay["entry_item"][self.order], ptr),
+                            shape=(n_users, n_items))
+        pairs, count = np.unique(lay["cw"] * np.int64(n_items) + lay["cl"], return_counts=True)
+        self.pw, self.pl, self.count = pairs // n_items, pairs % n_items, count.astype(float)
+        self.v0 = None
+
+    def sigma(self, slopes: np.ndarray) -> float:
+        """σ_max(G_a) for the slopes a of the comparisons in by-user order (``by_user(c)``)."""
+        lay, n = self.lay, self.lay["n_entries"]
+        G = self.G.copy()
+        G.data = (np.bincount(lay["pos_w"], slopes, n) - np.bincount(lay["pos_l"], slopes, n)
+                  )[self.order]
+        if not G.data.any():
+            return 0.0
+        if min(G.shape) == 1:
+            return float(np.sqrt((G.data ** 2).sum()))
+        u, sv, vt = svds(G, k=1, tol=1e-6, v0=self.v0, random_state=0)
+        # ARPACK iterates on the Gram matrix of the shorter side: start it from the last
+        # singular vector of that side (G moves little between the secant steps)
+        self.v0 = u[:, 0] if G.shape[0] <= G.shape[1] else vt[0]
+        return float(sv[0])
+
+    def bias_slopes(self, reg: float, start: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The slopes at the bias-only optimum at ``reg`` and the state to warm-start the next
+        call from (``start`` is None the first time): b for a smooth loss, the duals for the
+        hinge."""
+        lay, loss = self.lay, self.loss
+        n_users, n_items = lay["user_ptr"].shape[0] - 1, lay["item_entry_ptr"].shape[0] - 1
+        if loss == "hinge":
+            beta = np.zeros(lay["cu"].shape[0]) if start is None else start.copy()
+            start = Start(np.zeros((n_users, 0)), np.zeros((n_items, 0)), np.zeros(n_items),
+                          np.zeros_like(beta), beta, warm=True)
+            beta = solve(lay, start, reg=reg, loss=loss, fit_bias=True, max_iter=200,
+                         tol=1e-7, rng=np.random.default_rng(0), parallel=False).beta
+            return beta, beta
+        w, lo, count = self.pw, self.pl, self.count
+
+        def objective(b):
+            z = b[w] - b[lo]
+            value = (np.maximum(0.0, 1.0 - z) ** 2 if loss == "squared_hinge"
+                     else np.logaddexp(0.0, -z))
+            slope = count * loss_slope(loss, z)
+            grad = np.bincount(w, slope, n_items) - np.bincount(lo, slope, n_items) + reg * b
+            return float(count @ value) + 0.5 * reg * float(b @ b), grad
+
+        b = minimize(objective, np.zeros(n_items) if start is None else start, jac=True,
+                     method="L-BFGS-B", options={"maxiter": 1000, "gtol": 1e-9}).x
+        return -loss_slope(loss, b[lay["cw"]] - b[lay["cl"]]), b
+
+    def reg_max(self, item_bias: bool) -> float:
+        n = self.lay["cu"].shape[0]
+        reg = self.sigma(-loss_slope(self.loss, np.zeros(n)))
+        if not item_bias or reg == 0.0:
+            return reg
+        slopes, state = self.bias_slopes(reg, None)
+        previous, gap_prev = reg, self.sigma(slopes) - reg
+        reg = reg + gap_prev                       # a plain fixed-point step first
+        for _ in range(20):
+            slopes, state = self.bias_slopes(reg, state)
+            gap = self.sigma(slopes) - reg
+            if abs(gap) <= 1e-4 * reg:
+                return reg + gap
+            step = gap * (reg - previous) / (gap - gap_prev) if gap != gap_prev else gap
+            previous, gap_prev = reg, gap
+            reg = max(reg - step, 0.5 * reg)       # secant, kept positive
+        return reg
 
 
 # ---------------------------------------------------------------------- one user (fold-in)

@@ -29,6 +29,16 @@ class ConvergenceWarning(UserWarning):
     """The solver stopped at ``max_iter`` before its stopping rule held."""
 
 
+class DegenerateFitWarning(UserWarning):
+    """The fitted model ranks (nearly) nothing: its scores are constant, or its objective hardly
+    prefers it to the zero model. The message says which parameter to change."""
+
+
+class CollapseWarning(DegenerateFitWarning):
+    """A factor model ended at (or was asked for) a regularization at which its factors are
+    zero: it predicts no more than its bias terms."""
+
+
 class NotFittedError(ValueError, AttributeError):
     """A method that needs a fitted model was called before ``fit`` (or ``load``)."""
 

@@ -2,16 +2,27 @@
 
 Input: ratings grouped by user (``starts[g]:starts[g+1]`` is user group g, in input order).
 Every pair (a, b), a < b inside a group, with r[a] != r[b] is a comparison, the higher rating
-winning. With a cap c per user, ``random`` keeps a uniform sample of c of a user's comparisons
-without replacement (Floyd's algorithm over pair numbers, then one walk over the pairs);
-``largest_gap`` keeps the c with the largest |r[a] - r[b]|, ties broken at random. Output rows
-keep the enumeration order (by user, then a, then b). Random state: a seed passed in.
+winning. With a cap c per user, ``random`` keeps the c comparisons of smallest hash
+h(seed, user, lower item, higher item) (a bottom-c sketch: a uniform sample, and a *stable* one:
+a comparison's hash does not depend on the user's other ratings, so when the user rates more
+items the kept set changes only by the new pairs that hash below the old cut, and a warm start
+finds its duals again); ``largest_gap`` keeps the c with the largest |r[a] - r[b]|, ties
+broken by the same hash. Output rows keep the enumeration order (by user, then a, then b).
+
+:func:`fill_implicit` samples "the user met item i, so i beats item j" comparisons: for the
+k-th comparison of interaction (u, i) it tries candidates j from the hash h(seed, u, i, k, t),
+t = 0, 1, ... (uniform over the items, or by inverse CDF of a popularity distribution) until j
+is not one of u's items, so each sample too depends only on (u, i, k) and the user's items.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
+from solvers._random import next_u64
+
+MAX_TRIES = 64  # candidates tried per implicit comparison before giving up on it
 
 
 @njit(cache=True, parallel=True)
@@ -41,13 +52,21 @@ def _write(out, k, u, item, r, a, b):
         out[k, 2] = item[a]
 
 
+@njit(cache=True)
+def hash4(seed, a, b, c):
+    """A 64-bit hash of three non-negative integers under ``seed`` (splitmix64 rounds)."""
+    _, h = next_u64(np.uint64(seed) ^ np.uint64(a))
+    _, h = next_u64(h ^ np.uint64(b))
+    _, h = next_u64(h ^ np.uint64(c))
+    return h
+
+
 @njit(cache=True, parallel=True)
 def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
     """Write the kept comparisons as rows (user, winner item, loser item) into ``out``.
 
-    ``cap < 0`` keeps every pair; ``out`` has ``sum(min(counts, cap))`` rows.
-    Users run in parallel; user g draws from its own seed ``seed + g``, so the result does not
-    depend on the number of threads.
+    ``cap < 0`` keeps every pair; ``out`` has ``sum(min(counts, cap))`` rows. Users run in
+    parallel; every choice depends on (seed, user, pair) only, so not on the thread count.
     """
     n_groups = starts.shape[0] - 1
     kept = np.empty(n_groups + 1, np.int64)
@@ -55,46 +74,72 @@ def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
     for g in range(n_groups):
         kept[g + 1] = kept[g] + (counts[g] if cap < 0 else min(counts[g], cap))
     for g in prange(n_groups):
-        np.random.seed(seed + g)
         lo, hi, total = starts[g], starts[g + 1], counts[g]
         want = kept[g + 1] - kept[g]
         k = kept[g]
-        if want == total or not largest_gap:
-            # a uniform subset of ``want`` of the ``total`` pair numbers (Floyd's algorithm),
-            # then one walk over the pairs that keeps the chosen numbers in order
-            keep = np.ones(total, np.bool_)
-            if want < total:
-                keep[:] = False
-                for j in range(total - want, total):
-                    t = np.random.randint(0, j + 1)
-                    if keep[t]:
-                        keep[j] = True
-                    else:
-                        keep[t] = True
-            seen = 0
-            for a in range(lo, hi):
-                for b in range(a + 1, hi):
-                    if r[a] == r[b]:
-                        continue
-                    if keep[seen]:
-                        _write(out, k, user[a], item, r, a, b)
-                        k += 1
-                    seen += 1
-        else:
-            fa = np.empty(total, np.int64)
-            fb = np.empty(total, np.int64)
-            key = np.empty(total, np.float64)
-            t = 0
+        if want == total:
             for a in range(lo, hi):
                 for b in range(a + 1, hi):
                     if r[a] != r[b]:
-                        fa[t] = a
-                        fb[t] = b
-                        key[t] = -abs(r[a] - r[b])
-                        t += 1
-            order = np.argsort(np.random.random(total))          # random tie-break ...
-            order = order[np.argsort(key[order], kind="mergesort")]  # ... then largest gap
-            chosen = np.sort(order[:want])
-            for c in chosen:
-                _write(out, k, user[lo], item, r, fa[c], fb[c])
-                k += 1
+                        _write(out, k, user[a], item, r, a, b)
+                        k += 1
+            continue
+        # rank the pairs by (−gap if largest_gap,) hash; keep the ``want`` first, in order
+        key = np.empty(total, np.float64)
+        hkey = np.empty(total, np.uint64)
+        t = 0
+        for a in range(lo, hi):
+            for b in range(a + 1, hi):
+                if r[a] != r[b]:
+                    lo_item, hi_item = min(item[a], item[b]), max(item[a], item[b])
+                    hkey[t] = hash4(seed, user[a], lo_item, hi_item)
+                    key[t] = -abs(r[a] - r[b]) if largest_gap else 0.0
+                    t += 1
+        order = np.argsort(hkey)
+        order = order[np.argsort(key[order], kind="mergesort")]
+        keep = np.zeros(total, np.bool_)
+        keep[order[:want]] = True
+        t = 0
+        for a in range(lo, hi):
+            for b in range(a + 1, hi):
+                if r[a] != r[b]:
+                    if keep[t]:
+                        _write(out, k, user[a], item, r, a, b)
+                        k += 1
+                    t += 1
+
+
+@njit(cache=True, parallel=True)
+def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf, seed, out,
+                  ok):
+    """Row ``(start of interaction x) * per + k`` = (user, item of x, sampled item j) for the
+    k-th comparison of interaction x of group g; ``ok`` marks the rows where a j was found.
+
+    ``seen_items[seen_starts[g]:seen_starts[g+1]]`` (sorted) are the items user group g met:
+    they are never sampled. ``cdf`` (increasing, ending at 1) samples by popularity; an empty
+    ``cdf`` samples uniformly.
+    """
+    n_groups = starts.shape[0] - 1
+    scale = 1.0 / 18446744073709551616.0
+    for g in prange(n_groups):
+        met = seen_items[seen_starts[g]:seen_starts[g + 1]]
+        for x in range(starts[g], starts[g + 1]):
+            for k in range(per):
+                row = x * per + k
+                out[row, 0] = user[x]
+                out[row, 1] = item[x]
+                ok[row] = False
+                base = hash4(seed, user[x], item[x], k)
+                for t in range(MAX_TRIES):
+                    _, h = next_u64(base + np.uint64(t))
+                    if cdf.shape[0] == 0:
+                        j = np.int64(h % np.uint64(n_items))
+                    else:
+                        j = np.int64(np.searchsorted(cdf, h * scale, side="right"))
+                        j = min(j, n_items - 1)
+                    p = np.searchsorted(met, j)
+                    if p < met.shape[0] and met[p] == j:
+                        continue
+                    out[row, 2] = j
+                    ok[row] = True
+                    break

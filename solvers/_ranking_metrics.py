@@ -15,7 +15,7 @@ import numpy as np
 
 from solvers._base import check_finite
 
-__all__ = ["ndcg_at_k", "precision_at_k", "pairwise_accuracy"]
+__all__ = ["ndcg_at_k", "precision_at_k", "pairwise_accuracy", "topk_hit_metrics"]
 
 
 def _check(users, values, scores, k, values_name):
@@ -171,3 +171,50 @@ def pairwise_accuracy(winner_scores, loser_scores):
         if nan.any():
             raise ValueError(f"{name} contains nan at position {int(np.flatnonzero(nan)[0])}")
     return float(np.mean((w > lo) + 0.5 * (w == lo)))
+
+
+def topk_hit_metrics(recommended, indptr, indices, k=10) -> dict:
+    """Precision, recall and NDCG at k of ranked lists against each user's held-out positives:
+    what the published top-K is worth to users.
+
+    Parameters
+    ----------
+    recommended : array of int, shape (n_users, >= k)
+        Each user's ranked items (−1 pads short lists); row u is user u.
+    indptr, indices : CSR of the held-out positives: user u's are
+        ``indices[indptr[u]:indptr[u + 1]]``.
+    k : int
+
+    Returns
+    -------
+    dict with ``precision`` (hits / k), ``recall`` (hits / min(k, positives)), ``ndcg``
+    (binary gains, DCG / the DCG of min(k, positives) hits at the top), each the mean over the
+    users with at least one held-out positive (the others are skipped), and ``users``, their
+    number.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> m = topk_hit_metrics(np.array([[3, 1, 2]]), np.array([0, 2]), np.array([1, 7]), k=3)
+    >>> [round(m[x], 4) for x in ("precision", "recall", "ndcg")]
+    [0.3333, 0.5, 0.3869]
+    """
+    recommended = np.asarray(recommended)[:, :k]
+    indptr = np.asarray(indptr)
+    counts = np.diff(indptr)
+    users = np.flatnonzero(counts > 0)
+    if users.size == 0:
+        return {"precision": float("nan"), "recall": float("nan"), "ndcg": float("nan"),
+                "users": 0}
+    width = int(max(np.max(indices, initial=0), np.max(recommended, initial=0))) + 1
+    owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    positive = owner * width + np.asarray(indices, dtype=np.int64)
+    rows = recommended[users].astype(np.int64)
+    keys = users[:, None].astype(np.int64) * width + rows
+    hit = (np.isin(keys, positive) & (rows >= 0)).astype(np.float64)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    ideal = np.cumsum(discount)[np.minimum(counts[users], k) - 1]
+    return {"precision": float(hit.sum(1).mean() / k),
+            "recall": float((hit.sum(1) / np.minimum(counts[users], k)).mean()),
+            "ndcg": float(((hit * discount[:hit.shape[1]]).sum(1) / ideal).mean()),
+            "users": int(users.size)}

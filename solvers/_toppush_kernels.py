@@ -449,6 +449,40 @@ def dual_objective(nu, gam, m, reg, loss):
 
 
 @njit(cache=True)
+def loss_value(t, loss):
+    """ℓ(t) for the loss code ``loss`` (logistic without overflow; exponential may be inf)."""
+    if loss == TRUNCATED_QUADRATIC:
+        u = 1.0 + t
+        return u * u if u > 0.0 else 0.0
+    if loss == LOGISTIC:
+        return t + math.log1p(math.exp(-t)) if t > 0.0 else math.log1p(math.exp(t))
+    return math.exp(t)
+
+
+@njit(cache=True)
+def primal_objective(z, nu, m, reg, loss):
+    """P(w) of eq. 6 at w = ν/(λm) (eq. 9) from the scores z = X ν of the rows at hand::
+
+        P = ‖ν‖²/(2λm²) + 1/m Σ_{i<m} ℓ((max_{j≥m} z_j − z_i)/(λm))
+
+    Rows 0..m−1 of ``z`` are the positives, the rest negatives; the maximum is over the
+    negatives present in ``z`` (all of them, or the solver's working set).
+    """
+    lm = reg * m
+    top = -math.inf
+    for j in range(m, z.shape[0]):
+        if z[j] > top:
+            top = z[j]
+    s = 0.0
+    for i in range(m):
+        s += loss_value((top - z[i]) / lm, loss)
+    q = 0.0
+    for k in range(nu.shape[0]):
+        q += nu[k] * nu[k]
+    return q / (2.0 * lm * m) + s / m
+
+
+@njit(cache=True)
 def dual_gradient(z, gam, m, reg, loss, smooth_only, grad):
     """∇g of eq. 7 at ``gam`` from its scores z = X ν(gam) (eq. 10)::
 
@@ -498,8 +532,9 @@ def line_search(is_sparse, indptr, indices, data, dense, m, reg, loss, s, z, nu_
     one or two trials even from the tiny initial L = 1/(m + n).
 
     Writes x' into ``gam_new``, ν(x') into ``nu_new`` and the gradient into ``grad``. Returns
-    (L, γ of the projection, ‖x' − s‖², number of trials). ``gamma`` (the previous multiplier,
-    or NaN) seeds the projection.
+    (L, γ of the projection, ‖x' − s‖², number of trials, the curvature of g along the accepted
+    step, i.e. the left side above over ‖x' − s‖², which is ≤ L). ``gamma`` (the previous
+    multiplier, or NaN) seeds the projection.
     """
     n_rows = s.shape[0]
     lm = reg * m
@@ -527,7 +562,7 @@ def line_search(is_sparse, indptr, indices, data, dense, m, reg, loss, s, z, nu_
             t = gam_new[i] - s[i]
             dd += t * t
         if dd == 0.0:
-            return big_l, gamma, dd, trials
+            return big_l, gamma, dd, trials, 0.0
         lhs = 0.0
         for k in range(nu_s.shape[0]):
             t = nu_new[k] - nu_s[k]
@@ -536,6 +571,6 @@ def line_search(is_sparse, indptr, indices, data, dense, m, reg, loss, s, z, nu_
         if quadratic:
             lhs += 0.5 * da
         if lhs <= big_l * dd * (1.0 + 1e-12):
-            return big_l, gamma, dd, trials
+            return big_l, gamma, dd, trials, lhs / dd
         curv = lhs / dd
         big_l = 2.0 * big_l if 2.0 * big_l > curv else curv

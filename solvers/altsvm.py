@@ -19,6 +19,7 @@ import numpy as np
 
 from solvers import _altsvm_solver as S
 from solvers._base import (
+    CollapseWarning,
     ConvergenceWarning,
     Estimator,
     check_bool,
@@ -33,7 +34,7 @@ from solvers._base import (
 from solvers.pairs import as_ids, pairs_from_ratings
 from solvers.topk import user_topk_blocks
 
-__all__ = ["AltSVM"]
+__all__ = ["AltSVM", "CollapseWarning"]
 
 
 def _check_comparisons(comparisons, n_users, n_items):
@@ -81,8 +82,14 @@ class AltSVM(Estimator):
     ----------
     rank : int, default 10
         Number of latent factors r. ``rank=0`` with ``item_bias=True`` is a global ranking.
-    reg : float, default 1000.0
-        L2 regularization λ of U, V and b.
+    reg : float or None, default None
+        L2 regularization λ of U, V and b, given directly. ``None``: λ = ``reg_ratio`` ·
+        reg_max of the data (:meth:`reg_max`), which is what carries from one data set to
+        another: the right λ grows with the number of comparisons.
+    reg_ratio : float, default 0.3
+        λ as a fraction of reg_max, the threshold at and above which U = V = 0 is the optimum
+        (the model collapses to no model, or to the global ranking with ``item_bias``); used
+        when ``reg`` is None. :meth:`fit_path` chooses it on a validation split.
     loss : {"squared_hinge", "hinge", "logistic"}, default "squared_hinge"
         L(z) = max(0, 1 − z)², max(0, 1 − z) or log(1 + e^{−z}).
     item_bias : bool, default False
@@ -118,6 +125,16 @@ class AltSVM(Estimator):
         Comparisons whose duals came from the warm start (0 for a cold fit).
     n_extra_v_epochs_, n_v_reverts_ : int
         How often the monotone safeguards of the V-step acted.
+    reg_ : float
+        The λ the fit used.
+    reg_max_ : float
+        The data's reg_max (computed when first read if ``reg`` was given).
+    collapsed_ : bool
+        The fit ended with factors at round-off level (λ ≥ reg_max): the scores are the item
+        bias alone (or all zero). Always comes with a :class:`CollapseWarning`.
+    path_ : list of dict
+        After :meth:`fit_path`: per point of the path its ratio, reg, score, iterations and
+        seconds.
 
     Examples
     --------
@@ -131,14 +148,16 @@ class AltSVM(Estimator):
     """
 
     algorithm = "AltSVM"
-    format_version = 2
+    format_version = 3
     fitted_attribute = "item_factors_"
     warm_keys = ("U", "V", "b", "user", "winner", "loser", "alpha", "beta")
 
-    def __init__(self, *, rank=10, reg=1000.0, loss="squared_hinge", item_bias=False,
-                 max_iter=50, tol=3e-4, n_threads=None, random_state=None, verbose=False):
+    def __init__(self, *, rank=10, reg=None, reg_ratio=0.3, loss="squared_hinge",
+                 item_bias=False, max_iter=50, tol=3e-4, n_threads=None, random_state=None,
+                 verbose=False):
         self.rank = rank
         self.reg = reg
+        self.reg_ratio = reg_ratio
         self.loss = loss
         self.item_bias = item_bias
         self.max_iter = max_iter
@@ -153,7 +172,9 @@ class AltSVM(Estimator):
         if self.rank == 0 and not self.item_bias:
             raise ValueError("rank is 0 and item_bias is False: the model would be empty; "
                              "use rank >= 1 or item_bias=True (a global ranking)")
-        check_positive("reg", self.reg)
+        if self.reg is not None:
+            check_positive("reg", self.reg)
+        check_positive("reg_ratio", self.reg_ratio)
         check_choice("loss", self.loss, S.LOSSES)
         check_bool("item_bias", self.item_bias)
         check_int("max_iter", self.max_iter, minimum=1)
@@ -195,6 +216,21 @@ class AltSVM(Estimator):
                                      "never shrink across warm starts")
             n_users = max(n_users, sizes["n_users"])
             n_items = max(n_items, sizes["n_items"])
+        self._reg_max = None
+        if self.reg is None:
+            self._reg_max = self._threshold(c, n_users, n_items)
+            reg = float(self.reg_ratio) * self._reg_max
+            if self.reg_ratio >= 1.0:
+                warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
+                              f"{self._reg_max:.4g}, where U = V = 0 is the optimum; use a "
+                              "reg_ratio below 1 (or fit_path to choose one)", CollapseWarning,
+                              stacklevel=2)
+            if reg <= 0:
+                raise ValueError("reg_max of these comparisons is 0 (every user's wins and "
+                                 "losses cancel out), so reg_ratio gives λ = 0; give reg")
+        else:
+            reg = float(self.reg)
+        self.reg_ = reg
         rng = rng_of(self.random_state)
         c = S.by_user(c)  # internal order: by user, then as given
         if np.shares_memory(c, np.asarray(comparisons)):
@@ -204,9 +240,9 @@ class AltSVM(Estimator):
             start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
         else:
             start = S.warm_start(lay, state, n_users, n_items, int(self.rank), self.loss,
-                                 float(self.reg), bool(self.item_bias))
+                                 reg, bool(self.item_bias))
         with numba_threads(n_threads, chunksize=S.CHUNK):
-            res = S.solve(lay, start, reg=float(self.reg), loss=self.loss,
+            res = S.solve(lay, start, reg=reg, loss=self.loss,
                           fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
                           tol=float(self.tol), rng=rng, parallel=n_threads > 1,
                           verbose=bool(self.verbose))
@@ -219,6 +255,144 @@ class AltSVM(Estimator):
         if not res.converged:
             self._warn_not_converged(f"last decrease / (P(0) - P) {res.last_ratio:.2e} > "
                                      f"tol={self.tol:g}")
+        self.collapsed_ = self._collapsed()
+        if self.collapsed_:
+            model = "the item bias alone (a global ranking)" if self.item_bias else "no model"
+            warnings.warn(f"AltSVM's factors ended at round-off level: λ = {reg:.4g} is at or "
+                          f"above reg_max = {self.reg_max_:.4g}, where U = V = 0 is the "
+                          f"optimum, so the scores are {model}. Lower reg (or use "
+                          "reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
+        return self
+
+    def _collapsed(self) -> bool:
+        """Factors at round-off level: every |u_i·v_j| ≤ max ‖u‖ max ‖v‖ < 1e-7 (scores are
+        compared with a margin of 1)."""
+        if self.rank == 0:
+            return False
+        U, V = self.user_factors_, self.item_factors_
+        bound = np.sqrt((U * U).sum(1).max(initial=0.0) * (V * V).sum(1).max(initial=0.0))
+        return bool(bound < 1e-7)
+
+    # ---------------------------------------------------------------- reg_max and the path
+
+    def reg_max(self, comparisons, n_users=None, n_items=None) -> float:
+        """The λ at and above which U = V = 0 is the optimum of these comparisons.
+
+        With G the users x items matrix of loss slopes at U = V = 0 (for each comparison of
+        user i, +|L'(z)| at the winner and −|L'(z)| at the loser, z = b_j − b_k), convexity
+        gives P(U, V, b) ≥ P(0, 0, b*) − σ_max(G)·‖UVᵀ‖_* + λ/2 (‖U‖² + ‖V‖²) ≥ P(0, 0, b*)
+        whenever λ ≥ σ_max(G), since ‖UVᵀ‖_* ≤ (‖U‖² + ‖V‖²)/2 (b* is the bias-only optimum,
+        whose gradient in b vanishes). So reg_max = σ_max(G): |L'(0)| times the top singular
+        value of the wins − losses matrix without an item bias (the lasso's λ_max, in matrix
+        form). With an item bias, b* depends on λ; reg_max is the fixed point
+        λ = σ_max(G_{b*(λ)}), found in a few bias-only fits. Cost: a sparse top singular value
+        (ARPACK), plus those fits.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> c = np.array([[0, 1, 0], [0, 2, 0], [1, 2, 1], [1, 2, 0]])
+        >>> AltSVM(loss="hinge").reg_max(c)   # G = [[-2, 1, 1], [-1, -1, 2]]: GGᵀ has eigenvalue 9
+        3.0
+        """
+        self._validate_params()
+        c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
+        return self._threshold(c, n_users, n_items)
+
+    def _threshold(self, c, n_users, n_items) -> float:
+        return S.Threshold(c, n_users, n_items, self.loss).reg_max(self.item_bias)
+
+    @property
+    def reg_max_(self) -> float:
+        self._check_fitted()
+        if getattr(self, "_reg_max", None) is None:
+            c = self._comparisons
+            self._reg_max = self._threshold(c, self.user_factors_.shape[0],
+                                            self.item_factors_.shape[0])
+        return self._reg_max
+
+    def fit_path(self, comparisons, n_users=None, n_items=None, *, score, ratios=None,
+                 patience=2, warm_start=None):
+        """Fit along a regularization path and keep the best point (glmnet's λ sequence).
+
+        λ runs down the geometric grid ``ratios`` · reg_max (default 0.8 down to 0.01, 10
+        points), each fit warm-started from the previous one's duals and factors (duals are
+        loss slopes, so they carry across λ; the factors are rebuilt from them). Each point is
+        scored by ``score(model)`` (higher is better, e.g. NDCG on a validation split); the
+        path stops after ``patience`` points without improvement. The best point's fit is kept
+        in ``self`` (``reg`` is set to its λ), and every point is in ``path_``.
+
+        Parameters
+        ----------
+        comparisons, n_users, n_items
+            As for :meth:`fit`.
+        score : callable
+            ``score(model) -> float`` of a fitted model.
+        ratios : sequence of float, optional
+            Fractions of reg_max, decreasing.
+        patience : int
+            Points without a better score before the path stops.
+        warm_start : dict, optional
+            A :meth:`warm_state` the first point starts from (e.g. yesterday's model, with
+            ``ratios`` around yesterday's choice).
+
+        Returns
+        -------
+        self : AltSVM
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> c = np.column_stack([rng.integers(0, 20, 400), rng.integers(0, 30, 400),
+        ...                      rng.integers(0, 30, 400)])
+        >>> c = c[c[:, 1] != c[:, 2]]
+        >>> m = AltSVM(rank=2, n_threads=1, random_state=0)
+        >>> m = m.fit_path(c, score=lambda model: -model.objective_[-1] / model.reg_)
+        >>> len(m.path_) >= 3, m.reg_ == m.reg
+        (True, True)
+        """
+        import time
+
+        self._validate_params()
+        c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
+        reg_max = self._threshold(c, n_users, n_items)
+        ratios = np.geomspace(0.8, 0.01, 10) if ratios is None else np.asarray(ratios, float)
+        if reg_max <= 0:
+            raise ValueError("reg_max of these comparisons is 0; no path to follow")
+        path, best, state, since_best = [], None, warm_start, 0
+        for ratio in ratios:
+            model = type(self)(**{**self.get_params(), "reg": float(ratio * reg_max)})
+            started = time.perf_counter()
+            with warnings.catch_warnings():   # said once, for the chosen point, below
+                warnings.simplefilter("ignore", CollapseWarning)
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model.fit(c, n_users, n_items, warm_start=state)
+            value = float(score(model))
+            path.append({"ratio": float(ratio), "reg": model.reg_, "score": value,
+                         "n_iter": int(model.n_iter_), "converged": model.converged_,
+                         "collapsed": model.collapsed_,
+                         "seconds": time.perf_counter() - started})
+            state = model.warm_state()
+            if best is None or value > best[0]:
+                best, since_best = (value, model), 0
+            else:
+                since_best += 1
+                if since_best >= patience:
+                    break
+        chosen = best[1]
+        self.__dict__.update({k: v for k, v in vars(chosen).items() if k not in
+                              self.get_params()})
+        self.reg = chosen.reg
+        self._reg_max = reg_max
+        self.path_ = path
+        if not chosen.converged_:
+            self._warn_not_converged(f"at the chosen point of the path, λ = {chosen.reg_:.4g}")
+        if chosen.collapsed_:
+            warnings.warn(f"the best point of the path has collapsed factors (λ = "
+                          f"{chosen.reg_:.4g}, reg_max = {reg_max:.4g}): the validation score "
+                          "prefers no factor model; extend ratios below "
+                          f"{ratios[-1]:g} or check the score", CollapseWarning, stacklevel=2)
         return self
 
     # ---------------------------------------------------------------- warm start
@@ -395,7 +569,8 @@ class AltSVM(Estimator):
             c = c[:, 1:]
         c = np.column_stack([np.zeros(len(c), dtype=np.int64), c])
         c, _, _ = _check_comparisons(c, 1, self.item_factors_.shape[0])
-        u, _, _ = S.solve_users(c, 1, self.item_factors_, self.item_bias_, float(self.reg),
+        reg = getattr(self, "reg_", None) or self.reg
+        u, _, _ = S.solve_users(c, 1, self.item_factors_, self.item_bias_, float(reg),
                                 self.loss, max_epochs, gap_tol)
         return u[0]
 
@@ -403,7 +578,8 @@ class AltSVM(Estimator):
 
     def _state_arrays(self) -> dict:
         return {**self._warm_arrays(), "objective": self.objective_,
-                "n_iter": np.array(self.n_iter_), "converged": np.array(self.converged_)}
+                "n_iter": np.array(self.n_iter_), "converged": np.array(self.converged_),
+                "reg": np.array(self.reg_), "collapsed": np.array(self.collapsed_)}
 
     def _from_state(self, arrays: dict) -> None:
         self.user_factors_, self.item_factors_ = arrays["U"], arrays["V"]
@@ -413,6 +589,7 @@ class AltSVM(Estimator):
         self._alpha, self._beta = arrays["alpha"], arrays["beta"]
         self.objective_ = arrays["objective"]
         self.n_iter_, self.converged_ = int(arrays["n_iter"]), bool(arrays["converged"])
+        self.reg_, self.collapsed_ = float(arrays["reg"]), bool(arrays["collapsed"])
 
     # ---------------------------------------------------------------- warm-up
 

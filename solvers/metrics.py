@@ -7,7 +7,7 @@ labels, the TopPush paper's): :func:`pos_at_top`, :func:`average_precision`, :fu
 """
 
 from solvers._bipartite_metrics import auc, average_precision, ndcg, pos_at_top
-from solvers._ranking_metrics import ndcg_at_k, pairwise_accuracy, precision_at_k
+from solvers._ranking_metrics import ndcg_at_k, pairwise_accuracy, precision_at_k, topk_hit_metrics
 
 __all__ = ["auc", "average_precision", "ndcg", "ndcg_at_k", "pairwise_accuracy", "pos_at_top",
-           "precision_at_k"]
+           "precision_at_k", "topk_hit_metrics"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from solvers._base import check_choice, check_finite
 
-__all__ = ["pairs_from_ratings", "split_ratings_per_user"]
+__all__ = ["implicit_comparisons", "pairs_from_ratings", "split_ratings_per_user"]
 
 _STRATEGIES = ("random", "largest_gap")
 
@@ -85,9 +85,12 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
         Keep at most this many comparisons per user (None: all).
     strategy : {"random", "largest_gap"}
         How to subsample when ``max_pairs_per_user`` is set: uniformly at random, or the pairs
-        with the largest rating gaps (the paper's "AltSVM-sub"; ties broken at random).
+        with the largest rating gaps (the paper's "AltSVM-sub"; ties broken at random). Either
+        way the choice is stable: it ranks each pair by a hash of (seed, user, its two items),
+        so a pair kept today stays kept when the user rates more items unless new pairs hash
+        below it, and a warm start finds most of its duals again.
     random_state : int, numpy.random.Generator or None
-        Seed for the subsampling.
+        Seed for the subsampling (an integer gives the same choice in every process).
 
     Returns
     -------
@@ -131,9 +134,106 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
     cap = -1 if max_pairs_per_user is None else max_pairs_per_user
     size = int(counts.sum() if cap < 0 else np.minimum(counts, cap).sum())
     out = np.empty((size, 3), np.int64)
-    seed = int(np.random.default_rng(random_state).integers(2**31 - 1))
-    fill_pairs(starts, r_s, u_s, i_s, counts, cap, strategy == "largest_gap", seed, out)
+    fill_pairs(starts, r_s, u_s, i_s, counts, cap, strategy == "largest_gap",
+               _seed(random_state), out)
     return out
+
+
+def _seed(random_state) -> int:
+    return int(np.random.default_rng(random_state).integers(2**62))
+
+
+def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="uniform",
+                         max_per_user=None, random_state=None) -> np.ndarray:
+    """Comparisons "the user met item i, so i beats an item j the user never met".
+
+    For every interaction (u, i), ``per_interaction`` items j are sampled among the items u did
+    not meet (uniformly, or in proportion to how many users met them: ``"popularity"``, which
+    makes popular items the harder negatives). Each sample depends only on (seed, u, i, k) and
+    u's items, so the comparisons are stable as data grows (a warm start keeps their duals).
+
+    Parameters
+    ----------
+    users, items : array-like of int, shape (n,)
+        The interactions, 0-based; repeated (user, item) pairs count once.
+    n_items : int
+        Size of the item id space to sample from.
+    per_interaction : int
+        Comparisons per interaction.
+    sampling : {"uniform", "popularity"}
+    max_per_user : int or None
+        Keep at most this many comparisons per user (those of smallest hash: stable too).
+    random_state : int, numpy.random.Generator or None
+
+    Returns
+    -------
+    comparisons : ndarray of int64, shape (m, 3)
+        (user, winner, loser) rows, sorted by user. A user who met (nearly) every item gets
+        fewer than asked.
+
+    Examples
+    --------
+    >>> from solvers.pairs import implicit_comparisons
+    >>> c = implicit_comparisons([0, 0, 1], [0, 1, 2], n_items=5, per_interaction=2,
+    ...                          random_state=0)
+    >>> c.shape, bool((c[:, 1] != c[:, 2]).all())
+    ((6, 3), True)
+    """
+    users, items = as_ids("users", users), as_ids("items", items)
+    if users.shape != items.shape:
+        raise ValueError(f"users and items have lengths {users.shape[0]} and "
+                         f"{items.shape[0]}; expected equal lengths")
+    n_items = int(n_items)
+    if items.size and items.max() >= n_items:
+        raise ValueError(f"items holds {int(items.max())}, but n_items is {n_items}")
+    if int(per_interaction) != per_interaction or per_interaction < 1:
+        raise ValueError(f"per_interaction is {per_interaction!r}, expected an integer >= 1")
+    check_choice("sampling", sampling, ("uniform", "popularity"))
+    if users.size == 0:
+        return np.empty((0, 3), dtype=np.int64)
+    from solvers._pairs_kernels import fill_implicit
+
+    pairs = np.unique(np.column_stack([users, items]), axis=0)   # by user, then item
+    u, i = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+    starts = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)].astype(np.int64)
+    cdf = np.zeros(0)
+    if sampling == "popularity":
+        counts = np.bincount(i, minlength=n_items).astype(np.float64) + 1.0
+        cdf = np.cumsum(counts / counts.sum())
+        cdf[-1] = 1.0
+    per = int(per_interaction)
+    out = np.empty((len(u) * per, 3), np.int64)
+    ok = np.empty(len(u) * per, np.bool_)
+    seed = _seed(random_state)
+    fill_implicit(starts, u, i, starts, i, per, n_items, cdf, seed, out, ok)
+    out = out[ok]
+    if max_per_user is not None:
+        cap = int(max_per_user)
+        h = _row_hashes(out, seed ^ 1)
+        order = np.lexsort((h, out[:, 0]))
+        grouped = out[order]
+        first = np.r_[0, np.flatnonzero(grouped[1:, 0] != grouped[:-1, 0]) + 1]
+        rank = np.arange(len(grouped)) - np.repeat(first, np.diff(np.r_[first, len(grouped)]))
+        out = out[np.sort(order[rank < cap])]
+    return out
+
+
+def _row_hashes(rows: np.ndarray, seed: int) -> np.ndarray:
+    """A stable 64-bit hash per (user, winner, loser) row (numpy splitmix64)."""
+    with np.errstate(over="ignore"):
+        h = np.uint64(seed) ^ rows[:, 0].astype(np.uint64)
+        for col in (1, 2):
+            h = _splitmix(h) ^ rows[:, col].astype(np.uint64)
+        return _splitmix(h)
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    from solvers._random import GOLDEN, MIX1, MIX2
+
+    z = z + GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * MIX1
+    z = (z ^ (z >> np.uint64(27))) * MIX2
+    return z ^ (z >> np.uint64(31))
 
 
 def split_ratings_per_user(users, n_train, min_test=10, random_state=None):

@@ -27,7 +27,7 @@ TEST_CONFIG = """
 [models.movies]
 algorithm = "altsvm"
 kinds = ["rating"]
-params = { rank = 8, reg = 500.0, item_bias = true, max_iter = 30, random_state = 0 }
+params = { rank = 8, item_bias = true, comparisons = "mixed", max_iter = 30, random_state = 0 }
 evaluation = { holdout = 4 }
 
 [models.ads]

@@ -35,9 +35,9 @@ def _models():
 
     specs = {
         "movies": {"algorithm": "altsvm", "kinds": ["rating"],
-                   "params": {"rank": 10, "reg": 1000.0, "item_bias": True, "max_iter": 50,
-                              "random_state": 0, "max_pairs_per_user": 500},
-                   "evaluation": {"holdout": 5, "metric": "ndcg@10"},
+                   "params": {"rank": 10, "item_bias": True, "comparisons": "mixed",
+                              "max_pairs_per_user": 500, "random_state": 0},
+                   "evaluation": {"holdout": 5},
                    "gate": {"tolerance": 0.01}, "publish": {"top_k": 50}},
         "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
                 "evaluation": {"fraction": 0.2, "metric": "average_precision"},
@@ -107,10 +107,10 @@ def run(args) -> int:
     from pipeline.cli.train import format_summary
     from pipeline.ingest import synthetic
     from pipeline.ingest.files import ingest_files
-    from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.embedded_redis import EmbeddedRedis
     from pipeline.settings import Settings
     from pipeline.training import retrain
+    from solvers.persist import read_bundle
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the embedded Redis stops
     started = time.perf_counter()
@@ -154,8 +154,9 @@ def run(args) -> int:
             report["initial"][name] = summary
             say("   " + format_summary(summary).replace("\n", "\n   "))
 
-        users = [str(u) for u in ModelArtifact.load(
-            Path(report["initial"]["movies"]["dataset"]["run_dir"]) / "artifact").key_ids[:50]]
+        users = [str(u) for u in read_bundle(
+            Path(report["initial"]["movies"]["dataset"]["run_dir"]) / "dataset",
+            fmt=retrain.DATASET_FORMAT)[1]["user_ids"][:50]]
         report["lookups"] = _lookups(url, users)
         lk = report["lookups"]
         say(f"3. top-K lookups from Redis: p50 {lk['latency_us']['p50']:.0f} us, p99 "

@@ -9,6 +9,18 @@ def add_arguments(parser) -> None:
     add_redis_arguments(parser)
 
 
+def _fallback_share(client, model: str, namespace: str, current) -> str:
+    """Share of the served version's lookups answered from the fallback list (unknown users:
+    a window that drops most users shows here first)."""
+    from pipeline.serving.versions import answer_counts
+
+    if not current:
+        return "-"
+    counts = answer_counts(model, client, namespace=namespace).get(current[0].version, {})
+    total = sum(counts.values())
+    return f"{counts.get('fallback', 0) / total:.1%} of {total:,}" if total else "-"
+
+
 def run(args) -> int:
     import redis
 
@@ -19,7 +31,8 @@ def run(args) -> int:
     try:
         models = load_models(model_config(settings_of(args)))
         with redis_client(args) as (settings, client):
-            rows = [("model", "algorithm", "served", "metric", "last checkpoint")]
+            rows = [("model", "algorithm", "served", "metric", "fallback answers",
+                     "last checkpoint")]
             for name, cfg in models.items():
                 current = [v for v in served_versions(settings, client, name) if v.current]
                 served = f"v{current[0].version}" if current else "-"
@@ -27,6 +40,7 @@ def run(args) -> int:
                 metric = f"{cfg.metric} {value:.4f}" if value is not None else cfg.metric
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
                 rows.append((name, cfg.algorithm, served, metric,
+                             _fallback_share(client, name, settings.namespace, current),
                              ckpt.run_id if ckpt else "-"))
     except (ValueError, OSError, redis.RedisError) as err:
         return fail("models", err)

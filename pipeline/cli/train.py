@@ -33,14 +33,37 @@ def format_summary(s: dict) -> str:
              + (f" - {s['reason']}" if s.get("reason") else "")]
     ds = s.get("dataset", {})
     if ds.get("stats"):
-        stats = ", ".join(f"{k} {v:,}" for k, v in ds["stats"].items())
+        stats = ", ".join(f"{k} {v:,}" for k, v in ds["stats"].items()
+                          if isinstance(v, (int, float)))
         lines.append(f"  data     {stats}  ({ds.get('dataset_seconds', 0):.2f} s)")
+        window = ds.get("window", {})
+        if window.get("n_dropped"):
+            lines.append(f"  window   kept {window['n_events']:,} events, dropped "
+                         f"{window['n_dropped']:,} older ones")
+        if ds["stats"].get("warning"):
+            lines.append(f"  WARNING  {ds['stats']['warning']}")
     tr = s.get("train")
     if tr:
         start = "warm start" if tr["warm_start"] else "cold start"
         lines.append(f"  fit      {start}, {tr['n_iter']} iterations, {tr['fit_seconds']:.2f} s")
+        if "reg" in tr:
+            path = tr.get("path")
+            chosen = (f" chosen on a path of {len(path)} points: "
+                      + ", ".join(f"{p['ratio']:.3g}→{p['score']:.4f}" for p in path)
+                      if path else "")
+            how = {"path": f" = {tr.get('reg_ratio', 0):.3g} x reg_max{chosen}",
+                   "last path": " (the last path's λ per comparison: the data grew little)"
+                   }.get(tr.get("reg_source"), " (from the config)")
+            lines.append(f"  reg      {tr['reg']:.4g}{how}")
+        for said in tr.get("warnings", []):
+            lines.append(f"  WARNING  {said}")
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in tr["metrics"].items())
         lines.append(f"  metrics  {metrics}")
+    gate = s.get("gate")
+    if gate and gate.get("trivial"):
+        lifts = ", ".join(f"{name} {value:.4f} (lift {gate['lift_over_trivial'][name]:+.4f})"
+                          for name, value in gate["trivial"].items())
+        lines.append(f"  trivial  {gate['metric']}: {lifts}")
     pub = s.get("publish")
     if pub and pub.get("published"):
         lines.append(f"  publish  version {pub['version']} ({pub['publish_seconds']:.2f} s)")

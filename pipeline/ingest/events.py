@@ -1,4 +1,4 @@
-"""The five event kinds: their fields, how each field is checked, and their Arrow schemas.
+"""The six event kinds: their fields, how each field is checked, and their Arrow schemas.
 
 Every event is a JSON object (or msgpack map) with the common fields
 
@@ -12,6 +12,7 @@ and the fields of its kind:
 
 ============  ===================================================================
 rating        ``user`` id, ``item`` id, ``rating`` finite number
+interaction   ``user`` id, ``item`` id, optional ``action`` string (view, click, purchase)
 comparison    ``user`` id, ``winner`` id, ``loser`` id (winner != loser)
 judgment      ``query`` id, ``doc`` id, ``label`` integer >= 0, ``features``
 outcome       ``item`` id, ``label`` 0 or 1, ``features``
@@ -99,6 +100,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("comparison", (Field("user", ID), Field("winner", ID), Field("loser", ID))),
     Kind("judgment", (Field("query", ID), Field("doc", ID), Field("label", GRADE),
                       Field("features", FEATURES))),
+    Kind("interaction", (Field("user", ID), Field("item", ID),
+                         Field("action", TEXT, required=False))),
     Kind("outcome", (Field("item", ID), Field("label", BINARY), Field("features", FEATURES))),
     Kind("ordinal", (Field("item", ID), Field("label", ORDINAL),
                      Field("features", FEATURES, required=False),

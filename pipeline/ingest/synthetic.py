@@ -1,8 +1,10 @@
 """Realistic synthetic events with known structure, for the demo and tests.
 
 * Ratings from planted low-rank preferences: user u rates item i as a 1-5 star quantization of
-  ``U_u · V_i + b_i + noise``; items a user rates are drawn with popularity skew (Zipf-like), as in
-  MovieLens. A model that recovers the structure ranks each user's held-out items well.
+  ``U_u · V_i + b_i + noise``; which items a user rates is drawn with popularity skew
+  (Zipf-like) *and* taste (probability ∝ popularity · exp(``choice`` · score)), as in MovieLens,
+  where people mostly watch what they expect to like. A model that recovers the structure ranks
+  each user's held-out items well, and beats "everyone gets the most popular items".
 * Outcomes from a planted linear scorer: item features are sparse non-negative (like tf-idf or
   counts); the label is 1 when ``w · x + noise`` lands in the top few percent, so positives are
   rare, as clicks and conversions are.
@@ -21,8 +23,9 @@ BASE_TS = 1_767_225_600_000  # 2026-01-01T00:00:00Z in ms
 
 
 def rating_events(n_users=1500, n_items=800, per_user=60, rank=6, seed=0, start=0,
-                  id_prefix="") -> list[dict]:
-    """``n_users * per_user`` rating events (user, item, rating 1-5, ts increasing)."""
+                  id_prefix="", choice=1.0) -> list[dict]:
+    """``n_users * per_user`` rating events (user, item, rating 1-5, ts increasing);
+    ``choice`` is how strongly taste decides which items a user rates (0: popularity only)."""
     rng = np.random.default_rng(seed)
     U = rng.normal(size=(n_users, rank))
     V = rng.normal(size=(n_items, rank)) / np.sqrt(rank)
@@ -32,8 +35,10 @@ def rating_events(n_users=1500, n_items=800, per_user=60, rank=6, seed=0, start=
     events = []
     seq = start
     for u in range(n_users):
-        items = rng.choice(n_items, size=min(per_user, n_items), replace=False, p=popularity)
-        score = U[u] @ V[items].T + bias[items] + rng.normal(scale=0.5, size=len(items))
+        taste = U[u] @ V.T + bias
+        p = popularity * np.exp(choice * (taste - taste.max()))
+        items = rng.choice(n_items, size=min(per_user, n_items), replace=False, p=p / p.sum())
+        score = taste[items] + rng.normal(scale=0.5, size=len(items))
         stars = np.clip(np.round(3 + 1.2 * (score - score.mean()) / (score.std() + 1e-9)), 1, 5)
         for i, r in zip(items, stars):
             events.append({"event_id": f"{id_prefix}r{seq}", "ts": BASE_TS + seq * 1000,

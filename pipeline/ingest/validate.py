@@ -10,7 +10,8 @@ applies them to one event) are the reference the fast path is tested against.
 Reasons name the kind, the field and the value, e.g.
 ``"rating: field 'rating' is 'five', expected a number"``,
 ``"comparison: winner == loser == 'i42'"``, ``"judgment: features: index -3 < 0"``,
-``"unknown kind 'click' (expected comparison, judgment, ordinal, outcome or rating)"``.
+``"unknown kind 'click' (expected comparison, interaction, judgment, ordinal, outcome
+or rating)"``.
 
 Examples
 --------

@@ -44,6 +44,8 @@ KEY_PATTERNS = {
     "versions": ("<tag>:versions", "list", "ascii version numbers, oldest first"),
     "seq": ("<tag>:seq", "string", "integer counter (INCR) of version numbers"),
     "pending": ("<tag>:pending", "set", "ascii version numbers being written or deleted"),
+    "lookups": ("<tag>:lookups", "hash",
+                "lookup answers by source, field `<version>:<source>`, added by readers"),
     "meta": ("<tag>:v<version>:meta", "hash", "utf-8 fields, see the meta table"),
     "items": ("<tag>:v<version>:items:<chunk>", "string",
               "item ids of rows chunk*item_chunk...: int64 LE, or a JSON array of strings"),
@@ -190,6 +192,10 @@ class ModelKeys:
     @property
     def pending(self) -> str:
         return self.tag + ":pending"
+
+    @property
+    def lookups(self) -> str:
+        return self.tag + ":lookups"
 
     def version(self, version: int) -> VersionKeys:
         return VersionKeys(f"{self.tag}:v{int(version)}:")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -52,6 +53,7 @@ from solvers.topk import topk_of_scores
 __all__ = ["TopK", "Recommendation", "RedisUnavailable", "LayoutError", "UnknownModelError"]
 
 _ATTEMPTS = 6  # re-resolutions of `current` when versions vanish while being read
+COUNT_FLUSH = 10.0  # seconds between flushes of the answer counts to Redis
 
 
 class RedisUnavailable(ConnectionError):
@@ -174,6 +176,10 @@ class TopK:
         self._held: list = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._total: Counter = Counter()       # (model, version, source) -> answers
+        self._unflushed: Counter = Counter()
+        self._next_flush = time.monotonic() + COUNT_FLUSH
+        self._flush_counts = True
 
     @classmethod
     def from_settings(cls, settings, **kwargs) -> TopK:
@@ -224,7 +230,9 @@ class TopK:
                     raise _Down(err) from err
 
     def close(self) -> None:
-        """Close the connections of this client."""
+        """Flush the answer counts and close the connections of this client."""
+        if self._flush_counts and self._unflushed and not self._down_until:
+            self._flush()
         with self._lock:
             for conn in self._held:
                 conn.disconnect()
@@ -249,6 +257,66 @@ class TopK:
         >>> topk.recommend("movies", 42, k=2).items  # doctest: +SKIP
         [(1193, 4.25), (661, 3.5)]
         """
+        rec = self._recommend(model, user, k)
+        self._count(model, rec)
+        return rec
+
+    def recommend_many(self, model: str, users, k: int = 10) -> list[Recommendation]:
+        """:meth:`recommend` for many users in one round trip (all from one version).
+
+        Examples
+        --------
+        >>> [r.source for r in topk.recommend_many("movies", [1, 2, 3])]  # doctest: +SKIP
+        ['precomputed', 'precomputed', 'fallback']
+        """
+        out = self._recommend_many(model, users, k)
+        for rec in out:
+            self._count(model, rec)
+        return out
+
+    # ------------------------------------------------------------------ answer sources
+    def stats(self) -> dict:
+        """How this client's answers came about, per model: ``{model: {source: count}}``
+        (sources as in :class:`Recommendation`; ``stale`` counts last-known answers).
+
+        Examples
+        --------
+        >>> topk.stats()  # doctest: +SKIP
+        {'movies': {'precomputed': 9812, 'fallback': 188}}
+        """
+        out: dict = {}
+        for (model, _, source), n in self._total.items():
+            out.setdefault(model, {}).setdefault(source, 0)
+            out[model][source] += n
+        return out
+
+    def _count(self, model: str, rec: Recommendation) -> None:
+        key = (model, rec.version, "stale" if rec.stale else rec.source)
+        self._total[key] += 1
+        self._unflushed[key] += 1
+        if self._flush_counts and time.monotonic() >= self._next_flush:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Add the counts since the last flush to the model's ``lookups`` hash in Redis (one
+        round trip every ``COUNT_FLUSH`` seconds at most), where ``rankstream models`` reads
+        the share of fallback answers. Best effort: a replica that refuses writes turns it
+        off, a failure loses only these counts."""
+        import redis
+
+        self._next_flush = time.monotonic() + COUNT_FLUSH
+        counts, self._unflushed = self._unflushed, Counter()
+        pipe = self._client.pipeline(transaction=False)
+        for (model, version, source), n in counts.items():
+            pipe.hincrby(self._model_keys(model).lookups, f"{version}:{source}", n)
+        try:
+            pipe.execute()
+        except redis.ResponseError:       # READONLY replica, NOPERM: stop trying
+            self._flush_counts = False
+        except (redis.RedisError, OSError):
+            pass
+
+    def _recommend(self, model: str, user, k: int) -> Recommendation:
         st = self._current.get(model)
         if st is not None and not self._down_until:
             if st.per_key and 0 <= k and (k <= st.top_k or not st.rank):
@@ -272,14 +340,7 @@ class TopK:
                     return self._global(st, user, k)
         return self._resolve(model, [user], k)[0]
 
-    def recommend_many(self, model: str, users, k: int = 10) -> list[Recommendation]:
-        """:meth:`recommend` for many users in one round trip (all from one version).
-
-        Examples
-        --------
-        >>> [r.source for r in topk.recommend_many("movies", [1, 2, 3])]  # doctest: +SKIP
-        ['precomputed', 'precomputed', 'fallback']
-        """
+    def _recommend_many(self, model: str, users, k: int) -> list[Recommendation]:
         users = list(users)
         st = self._current.get(model)
         if not users:

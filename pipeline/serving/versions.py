@@ -273,7 +273,21 @@ def prune(model: str, redis, keep_versions: int = 3, *, namespace: str = "rankst
         if meta.get("status") == "deleting" or stale:
             delete_version(redis, keys, v)
             deleted.append(v)
+    live = kept | ({current[0]} if current else set())
+    gone = [f for f in redis.hkeys(keys.lookups)
+            if int(f.split(b":", 1)[0] or 0) not in live]
+    if gone:
+        redis.hdel(keys.lookups, *gone)
     return deleted
+
+
+def answer_counts(model: str, redis, *, namespace: str = "rankstream") -> dict:
+    """{version: {source: answers}} that lookup clients reported for ``model``."""
+    out: dict = {}
+    for name, n in redis.hgetall(ModelKeys(namespace, model).lookups).items():
+        version, _, source = name.decode().partition(":")
+        out.setdefault(int(version), {})[source] = int(n)
+    return out
 
 
 def _started(meta: dict) -> float:

@@ -26,7 +26,9 @@ from pathlib import Path
 from pipeline.naming import check_name
 from pipeline.training.registry import Family, family
 
-GATE_KEYS = {"tolerance": 0.0}
+# tolerance: how much worse than the served version a candidate may be; trivial_margin: how
+# much better than the trivial models it must be; if_trivial: "reject" or "publish_trivial"
+GATE_KEYS = {"tolerance": 0.0, "trivial_margin": 0.0, "if_trivial": "reject"}
 PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 
 
@@ -103,6 +105,9 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
         raise ValueError(f"{where}: model {name!r} split is {evaluation['split']!r}, "
                          f"expected one of {list(fam.splits)}")
     gate = {**GATE_KEYS, **_table(where, name, "gate", raw, GATE_KEYS)}
+    if gate["if_trivial"] not in ("reject", "publish_trivial"):
+        raise ValueError(f"{where}: model {name!r} gate.if_trivial is {gate['if_trivial']!r}, "
+                         "expected 'reject' or 'publish_trivial'")
     publish = {**PUBLISH_KEYS, **_table(where, name, "publish", raw, PUBLISH_KEYS)}
     return ModelConfig(name=name, algorithm=fam.name, kinds=kinds, window=window,
                        schedule=raw.get("schedule", "@hourly"), params=params,

@@ -26,29 +26,46 @@ DAY_MS = 86_400_000
 
 @dataclass
 class Window:
-    """What a dataset was built from: a fixed snapshot of store offsets and the time range."""
+    """What a dataset was built from: a fixed snapshot of store offsets, the time range, and
+    how many of the stored events the window kept (``last_days`` counts back from the newest
+    event, so on data spanning years it can keep a sliver: the report says so)."""
 
     end_offsets: dict
     start_ts: int | None
     n_events: int
     min_ts: int | None = None
     max_ts: int | None = None
+    n_stored: int = 0
 
     def describe(self) -> dict:
         return {"end_offsets": {f"{t}/{p}": o for (t, p), o in sorted(self.end_offsets.items())},
                 "start_ts": self.start_ts, "n_events": self.n_events,
+                "n_dropped": self.n_stored - self.n_events,
                 "min_ts": self.min_ts, "max_ts": self.max_ts}
+
+
+def _iso(ms: int) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).date().isoformat()
+
+
+TRAIN, VALIDATION, TEST = 0, 1, 2      # the part of the data a (user, item) row is in
 
 
 @dataclass
 class CollaborativeData:
+    """AltSVM's inputs. ``met`` holds one row per (user, item) the user met in the window (a
+    rating or an interaction), with its rating (NaN for an interaction) and its part: TRAIN,
+    VALIDATION (a holdout inside the training data, for choosing λ) or TEST (the evaluation
+    holdout). ``comparisons`` come from TRAIN and VALIDATION rows (the final fit);
+    ``path_comparisons`` from TRAIN rows alone (the fits scored on VALIDATION)."""
+
     users: IdMap
     items: IdMap
-    comparisons: np.ndarray           # (n, 3) int64: user, winner, loser (training)
-    train: dict                       # user, item, rating of training ratings
-    test: dict                        # user, item, rating of held-out ratings
-    seen_indptr: np.ndarray           # CSR users x items of every rated item (to exclude)
-    seen_indices: np.ndarray
+    comparisons: np.ndarray           # (n, 3) int64: user, winner, loser
+    path_comparisons: np.ndarray
+    met: dict                         # user, item, rating, part
     window: Window
     stats: dict = field(default_factory=dict)
 
@@ -70,6 +87,7 @@ def _window_tables(store: EventStore, kinds, window: dict, columns: dict):
     end_offsets = store.next_offsets(kinds=kinds)
     tables = {k: store.read(k, end_offsets=end_offsets, columns=columns[k]) for k in kinds}
     ts_all = np.concatenate([t.column("ts").to_numpy() for t in tables.values()])
+    n_stored = int(ts_all.size)
     start_ts = None
     if ts_all.size and "last_days" in window:
         start_ts = int(ts_all.max() - window["last_days"] * DAY_MS)
@@ -82,7 +100,7 @@ def _window_tables(store: EventStore, kinds, window: dict, columns: dict):
         ts_all = ts_all[ts_all >= start_ts]
     n = int(sum(t.num_rows for t in tables.values()))
     win = Window(end_offsets, start_ts, n, int(ts_all.min()) if n else None,
-                 int(ts_all.max()) if n else None)
+                 int(ts_all.max()) if n else None, n_stored)
     return tables, win
 
 
@@ -116,37 +134,42 @@ def _holdout_latest(users: np.ndarray, ts: np.ndarray, holdout: int, min_train: 
 
 def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: IdMap | None = None,
                   items: IdMap | None = None, split: str = "per_user_last", holdout: int = 5,
-                  fraction: float = 0.2, min_train: int = 5,
+                  fraction: float = 0.2, min_train: int = 5, comparisons: str = "implicit",
+                  implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                   max_pairs_per_user: int | None = None, seed: int = 0) -> CollaborativeData:
-    """AltSVM inputs from rating and/or comparison events.
+    """AltSVM inputs from rating, interaction and comparison events.
 
-    Ratings of a user become all within-user comparisons with different ratings (ties dropped,
-    optionally capped per user). Held out for evaluation: with ``split="per_user_last"`` the
-    ``holdout`` latest ratings of each user with at least ``holdout + min_train`` ratings
-    (``holdout=0``: none); with ``split="random"`` a stable ``fraction`` of the (user, item)
-    ratings, chosen by a hash of the pair and ``seed`` (a rating stays on its side as data
-    grows). Explicit comparison events are all used for training.
+    Every (user, item) a user met (rated or interacted with; the latest event wins) is a
+    ``met`` row. Held out for evaluation (TEST): with ``split="per_user_last"`` the
+    ``holdout`` latest rows of each user with at least ``holdout + min_train`` of them; with
+    ``split="random"`` a stable ``fraction`` chosen by a hash of (user, item, seed), so a row
+    stays on its side as data grows. VALIDATION is carved out of the rest the same way (seed
+    + 1), for choosing λ on the regularization path.
+
+    Comparisons (``comparisons``): ``"explicit"``, within-user pairs of TRAIN ratings with
+    different ratings (plus comparison events); ``"implicit"``, "the user met item i, so i
+    beats a sampled item the user never met", ``implicit_per_item`` per met row
+    (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
+    popularity); ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a
+    stable hash, and the stats say how many were dropped.
     """
-    from solvers import pairs_from_ratings
+    from solvers.pairs import implicit_comparisons, pairs_from_ratings
 
     columns = {"rating": ["ts", "offset", "user", "item", "rating"],
+               "interaction": ["ts", "offset", "user", "item"],
                "comparison": ["ts", "offset", "user", "winner", "loser"]}
+    known_users = 0 if users is None else len(users)
     tables, win = _window_tables(store, kinds, window or {}, columns)
-    users = users or IdMap()
-    items = items or IdMap()
-    empty = np.zeros(0, np.int64)
-    r_user = r_item = empty
-    r_rating = np.zeros(0)
-    r_ts = empty
-    if "rating" in tables and tables["rating"].num_rows:
-        t = tables["rating"]
-        users, r_user = _indices(users, t.column("user"))
-        items, r_item = _indices(items, t.column("item"))
-        keep = _latest_per_key(r_user * (2**31) + r_item, t.column("ts").to_numpy(),
-                               t.column("offset").to_numpy())
-        r_user, r_item = r_user[keep], r_item[keep]
-        r_rating = t.column("rating").to_numpy()[keep]
-        r_ts = t.column("ts").to_numpy()[keep]
+    users, items = users or IdMap(), items or IdMap()
+    parts = []   # (user, item, rating, ts, offset) per met event
+    for kind in ("rating", "interaction"):
+        t = tables.get(kind)
+        if t is None or not t.num_rows:
+            continue
+        users, u = _indices(users, t.column("user"))
+        items, i = _indices(items, t.column("item"))
+        r = t.column("rating").to_numpy() if kind == "rating" else np.full(len(u), np.nan)
+        parts.append((u, i, r, t.column("ts").to_numpy(), t.column("offset").to_numpy()))
     explicit = np.zeros((0, 3), np.int64)
     if "comparison" in tables and tables["comparison"].num_rows:
         t = tables["comparison"]
@@ -154,34 +177,66 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         items, c_win = _indices(items, t.column("winner"))
         items, c_lose = _indices(items, t.column("loser"))
         explicit = np.column_stack([c_user, c_win, c_lose]).astype(np.int64)
+    if parts:
+        u, i, r, ts, off = (np.concatenate(column) for column in zip(*parts))
+    else:
+        u = i = ts = off = np.zeros(0, np.int64)
+        r = np.zeros(0)
+    u, i = u.astype(np.int64), i.astype(np.int64)
+    keep = _latest_per_key(u * (2**31) + i, ts, off)    # a rating after a view wins, ...
+    u, i, r, ts = u[keep], i[keep], r[keep], ts[keep]
+    part = np.full(len(u), TRAIN, np.int8)
+    part[_split(u, i, ts, split, holdout, fraction, min_train, seed)] = TEST
+    rest = np.flatnonzero(part == TRAIN)
+    part[rest[_split(u[rest], i[rest], ts[rest], split, holdout, fraction, min_train,
+                     seed + 1)]] = VALIDATION
+    n_items = len(items)
+
+    def build(rows) -> tuple[np.ndarray, dict]:
+        made, dropped = [], {}
+        if comparisons in ("explicit", "mixed"):
+            rated = rows[np.isfinite(r[rows])]
+            pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
+                                       max_pairs_per_user=max_pairs_per_user, random_state=seed)
+            dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
+            made += [pairs, explicit]
+        if comparisons in ("implicit", "mixed"):
+            imp = implicit_comparisons(u[rows], i[rows], max(n_items, 1), implicit_per_item,
+                                       implicit_sampling, max_per_user=max_pairs_per_user,
+                                       random_state=seed)
+            dropped["implicit"] = len(rows) * implicit_per_item - len(imp)
+            made.append(imp)
+        return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
+
+    train_rows = np.flatnonzero(part != TEST)
+    comps, dropped = build(train_rows)
+    path_comps, _ = build(np.flatnonzero(part == TRAIN))
+    in_window = np.unique(u).size
+    stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
+             "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
+             "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
+             "test": int((part == TEST).sum()), "users": len(users), "items": n_items,
+             "users_in_window": int(in_window), "max_pairs_per_user": max_pairs_per_user or 0,
+             **{f"comparisons_dropped_{k}": int(v) for k, v in dropped.items()}}
+    if known_users and in_window < 0.5 * known_users:
+        stats["warning"] = (f"the window keeps {in_window:,} of the {known_users:,} users "
+                            "seen before (events from "
+                            f"{_iso(win.start_ts) if win.start_ts else 'the start'}); the "
+                            "others get the fallback list: widen the window?")
+    return CollaborativeData(users=users, items=items, comparisons=comps,
+                             path_comparisons=path_comps,
+                             met={"user": u, "item": i, "rating": r, "part": part},
+                             window=win, stats=stats)
+
+
+def _split(u, i, ts, split: str, holdout: int, fraction: float, min_train: int,
+           seed: int) -> np.ndarray:
+    """Row mask of a holdout: a stable random ``fraction``, or each user's latest rows."""
     if split == "random":
-        test = stable_split(r_user * (2**31) + r_item, fraction, seed)
-    elif holdout > 0:
-        test = _holdout_latest(r_user, r_ts, holdout, min_train)
-    else:
-        test = np.zeros(len(r_user), dtype=bool)
-    train = ~test
-    derived = pairs_from_ratings(r_user[train], r_item[train], r_rating[train],
-                                 max_pairs_per_user=max_pairs_per_user, random_state=seed)
-    possible = _pairs_possible(r_user[train], r_rating[train])
-    comps = np.concatenate([derived, explicit])
-    seen = r_user * (2**31) + r_item      # unique already: the latest rating per (user, item)
-    if len(explicit):                     # explicit comparisons add their two items
-        seen = np.unique(np.concatenate([seen, explicit[:, 0] * (2**31) + explicit[:, 1],
-                                         explicit[:, 0] * (2**31) + explicit[:, 2]]))
-    else:
-        seen = np.sort(seen)
-    seen_u, seen_i = seen // (2**31), seen % (2**31)
-    indptr = np.r_[0, np.cumsum(np.bincount(seen_u, minlength=len(users)))]
-    return CollaborativeData(
-        users=users, items=items, comparisons=comps,
-        train={"user": r_user[train], "item": r_item[train], "rating": r_rating[train]},
-        test={"user": r_user[test], "item": r_item[test], "rating": r_rating[test]},
-        seen_indptr=indptr, seen_indices=seen_i.astype(np.int64), window=win,
-        stats={"ratings": int(len(r_user)), "comparisons": int(len(comps)),
-               "test_ratings": int(test.sum()), "users": len(users), "items": len(items),
-               "max_pairs_per_user": max_pairs_per_user or 0,
-               "comparisons_dropped_by_cap": int(possible - len(derived))})
+        return stable_split(u * (2**31) + i, fraction, seed)
+    if holdout > 0:
+        return _holdout_latest(u, ts, holdout, min_train)
+    return np.zeros(len(u), dtype=bool)
 
 
 def _pairs_possible(users: np.ndarray, ratings: np.ndarray) -> int:

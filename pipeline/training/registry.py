@@ -9,9 +9,9 @@ publisher takes the artifact the trainer made.
 Examples
 --------
 >>> family("altsvm").kinds
-('rating', 'comparison')
->>> family("altsvm").metric_names({"k": 5})
-('ndcg@5', 'precision@5', 'pairwise_accuracy')
+('rating', 'interaction', 'comparison')
+>>> family("altsvm").metric_names({"k": 5})[:3]
+('topk_ndcg@5', 'topk_precision@5', 'topk_recall@5')
 >>> family("toppush").higher_is_better("average_precision")
 True
 """
@@ -99,13 +99,22 @@ class Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family(name="altsvm", estimator="AltSVM",
            trainer="pipeline.training.trainers.altsvm:AltSVMTrainer",
-           kinds=("rating", "comparison"),
-           # comparisons per user (0: no cap); a bot with millions of ratings would otherwise
-           # make all its pairs (the run's report says how many were dropped)
-           dataset_params={"max_pairs_per_user": 10_000},
-           metrics={"ndcg@{k}": +1, "precision@{k}": +1, "pairwise_accuracy": +1},
+           kinds=("rating", "interaction", "comparison"),
+           dataset_params={
+               # which comparisons: "implicit" (a met item beats a sampled unmet one),
+               # "explicit" (pairs of ratings, and comparison events) or "mixed"
+               "comparisons": "implicit", "implicit_per_item": 10,
+               "implicit_sampling": "uniform",
+               # comparisons of each kind per user (0: no cap); a bot with millions of
+               # ratings would otherwise make all its pairs (the report says what was dropped)
+               "max_pairs_per_user": 10_000,
+               # choose λ on a validation split along a warm-started path (unless the config
+               # gives reg or reg_ratio)
+               "reg_path": True},
+           metrics={"topk_ndcg@{k}": +1, "topk_precision@{k}": +1, "topk_recall@{k}": +1,
+                    "ndcg@{k}": +1, "precision@{k}": +1, "pairwise_accuracy": +1},
            evaluation={"split": "per_user_last", "holdout": 5, "fraction": 0.2,
-                       "min_train": 5, "k": 10, "relevance": 4.0, "metric": "ndcg@10",
+                       "min_train": 5, "k": 10, "relevance": 4.0, "metric": "topk_ndcg@10",
                        "seed": 0},
            splits=("per_user_last", "random"), artifact_kind="user_item"),
     Family(name="toppush", estimator="TopPush",

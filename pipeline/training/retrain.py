@@ -156,6 +156,12 @@ def train_step(config, model: str, run_dir) -> dict:
     trained_at = datetime.now(timezone.utc).isoformat()
     trainer.artifact(fitted, arrays, cfg, params=cfg.params, metrics=metrics,
                      trained_at=trained_at).save(run_dir / "artifact")
+    baselines = {}
+    for name, (scores_metrics, scores) in trainer.baselines(arrays, cfg).items():
+        baselines[name] = scores_metrics
+        trainer.trivial_artifact(scores, arrays, algorithm=f"{cfg.algorithm}:{name}",
+                                 params={"trivial": name}, metrics=scores_metrics,
+                                 trained_at=trained_at).save(run_dir / f"trivial-{name}")
     fit_info = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fit_info.items()}
     write_checkpoint(run_dir / "checkpoint", arrays=trainer.checkpoint(fitted, arrays),
                      manifest={"model": model, "algorithm": cfg.algorithm,
@@ -165,7 +171,7 @@ def train_step(config, model: str, run_dir) -> dict:
                                "train": fit_info, "trained_at": trained_at})
     return write_json(run_dir / "train.json", {
         "model": model, "run_dir": str(run_dir), "warm_start": warm is not None, **fit_info,
-        "metrics": metrics, "trained_at": trained_at,
+        "metrics": metrics, "baselines": baselines, "trained_at": trained_at,
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
@@ -188,8 +194,11 @@ def published_metric(settings: Settings, redis_url: str, model: str, metric: str
 
 
 def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
-    """Publish only if the candidate's metric is not worse than the served version's by more
-    than the configured tolerance (in the metric's own direction); record the decision."""
+    """Publish only if the candidate (1) beats the trivial models on its metric by at least
+    ``gate.trivial_margin`` and (2) is not worse than the served version's by more than
+    ``gate.tolerance`` (both in the metric's own direction). When (1) fails,
+    ``gate.if_trivial = "publish_trivial"`` publishes the best trivial list instead of
+    nothing. Records the decision and the reason, with the lift over every trivial model."""
     run_dir = Path(run_dir)
     done = read_json(run_dir / "gate.json")
     if done:
@@ -198,24 +207,39 @@ def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -
     trained = read_json(run_dir / "train.json")
     metric = cfg.metric
     value = trained["metrics"].get(metric)
-    served, version = published_metric(settings, redis_url, model, metric)
-    tolerance = float(cfg.gate["tolerance"])
-    higher = cfg.family.higher_is_better(metric)
+    sign = 1.0 if cfg.family.higher_is_better(metric) else -1.0
+    trivial = {name: m[metric] for name, m in trained.get("baselines", {}).items()
+               if m.get(metric) is not None}
+    lift = {name: None if value is None else round(sign * (value - v), 5)
+            for name, v in trivial.items()}
+    best_trivial = max(trivial, key=lambda n: sign * trivial[n]) if trivial else None
+    margin = float(cfg.gate["trivial_margin"])
+    publish = "model"
     if value is None:
-        ok, reason = False, f"no {metric} could be computed (empty or one-class holdout)"
-    elif served is None:
-        ok, reason = True, f"nothing served yet; {metric} = {value:.4f}"
-    elif higher:
-        ok = value >= served - tolerance
-        reason = (f"{metric} {value:.4f} {'>=' if ok else '<'} served v{version} {served:.4f} "
-                  f"- tolerance {tolerance}")
+        publish, reason = None, f"no {metric} could be computed (empty or one-class holdout)"
+    elif best_trivial is not None and sign * (value - trivial[best_trivial]) < margin:
+        publish = "trivial" if cfg.gate["if_trivial"] == "publish_trivial" else None
+        reason = (f"{metric} {value:.4f} does not beat the trivial {best_trivial} model "
+                  f"({trivial[best_trivial]:.4f}) by the margin {margin}"
+                  + ("; publishing the trivial list instead" if publish else ""))
     else:
-        ok = value <= served + tolerance
-        reason = (f"{metric} {value:.4f} {'<=' if ok else '>'} served v{version} {served:.4f} "
-                  f"+ tolerance {tolerance}")
+        served, version = published_metric(settings, redis_url, model, metric)
+        tolerance = float(cfg.gate["tolerance"])
+        beats = (f"; beats {best_trivial} {trivial[best_trivial]:.4f}"
+                 if best_trivial is not None else "")
+        if served is None:
+            reason = f"nothing served yet; {metric} = {value:.4f}{beats}"
+        elif sign * (value - served) >= -tolerance:
+            reason = (f"{metric} {value:.4f} is within tolerance {tolerance} of served "
+                      f"v{version} {served:.4f}{beats}")
+        else:
+            publish, reason = None, (f"{metric} {value:.4f} is worse than served v{version} "
+                                     f"{served:.4f} by more than tolerance {tolerance}")
     return write_json(run_dir / "gate.json", {
         "model": model, "run_dir": str(run_dir), "metric": metric, "value": value,
-        "served_value": served, "served_version": version, "publish": ok, "reason": reason})
+        "trivial": trivial, "lift_over_trivial": lift, "publish": publish is not None,
+        "publishes": publish and (publish if publish == "model" else f"trivial-{best_trivial}"),
+        "reason": reason})
 
 
 def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
@@ -242,7 +266,7 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
     if already:
         version, seconds = already[0].version, 0.0
     else:
-        artifact = run_dir / "artifact"
+        artifact = run_dir / ("artifact" if gate["publishes"] == "model" else gate["publishes"])
         if not artifact.is_dir():    # moved into the checkpoint by an interrupted attempt
             artifact = run_dir / "checkpoint" / "artifact"
         try:

@@ -15,7 +15,8 @@ from pipeline.training.config import parse_model
 
 MODELS = {
     "movies": {"algorithm": "altsvm", "kinds": ["rating"], "window": {"last_days": 30},
-               "params": {"rank": 4, "reg": 100.0, "random_state": 0, "n_threads": 1},
+               "params": {"rank": 4, "item_bias": True, "comparisons": "mixed",
+                          "random_state": 0, "n_threads": 1},
                "evaluation": {"holdout": 2}},
     "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"max_features": 100}},
 }
@@ -113,5 +114,6 @@ def test_a_bot_with_thousands_of_ratings_is_capped_and_the_report_says_so(settin
     out = retrain.run("movies", _models(), settings=settings, redis_url=redis_url)
     stats = out["dataset"]["stats"]
     assert stats["max_pairs_per_user"] == 10_000
-    assert stats["comparisons_dropped_by_cap"] > 3_000_000   # the bot's ~3.6M pairs, capped
-    assert stats["comparisons"] < 60 * 105 + 10_000          # everyone else's, plus the cap
+    assert stats["comparisons_dropped_explicit"] > 3_000_000  # the bot's ~3.6M pairs, capped
+    assert stats["comparisons_dropped_implicit"] >= 19_000    # and its ~30,000 implicit ones
+    assert stats["comparisons"] < 60 * (105 + 150) + 2 * 10_000  # the others', plus the caps

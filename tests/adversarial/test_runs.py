@@ -30,8 +30,16 @@ CONFIG = """
 [models.movies]
 algorithm = "altsvm"
 kinds = ["rating"]
-params = {{ rank = {rank}, reg = 100.0, random_state = 0, n_threads = 1 }}
 evaluation = {{ holdout = 2 }}
+gate = {{ tolerance = 1.0, trivial_margin = -1.0 }}   # these tests are about runs, not quality
+
+[models.movies.params]
+rank = {rank}
+reg_ratio = 0.3
+item_bias = true
+comparisons = "mixed"
+random_state = 0
+n_threads = 1
 """
 
 
@@ -83,7 +91,7 @@ def test_a_checkpoint_that_no_longer_fits_is_set_aside_and_the_run_trains_cold(
 
     def models(rank):
         spec = {"algorithm": "altsvm", "kinds": ["rating"],
-                "params": {"rank": rank, "reg": 100.0, "random_state": 0, "n_threads": 1},
+                "params": {"rank": rank, "reg_ratio": 0.3, "random_state": 0, "n_threads": 1},
                 "evaluation": {"holdout": 2}, "gate": {"tolerance": 1.0}}
         return {"movies": parse_model("movies", spec, "test")}
 
@@ -124,7 +132,7 @@ def test_redis_restarted_empty_gets_the_model_again_without_new_data(tmp_path, r
     settings = Settings(home=home, namespace="flushed")
     _ingest(home, _ratings())
     models = {"movies": parse_model("movies", {
-        "algorithm": "altsvm", "params": {"rank": 4, "reg": 100.0, "random_state": 0,
+        "algorithm": "altsvm", "params": {"rank": 4, "reg_ratio": 0.3, "random_state": 0,
                                           "n_threads": 1}, "evaluation": {"holdout": 2}},
         "test")}
     assert retrain.run("movies", models, settings=settings,

@@ -45,6 +45,10 @@ def make_event(kind: str, i: int, rng: random.Random, unicode: bool = True,
     elif kind == "comparison":
         winner, loser = rng.sample(range(100), 2)
         event.update(user=_id(rng, "u", 50, unicode), winner=f"i{winner}", loser=loser)
+    elif kind == "interaction":
+        event.update(user=_id(rng, "u", 50, unicode), item=_id(rng, "i", 80, unicode))
+        if rng.random() < 0.5:
+            event["action"] = rng.choice(["view", "click", "purchase"])
     elif kind == "judgment":
         event.update(query=_id(rng, "q", 20, unicode), doc=_id(rng, "d", 200, unicode),
                      label=rng.randrange(3), features=_features(rng, sparse))

@@ -38,7 +38,7 @@ def produce(bootstrap: str, topic: str, rng: random.Random, valid: list, bad: li
                     bad.append(f"bad-{i}")
                     json_out.send_raw(topic, malformed(i, rng, MAX_BYTES)[0])
                     continue
-                event = make_event(KIND_NAMES[i % 5], i, rng, unicode=False)
+                event = make_event(KIND_NAMES[i % len(KIND_NAMES)], i, rng, unicode=False)
                 valid.append(event["event_id"])
                 producer.send(topic, event)
             producer.flush()

@@ -51,7 +51,7 @@ def test_one_consumer_leaves_mid_stream(kafka_bootstrap, tmp_path):
         with EventProducer(kafka_bootstrap, encoding="compact", batch_events=50) as producer:
             for b in range(N_BATCHES):
                 for i in range(b * PER_BATCH, (b + 1) * PER_BATCH):
-                    event = make_event(KIND_NAMES[i % 5], i, rng)
+                    event = make_event(KIND_NAMES[i % len(KIND_NAMES)], i, rng)
                     producer.send(topic, event)
                     produced.append(event["event_id"])
                 producer.flush()

@@ -48,7 +48,8 @@ def reason(event, default_kind=None):
     ({"kind": "ordinal", **BASE, "item": 1, "label": 1.0, "text": "x"},
      "ordinal: field 'label' is 1.0, expected an integer"),
     ({"kind": "click", **BASE},
-     "unknown kind 'click' (expected comparison, judgment, ordinal, outcome or rating)"),
+     "unknown kind 'click' (expected comparison, interaction, judgment, ordinal, outcome or "
+     "rating)"),
     ({**BASE, "user": 1}, "missing field 'kind' and no default kind for this source"),
     ({"kind": "rating", "event_id": 7, "ts": 1, "user": 1, "item": 2, "rating": 1},
      "rating: field 'event_id' is 7, expected a string"),
@@ -114,7 +115,8 @@ def test_message_level_reasons():
         "batch: column 'user' has 1 values, expected 2"]
     assert _buffer_reasons([encode_msgpack({"batch": 1, "kind": "clicks", "n": 1,
                                             "columns": {"user": [1]}})]) == [
-        "unknown kind 'clicks' (expected comparison, judgment, ordinal, outcome or rating)"]
+        "unknown kind 'clicks' (expected comparison, interaction, judgment, ordinal, outcome or "
+        "rating)"]
 
 
 def test_bad_event_inside_a_batch_keeps_its_position_and_bytes():

@@ -62,7 +62,8 @@ def test_key_builders_follow_the_patterns():
     keys = L.ModelKeys("ns", "model-1")
     vk = keys.version(7)
     built = {"current": keys.current, "versions": keys.versions, "seq": keys.seq,
-             "pending": keys.pending, "meta": vk.meta, "items": vk.items(3),
+             "pending": keys.pending, "lookups": keys.lookups, "meta": vk.meta,
+             "items": vk.items(3),
              "item_factors": vk.item_factors(3), "item_bias": vk.item_bias(3),
              "item_values": vk.item_values(3), "key_index": vk.key_index(3),
              "global": vk.global_list, "topk": vk.topk("alice"),

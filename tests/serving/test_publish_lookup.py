@@ -265,3 +265,23 @@ def test_cli_publish_recommend_versions_rollback(tmp_path, redis_url, redis_clie
     assert "current version 2 -> 1" in capsys.readouterr().out
     assert main(["recommend", "nope", "1", *common]) == 1
     assert "has no published version" in capsys.readouterr().err
+
+
+def test_lookups_count_their_answer_sources_and_models_shows_the_fallback_share(
+        redis_url, redis_client, tmp_path, capsys):
+    from pipeline.serving.versions import answer_counts
+
+    art = user_model(4, n_users=10, n_items=20)
+    publish("m", art, redis_client, top_k=5)
+    with TopK(redis_url) as topk:
+        for user in list(art.key_ids[:3]) + ["stranger-1", "stranger-2"]:
+            topk.recommend("m", user, k=5)
+        assert topk.stats() == {"m": {"precomputed": 3, "fallback": 2}}
+    assert answer_counts("m", redis_client) == {1: {"precomputed": 3, "fallback": 2}}
+    config = tmp_path / "models.toml"
+    config.write_text('[models.m]\nalgorithm = "altsvm"\n')
+    assert main(["models", "--config", str(config), "--home", str(tmp_path),
+                 "--redis-url", redis_url]) == 0
+    assert "40.0% of 5" in capsys.readouterr().out
+    publish("m", art, redis_client, top_k=5, keep_versions=1)   # v1 pruned: its counts too
+    assert answer_counts("m", redis_client) == {}

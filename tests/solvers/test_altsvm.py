@@ -598,8 +598,9 @@ def test_constructor_is_keyword_only_and_stores_parameters():
         AltSVM(10)  # noqa
     m = AltSVM(rank=7, reg=3.0, loss="hinge", item_bias=True, max_iter=4, tol=1e-3, n_threads=1,
                random_state=5, verbose=False)
-    assert m.get_params() == dict(rank=7, reg=3.0, loss="hinge", item_bias=True, max_iter=4,
-                                  tol=1e-3, n_threads=1, random_state=5, verbose=False)
+    assert m.get_params() == dict(rank=7, reg=3.0, reg_ratio=0.3, loss="hinge", item_bias=True,
+                                  max_iter=4, tol=1e-3, n_threads=1, random_state=5,
+                                  verbose=False)
 
 
 # ------------------------------------------------------------------------------ using the model

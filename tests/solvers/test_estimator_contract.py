@@ -53,7 +53,7 @@ def _toppush_bad(model):
 
 
 CASES = {
-    "AltSVM": (AltSVM, {"rank": 3, "reg": 1.0, "random_state": 0, "n_threads": 1},
+    "AltSVM": (AltSVM, {"rank": 3, "reg_ratio": 0.3, "random_state": 0, "n_threads": 1},
                _altsvm_data, _altsvm_scores, _altsvm_bad),
     "TopPush": (TopPush, {"reg": 1.0, "random_state": 0}, _toppush_data, _toppush_scores,
                 _toppush_bad),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solvers import pairs_from_ratings
-from solvers.pairs import split_ratings_per_user
+from solvers.pairs import implicit_comparisons, split_ratings_per_user
 
 
 def random_ratings(seed=0, n_users=12, n_items=30, per_user=(0, 15)):
@@ -126,3 +126,64 @@ def test_subsample_does_not_depend_on_the_thread_count(strategy):
         numba.set_num_threads(before)
     assert np.array_equal(one, many)
     assert np.bincount(one[:, 0]).max() <= 40
+
+
+def test_capped_subsample_keeps_old_choices_when_the_data_grows():
+    """Stable subsampling: a pair kept among more competitors was kept among fewer, and most
+    of yesterday's kept pairs are kept today (their duals survive a warm start)."""
+    rng = np.random.default_rng(11)
+    users = np.repeat(np.arange(30), 40)
+    items = np.tile(np.arange(40), 30)
+    ratings = rng.integers(1, 6, users.size).astype(float)
+    grown = rng.random(users.size) < 0.95          # yesterday: 95% of the ratings
+    old = pairs_from_ratings(users[grown], items[grown], ratings[grown], max_pairs_per_user=60,
+                             random_state=4)
+    new = pairs_from_ratings(users, items, ratings, max_pairs_per_user=60, random_state=4)
+    old_set, new_set = set(map(tuple, old.tolist())), set(map(tuple, new.tolist()))
+    full_old = set(map(tuple, pairs_from_ratings(users[grown], items[grown],
+                                                 ratings[grown]).tolist()))
+    assert (new_set & full_old) <= old_set        # kept now and possible then: kept then
+    assert len(new_set & old_set) >= 0.8 * len(old_set)
+    # the previous (per-user seeded) draw kept about 1/3 of its choices
+    assert np.bincount(new[:, 0]).max() <= 60
+
+
+def test_implicit_comparisons_sample_unmet_items_stably():
+    rng = np.random.default_rng(3)
+    users = rng.integers(0, 40, 600)
+    items = rng.integers(0, 120, 600)
+    c = implicit_comparisons(users, items, 120, per_interaction=5, random_state=7)
+    met = set(zip(users.tolist(), items.tolist()))
+    n_pairs = len(met)
+    assert len(c) == 5 * n_pairs
+    assert all((u, w) in met for u, w, _ in c.tolist())
+    assert not any((u, j) in met for u, _, j in c.tolist())
+    assert (np.diff(c[:, 0]) >= 0).all()
+    again = implicit_comparisons(users, items, 120, per_interaction=5, random_state=7)
+    np.testing.assert_array_equal(c, again)
+    # grown data: each old interaction keeps its samples unless one became an interaction
+    more = np.r_[users, rng.integers(0, 40, 60)], np.r_[items, rng.integers(0, 120, 60)]
+    grown = implicit_comparisons(*more, 120, per_interaction=5, random_state=7)
+    met_now = set(zip(more[0].tolist(), more[1].tolist()))
+    old_rows = set(map(tuple, c.tolist()))
+    still_valid = {r for r in old_rows if (r[0], r[2]) not in met_now}
+    assert still_valid <= set(map(tuple, grown.tolist()))
+    capped = implicit_comparisons(users, items, 120, per_interaction=5, max_per_user=7,
+                                  random_state=7)
+    assert np.bincount(capped[:, 0]).max() <= 7
+    assert set(map(tuple, capped.tolist())) <= set(map(tuple, c.tolist()))
+
+
+def test_popularity_sampling_prefers_popular_items():
+    rng = np.random.default_rng(5)
+    items = np.minimum(rng.zipf(1.6, 5000), 300) - 1
+    users = rng.integers(0, 400, 5000)
+    uni = implicit_comparisons(users, items, 300, per_interaction=4, random_state=1)
+    pop = implicit_comparisons(users, items, 300, per_interaction=4, sampling="popularity",
+                               random_state=1)
+    head = np.bincount(items, minlength=300).argsort()[-10:]   # the 10 most met items
+    assert np.isin(pop[:, 2], head).mean() > 3 * np.isin(uni[:, 2], head).mean()
+    with pytest.raises(ValueError, match="sampling is 'zipf'"):
+        implicit_comparisons(users, items, 300, sampling="zipf")
+    with pytest.raises(ValueError, match="items holds 299, but n_items is 10"):
+        implicit_comparisons(users, items, 10)

@@ -92,3 +92,30 @@ def test_pairwise_accuracy_counts_ties_half():
 def test_bad_input_is_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_topk_hit_metrics_against_a_brute_force_loop():
+    from solvers._ranking_metrics import topk_hit_metrics
+
+    rng = np.random.default_rng(8)
+    n_users, n_items, k = 30, 25, 5
+    recommended = np.array([rng.permutation(n_items)[:7] for _ in range(n_users)])
+    recommended[3, 4:] = -1                                   # a short list
+    positives = [rng.choice(n_items, rng.integers(0, 6), replace=False) for _ in range(n_users)]
+    indptr = np.r_[0, np.cumsum([len(p) for p in positives])]
+    got = topk_hit_metrics(recommended, indptr, np.concatenate(positives), k=k)
+    precision, recall, ndcg = [], [], []
+    for u in range(n_users):
+        pos = set(positives[u].tolist())
+        if not pos:
+            continue
+        hits = [1.0 if i in pos else 0.0 for i in recommended[u, :k]]
+        precision.append(sum(hits) / k)
+        recall.append(sum(hits) / min(k, len(pos)))
+        dcg = sum(h / np.log2(r + 2) for r, h in enumerate(hits))
+        ideal = sum(1 / np.log2(r + 2) for r in range(min(k, len(pos))))
+        ndcg.append(dcg / ideal)
+    assert got["users"] == len(precision)
+    assert got["precision"] == pytest.approx(np.mean(precision))
+    assert got["recall"] == pytest.approx(np.mean(recall))
+    assert got["ndcg"] == pytest.approx(np.mean(ndcg))

@@ -1,5 +1,6 @@
-"""TopPush estimator: optimality (duality gap, gradient), warm start, dtypes and storage,
-persistence, input validation, and a real-data check on the authors' spambase split."""
+"""TopPush estimator: optimality (duality gap, gradient), the stopping guarantee against a tight
+reference, warm start, dtypes and storage, persistence, input validation, degenerate fits, and
+real-data checks on the authors' spambase split."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import scipy.sparse as sp
 
 import solvers._toppush_solver as toppush_solver
 import solvers.toppush as toppush_module
-from solvers import ConvergenceWarning, NotFittedError, TopPush
+from solvers import ConvergenceWarning, DegenerateFitWarning, NotFittedError, TopPush
 from solvers import _toppush_kernels as K
 from solvers._bipartite_metrics import auc, average_precision, pos_at_top
+from solvers._toppush_solver import LOSS_AT_ZERO
 
 LOSSES = ["truncated_quadratic", "logistic", "exponential"]
 
@@ -75,6 +77,101 @@ def test_default_tolerance_is_close_to_the_optimum():
     assert p_opt <= p_loose <= p_opt + loose.tol * p_loose    # what the gap rule guarantees
 
 
+# --------------------------------------------------------------------------------------------
+# the stopping guarantee: P(coef_) − min P ≤ tol·P(coef_), against a tight reference
+# --------------------------------------------------------------------------------------------
+
+
+def tight_optimum(X, y, reg, loss):
+    """min P of eq. 6 from a fit to a relative duality gap of 1e-10 (certified by the gap)."""
+    tight = TopPush(loss=loss, reg=reg, tol=1e-10, max_iter=50000).fit(X, y)
+    assert tight.converged_
+    return primal_objective(X, y, tight.coef_, reg, loss)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("reg", [0.1, 1.0])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_default_fit_is_within_tol_of_the_optimum(loss, reg, seed):
+    """The default stops with P(coef_) ≤ (1 + tol)·min P, tol = 2 %, with neither a
+    convergence nor a degenerate-fit warning, on problems where w = 0 is far (> 5 %) from the
+    optimum (so that the guarantee says something about the ranking)."""
+    X, y = make_data(seed=seed, shift=4.0)
+    p_opt = tight_optimum(X, y, reg, loss)
+    assert LOSS_AT_ZERO[loss] > 1.05 * p_opt  # not degenerate
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = TopPush(loss=loss, reg=reg).fit(X, y)
+    assert fit.tol == 2e-2 and fit.converged_
+    p = primal_objective(X, y, fit.coef_, reg, loss)
+    assert p_opt <= p * (1 + 1e-12)
+    assert p <= (1 + fit.tol) * p_opt, (p / p_opt - 1, fit.n_iter_)
+    lower = -fit.dual_objective_ / y.sum()
+    assert lower <= p_opt * (1 + 1e-12) and p - lower <= fit.tol * lower  # the certificate
+
+
+@pytest.mark.parametrize("tol", [5e-2, 2e-2, 1e-2, 1e-3])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_suboptimality_is_at_most_tol(tol, sparse):
+    for seed in (3, 4):
+        X, y = make_data(m=80, n=400, seed=seed, shift=4.0)
+        p_opt = tight_optimum(X, y, 0.5, "truncated_quadratic")
+        fit = TopPush(reg=0.5, tol=tol).fit(sp.csr_matrix(X) if sparse else X, y)
+        p = primal_objective(X, y, fit.coef_, 0.5, "truncated_quadratic")
+        assert p <= (1 + tol) * p_opt, (tol, p / p_opt - 1)
+
+
+def test_tight_optimum_agrees_with_the_authors_algorithm():
+    """The slow reference: the numpy port of the authors' topPush.m, run until its step is
+    exactly zero, brackets TopPush's certified optimum: its dual value −g/m from below (to
+    1e-8) and its P(w) from above (to 1e-5; the primal of eq. 9 converges more slowly)."""
+    from bench._toppush_reference import primal_objective as authors_primal
+    from bench._toppush_reference import toppush_authors
+
+    X, y = make_data(m=30, n=120, d=6, seed=7, shift=4.0)
+    p_opt = tight_optimum(X, y, 1.0, "truncated_quadratic")
+    w, info = toppush_authors(X, y, lam=1.0, tol=0.0, delta=0.0, max_iter=5000)
+    p_auth = authors_primal(X, y, w)
+    assert p_opt * (1 - 1e-9) <= p_auth <= p_opt * (1 + 1e-5), info["stop"]
+    assert -info["dual_objective"] / y.sum() == pytest.approx(p_opt, rel=1e-8)
+    fit = TopPush(reg=1.0).fit(X, y)
+    assert authors_primal(X, y, fit.coef_) <= (1 + fit.tol) * p_opt
+
+
+def test_warm_start_from_a_stale_point_still_meets_the_guarantee():
+    """A warm start cannot fool the rule: from the duals of a 2-iteration fit on other data
+    (same ids) the refit still ends within tol of the optimum."""
+    X, y = make_data(seed=8, shift=4.0)
+    X_other, _ = make_data(seed=9, shift=1.0)
+    ids = np.arange(X.shape[0])
+    with pytest.warns(ConvergenceWarning), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateFitWarning)  # the other data is degenerate
+        stale = TopPush(max_iter=2).fit(X_other, y, ids=ids)
+    p_opt = tight_optimum(X, y, 1.0, "truncated_quadratic")
+    warm = TopPush().fit(X, y, ids=ids, warm_start=stale.warm_state())
+    p = primal_objective(X, y, warm.coef_, 1.0, "truncated_quadratic")
+    assert warm.converged_ and p <= (1 + warm.tol) * p_opt
+
+
+@pytest.mark.parametrize("loss", [K.TRUNCATED_QUADRATIC, K.LOGISTIC, K.EXPONENTIAL])
+def test_primal_objective_kernel_matches_numpy(loss):
+    rng = np.random.default_rng(3)
+    m, reg = 9, 0.3
+    z = rng.normal(scale=4.0, size=40)
+    nu = rng.normal(size=5)
+    name = LOSSES[loss]
+    t = (z[m:].max() - z[:m]) / (reg * m)
+    ell = {"truncated_quadratic": np.maximum(1 + t, 0) ** 2, "logistic": np.logaddexp(0, t),
+           "exponential": np.exp(t)}[name]
+    expected = nu @ nu / (2 * reg * m * m) + ell.mean()
+    assert K.primal_objective(z, nu, m, reg, loss) == pytest.approx(expected, rel=1e-12)
+    # the maximum is over the negatives present: a shorter z is a working set
+    t = (z[m:20].max() - z[:m]) / (reg * m)
+    assert K.primal_objective(z[:20], nu, m, reg, K.TRUNCATED_QUADRATIC) == pytest.approx(
+        nu @ nu / (2 * reg * m * m) + np.mean(np.maximum(1 + t, 0) ** 2), rel=1e-12)
+    assert K.loss_value(800.0, K.LOGISTIC) == pytest.approx(800.0)  # no overflow
+
+
 @pytest.mark.parametrize("loss", [K.TRUNCATED_QUADRATIC, K.LOGISTIC, K.EXPONENTIAL])
 def test_gradient_of_dual_matches_finite_differences(loss):
     rng = np.random.default_rng(2)
@@ -133,7 +230,7 @@ def test_warm_start_after_adding_instances_stops_as_close_to_the_optimum_as_cold
     """The stopping rule must not favour the warm start (which begins near the optimum and makes
     little progress per iteration): the warm fit's primal objective (6) must be as good as the
     cold fit's, to within the tolerance, and each must satisfy the duality-gap rule."""
-    X, y = make_data(m=300, n=1500, seed=13, shift=2.0)
+    X, y = make_data(m=300, n=1500, seed=13, shift=4.0)   # w = 0 is far from optimal
     n_old = int(X.shape[0] / (1.0 + added))
     ids = np.arange(X.shape[0])
     old = TopPush(tol=tol, random_state=0).fit(X[:n_old], y[:n_old], ids=ids[:n_old])
@@ -348,13 +445,23 @@ def test_spambase_split_of_the_authors(shared_data):
     assert auc(yte, scores) >= 0.92
 
 
-def test_shrinking_reaches_the_optimum_of_the_full_problem(capsys, monkeypatch):
-    """Shrinking removes low-scored negatives from the working problem; when a removed one turns
-    out to want β > 0 at the end, all come back. This data set takes that path."""
+@pytest.mark.parametrize("partial, expected_log", [
+    (3, r"removed negatives became active or top: back to \d+ of 1000 negatives\n"),
+    (0, r"removed negatives became active or top: back to 1000 of 1000 negatives, "
+        r"shrinking off"),
+])
+def test_shrinking_reaches_the_optimum_of_the_full_problem(capsys, monkeypatch, partial,
+                                                            expected_log):
+    """Shrinking removes low-scored negatives from the working problem; when removed ones turn
+    out to want β > 0 at the end, they come back (only those, the first UNSHRINK_PARTIAL times;
+    then all of them, and shrinking stops). This data set takes that path."""
+    import re
+
     X, y = make_data(m=100, n=1000, seed=2)
+    monkeypatch.setattr(toppush_solver, "UNSHRINK_PARTIAL", partial)
     shrunk = TopPush(tol=1e-10, max_iter=20000, verbose=True, random_state=0).fit(X, y)
     log = capsys.readouterr().out
-    assert "shrinking:" in log and "back to all 1000 negatives" in log
+    assert "shrinking:" in log and re.search(expected_log, log), log[-2000:]
     monkeypatch.setattr(toppush_solver, "SHRINK", False)
     full = TopPush(tol=1e-10, max_iter=20000, random_state=0).fit(X, y)
     assert shrunk.dual_objective_ == pytest.approx(full.dual_objective_, rel=1e-7)
@@ -364,3 +471,158 @@ def test_shrinking_reaches_the_optimum_of_the_full_problem(capsys, monkeypatch):
     carrying = shrunk.dual_beta_ > 1e-9 * shrunk.dual_beta_.max()
     spread = neg_scores.max() - neg_scores.min()
     assert neg_scores[carrying].min() >= neg_scores.max() - 1e-3 * spread
+
+
+# --------------------------------------------------------------------------------------------
+# equal negatives are solved once
+# --------------------------------------------------------------------------------------------
+
+
+def test_distinct_rows_matches_a_brute_force_grouping():
+    rng = np.random.default_rng(4)
+    base = sp.random(40, 12, density=0.3, random_state=5, format="csr")
+    rows = rng.integers(0, 40, 200)
+    X = sp.vstack([base[rows], sp.csr_matrix((3, 12))]).tocsr()  # repeats and empty rows
+    X.sort_indices()
+    X.data[7] += 1e-12  # a near-duplicate stays apart
+    first, rep = toppush_solver.distinct_rows(X)
+    seen, expected = {}, np.empty(X.shape[0], int)
+    for i in range(X.shape[0]):
+        row = X[i]
+        expected[i] = seen.setdefault((row.indices.tobytes(), row.data.tobytes()), i)
+    np.testing.assert_array_equal(rep, expected)
+    np.testing.assert_array_equal(first, np.flatnonzero(expected == np.arange(X.shape[0])))
+    dense_first, dense_rep = toppush_solver.distinct_rows(X.toarray())
+    np.testing.assert_array_equal(dense_rep, expected)
+
+
+def test_equal_negatives_give_the_same_fit_as_one_copy_each():
+    """Eq. 6 sees the negatives only through their maximum: repeating some changes nothing.
+    With CSR input the solver keeps one of each; the repeats get β = 0, and a warm start's β on
+    a repeat is moved to the kept row."""
+    X, y = make_data(seed=14, shift=4.0)
+    neg = np.flatnonzero(y == 0)
+    extra = neg[:60]
+    Xd, yd = np.vstack([X, X[extra]]), np.r_[y, y[extra]]
+    once = TopPush(tol=1e-9, max_iter=50000, random_state=0).fit(sp.csr_matrix(X), y)
+    twice = TopPush(tol=1e-9, max_iter=50000, random_state=0).fit(sp.csr_matrix(Xd), yd)
+    np.testing.assert_allclose(twice.coef_, once.coef_, rtol=1e-4, atol=1e-6)
+    assert twice.dual_objective_ == pytest.approx(once.dual_objective_, rel=1e-8)
+    assert np.all(twice.dual_beta_[-60:] == 0.0)  # the repeats come last among the negatives
+    Xp, Xn = Xd[yd == 1], Xd[yd == 0]
+    w = (twice.dual_alpha_ @ Xp - twice.dual_beta_ @ Xn) / yd.sum()
+    np.testing.assert_allclose(twice.coef_, w, rtol=1e-10, atol=1e-12)
+    # warm start with all of β on the repeats: merged into the kept rows, same optimum
+    state = twice.warm_state()
+    state["beta"] = np.r_[np.zeros(neg.size), np.ones(60)]
+    warm = TopPush(tol=1e-9, max_iter=50000).fit(sp.csr_matrix(Xd), yd, warm_start=state)
+    assert warm.dual_objective_ == pytest.approx(once.dual_objective_, rel=1e-8)
+    assert warm.dual_alpha_.sum() == pytest.approx(warm.dual_beta_.sum(), rel=1e-10)
+
+
+# --------------------------------------------------------------------------------------------
+# empty and one-class input, zero columns, degenerate fits
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("X, y, match", [
+    (np.zeros((0, 3)), np.zeros(0), r"X has 0 rows \(shape \(0, 3\)\) and y has 0 labels; "
+                                    r"TopPush needs at least one positive and one negative"),
+    (sp.csr_matrix((0, 3)), np.zeros(0), r"X has 0 rows \(shape \(0, 3\)\) and y has 0 labels"),
+    (np.zeros((0, 0)), np.zeros(0), r"X has 0 rows \(shape \(0, 0\)\)"),
+    (np.zeros((4, 0)), np.r_[1, 0, 0, 1], r"X has 0 features \(shape \(4, 0\)\), expected at "
+                                           r"least 1"),
+    (sp.csr_matrix((4, 0)), np.r_[1, 0, 0, 1], r"X has 0 features \(shape \(4, 0\)\)"),
+    (np.ones((3, 2)), np.ones(3), r"only one class: all 3 labels are positive \(1\) "
+                                  r"\(3 positives, 0 negatives\)"),
+    (np.ones((3, 2)), -np.ones(3), r"only one class: all 3 labels are negative \(-1\) "
+                                   r"\(0 positives, 3 negatives\)"),
+])
+def test_empty_and_one_class_input_raise_naming_both_values(X, y, match):
+    with pytest.raises(ValueError, match=match):
+        TopPush().fit(X, y)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_all_zero_columns_are_silently_fine_and_get_weight_zero(sparse):
+    """Decision (documented in ``fit``): zero columns are accepted without a warning; w is a
+    combination of the rows (eq. 9), so their weight is exactly 0 and the rest is unchanged."""
+    X, y = make_data(seed=6, shift=4.0)
+    Xz = np.insert(X, [0, 3, 3], 0.0, axis=1)  # zero columns 0, 4 and 5
+    zero = [0, 4, 5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with_zeros = TopPush(tol=1e-8, random_state=0).fit(sp.csr_matrix(Xz) if sparse else Xz,
+                                                           y)
+    plain = TopPush(tol=1e-8, random_state=0).fit(X, y)
+    assert np.all(with_zeros.coef_[zero] == 0.0)
+    np.testing.assert_allclose(np.delete(with_zeros.coef_, zero), plain.coef_, rtol=1e-4,
+                               atol=1e-6)
+
+
+def test_all_zero_X_warns_that_the_scores_are_constant():
+    X, y = np.zeros((20, 3)), np.r_[np.ones(5), np.zeros(15)]
+    with pytest.warns(DegenerateFitWarning, match=r"degenerate: coef_ is all zero, so the model "
+                      r"ranks every instance alike \(reg=1; data: max row norm 0, .*X is all "
+                      r"zeros"):
+        model = TopPush().fit(X, y)
+    assert not model.coef_.any() and model.converged_
+
+
+def test_identical_rows_warn_that_lowering_reg_cannot_help():
+    X, y = np.tile([1.0, -2.0, 0.5], (12, 1)), np.r_[np.ones(4), np.zeros(8)]
+    with pytest.warns(DegenerateFitWarning, match=r"(coef_ is all zero|the training scores are "
+                      r"all equal), so the model ranks every instance alike \(reg=0.5; data: max "
+                      r"row norm 2.29, ‖mean x⁺ − mean x⁻‖ = 0\).*means coincide.*cannot help"):
+        TopPush(reg=0.5).fit(X, y)
+
+
+def hull_data(seed=0):
+    """Negatives on a ring around positives: the positives' mean lies in the convex hull of the
+    negatives, so w = 0 minimizes eq. 6 at every reg (every w scores some negative at least as
+    high as the positives' mean, and ℓ is non-decreasing)."""
+    rng = np.random.default_rng(seed)
+    angle = rng.uniform(0, 2 * np.pi, 200)
+    Xn = 2.0 * np.c_[np.cos(angle), np.sin(angle)] + 0.1 * rng.normal(size=(200, 2))
+    Xp = 0.5 * rng.normal(size=(40, 2)) + [0.3, 0.0]
+    return np.vstack([Xp, Xn]), np.r_[np.ones(40), np.zeros(200)]
+
+
+@pytest.mark.parametrize("reg", [1.0, 1e-3])
+def test_a_solution_at_w_zero_warns_naming_reg_and_the_data_scale(reg):
+    X, y = hull_data()
+    with pytest.warns(DegenerateFitWarning, match=rf"degenerate at reg={reg:g}: w = 0 is within "
+                      r"tol=0.02 of the optimum of eq. 6 \(P\(0\) = 1, optimum >= [\d.]+, coef_ "
+                      r"has P = [\d.]+\).*max row norm 2.\d+, ‖mean x⁺ − mean x⁻‖ = 0.\d+\).*"
+                      r"Lower reg \(or tol\); if that does not help, the positives' mean lies "
+                      r"in the convex hull of the negatives"):
+        TopPush(reg=reg).fit(X, y)
+    # and it is right: the optimum is w = 0
+    tight = TopPush(reg=reg, tol=1e-8, max_iter=50000)
+    with pytest.warns(DegenerateFitWarning):
+        tight.fit(X, y)
+    assert primal_objective(X, y, tight.coef_, reg, "truncated_quadratic") == pytest.approx(
+        1.0, abs=1e-6)
+
+
+def test_large_reg_warns_and_a_lower_reg_does_not():
+    X, y = make_data(seed=0, shift=4.0)
+    with pytest.warns(DegenerateFitWarning, match=r"reg=1000: w = 0 is within.*Lower reg"):
+        TopPush(reg=1000.0).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TopPush(reg=1.0).fit(X, y)
+
+
+def test_spambase_at_the_authors_reg_is_degenerate_and_says_so(shared_data):
+    """On the authors' spambase split at λ = 1, min P is within 0.03 % of P(0) = 1 (the
+    optimum's ‖w‖ is about 0.02): the default tol cannot tell the fit from w = 0."""
+    from scipy.io import loadmat
+
+    path = shared_data / "spambase" / "toppush_spambase_split.mat"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    d = loadmat(path)
+    with pytest.warns(DegenerateFitWarning, match=r"degenerate at reg=1: w = 0 is within "
+                      r"tol=0.02.*‖mean x⁺ − mean x⁻‖ = 0.179"):
+        TopPush(reg=1.0).fit(d["Xtr"].tocsr(), d["ytr"].ravel())

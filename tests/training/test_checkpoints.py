@@ -102,7 +102,7 @@ def test_model_config_validation_names_the_problem(tmp_path):
     good.write_text('[models.movies]\nalgorithm = "altsvm"\nparams = { rank = 8 }\n'
                     '[models.ads]\nalgorithm = "toppush"\nkinds = ["outcome"]\n')
     models = load_models(good)
-    assert models["movies"].metric == "ndcg@10" and models["movies"].params == {"rank": 8}
+    assert models["movies"].metric == "topk_ndcg@10" and models["movies"].params == {"rank": 8}
     assert models["ads"].metric == "pos@top" and models["ads"].publish["top_k"] == 100
     cases = {
         'algorithm = "svm"': "algorithm 'svm'",
@@ -111,8 +111,9 @@ def test_model_config_validation_names_the_problem(tmp_path):
         'algorithm = "altsvm"\nevaluation = { metric = "auc" }': "metric is 'auc'",
         'algorithm = "altsvm"\ncolour = "red"': "unknown keys ['colour']",
         'algorithm = "altsvm"\nparams = { rnak = 3 }':
-            "unknown params keys ['rnak']; allowed: ['item_bias', 'loss', 'max_iter', "
-            "'max_pairs_per_user', 'n_threads', 'random_state', 'rank', 'reg', 'tol', "
+            "unknown params keys ['rnak']; allowed: ['comparisons', 'implicit_per_item', "
+            "'implicit_sampling', 'item_bias', 'loss', 'max_iter', 'max_pairs_per_user', "
+            "'n_threads', 'random_state', 'rank', 'reg', 'reg_path', 'reg_ratio', 'tol', "
             "'verbose']",
         'algorithm = "toppush"\nparams = { max_pairs_per_user = 3 }':
             "unknown params keys ['max_pairs_per_user']",
@@ -122,8 +123,8 @@ def test_model_config_validation_names_the_problem(tmp_path):
             "split is 'per_user_last', expected one of ['random']",
         'algorithm = "altsvm"\nevaluation = { holdot = 3 }': "unknown evaluation keys ['holdot']",
         'algorithm = "altsvm"\nevaluation = { k = 5, metric = "ndcg@10" }':
-            "metric is 'ndcg@10', expected one of ['ndcg@5', 'precision@5', "
-            "'pairwise_accuracy']",
+            "metric is 'ndcg@10', expected one of ['topk_ndcg@5', 'topk_precision@5', "
+            "'topk_recall@5', 'ndcg@5', 'precision@5', 'pairwise_accuracy']",
         'algorithm = "altsvm"\ngate = { tolerence = 0.1 }': "unknown gate keys ['tolerence']",
     }
     for body, message in cases.items():
@@ -138,7 +139,7 @@ def test_evaluation_k_and_relevance_come_from_the_config(tmp_path):
     path.write_text('[models.m]\nalgorithm = "altsvm"\n'
                     'evaluation = { k = 5, relevance = 8.0, split = "random" }\n')
     cfg = load_models(path)["m"]
-    assert cfg.metric == "ndcg@5" and cfg.evaluation["relevance"] == 8.0
+    assert cfg.metric == "topk_ndcg@5" and cfg.evaluation["relevance"] == 8.0
     assert cfg.evaluation["split"] == "random" and cfg.evaluation["fraction"] == 0.2
 
 

@@ -11,7 +11,7 @@ CONFIG = """
 [models.movies]
 algorithm = "altsvm"
 kinds = ["rating"]
-params = { rank = 6, reg = 150.0, random_state = 0, n_threads = 1 }
+params = { rank = 6, item_bias = true, comparisons = "mixed", random_state = 0, n_threads = 1 }
 evaluation = { holdout = 4 }
 """
 

@@ -11,6 +11,7 @@ maps, so they survive growth of the data.
 from __future__ import annotations
 
 import time
+import warnings
 
 from pipeline.training.idmap import IdMap
 
@@ -38,11 +39,20 @@ class Trainer:
         """The fitted estimator and ``{"fit_seconds", "n_iter", ...}``."""
         model = self.family.estimator_class()(**self.family.estimator_params(cfg.params))
         started = time.perf_counter()
-        self.fit_model(model, arrays, warm)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.fit_model(model, arrays, warm, cfg)
+        said = []   # the solver's warnings (no convergence, a degenerate fit) go in the report
+        for w in caught:
+            line = f"{w.category.__name__}: {w.message}"
+            if line not in said:
+                said.append(line)
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return model, {"fit_seconds": time.perf_counter() - started,
-                       "n_iter": int(model.n_iter_), **self.fit_info(model)}
+                       "n_iter": int(model.n_iter_), **self.fit_info(model),
+                       **({"warnings": said} if said else {})}
 
-    def fit_model(self, model, arrays: dict, warm: dict | None) -> None:
+    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
         raise NotImplementedError
 
     def fit_info(self, model) -> dict:
@@ -52,9 +62,26 @@ class Trainer:
         """Holdout metrics (names from the registry entry); {} when there is no holdout."""
         raise NotImplementedError
 
+    def baselines(self, arrays: dict, cfg) -> dict:
+        """The trivial models the gate compares with: {name: (holdout metrics, one score per
+        item)}. Every family has one (popularity, the global ranking, the best single
+        feature); a model that does not beat it is not worth publishing."""
+        raise NotImplementedError
+
     def artifact(self, model, arrays: dict, cfg, **describe):
         """The :class:`~pipeline.serving.artifact.ModelArtifact` to publish."""
         raise NotImplementedError
+
+    def trivial_artifact(self, scores, arrays: dict, **describe):
+        """A trivial model's item scores as a global list (published by ``gate.if_trivial =
+        "publish_trivial"`` when the model does not beat it)."""
+        from pipeline.serving.artifact import ModelArtifact
+
+        return ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores,
+                                         **describe)
+
+    def item_ids(self, arrays: dict):
+        return arrays["item_ids"]
 
     def checkpoint(self, model, arrays: dict) -> dict:
         """What the next run starts from: the id maps and the estimator's warm state."""

@@ -1,61 +1,212 @@
-"""AltSVM's trainer: rating and comparison events -> comparisons -> AltSVM -> per-user top-K."""
+"""AltSVM's trainer: rating, interaction and comparison events -> comparisons -> AltSVM (λ chosen
+on a warm-started regularization path) -> per-user top-K lists.
+
+Evaluation measures what is published: each held-out user's top-k over the items they did not
+meet in training, against their held-out positives (``topk_*`` metrics), beside the paper's
+NDCG over the rated held-out items. The trivial models (popularity, and the global ranking of
+the training comparisons' wins − losses) are scored the same way, for the gate.
+"""
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
+
 from pipeline.training import datasets
-from pipeline.training.trainers import Trainer, idmap
+from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.trainers import WARM_PREFIX, Trainer, idmap
+
+PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold runs: fractions of reg_max, decreasing
+WARM_STEP = 1.6                             # warm path runs: the previous ratio x and / this
+REUSE_GROWTH = 1.25  # warm runs keep the last path's λ per comparison until the
+                     # comparisons outgrow the path's count by this factor
+
+def _csr(users, items, n_users):
+    order = np.argsort(users, kind="stable")
+    return np.r_[0, np.cumsum(np.bincount(users, minlength=n_users))], items[order]
 
 
 class AltSVMTrainer(Trainer):
     id_maps = ("user_ids", "item_ids")
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
-        ev = cfg.evaluation
+        ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)
         data = datasets.collaborative(
             store, cfg.kinds, window=cfg.window, users=idmap(previous, "user_ids"),
             items=idmap(previous, "item_ids"), split=ev["split"], holdout=int(ev["holdout"]),
             fraction=float(ev["fraction"]), min_train=int(ev["min_train"]),
-            max_pairs_per_user=self.family.dataset_param(cfg.params, "max_pairs_per_user") or None,
-            seed=int(ev["seed"]))
+            comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
+            implicit_sampling=param("implicit_sampling"),
+            max_pairs_per_user=param("max_pairs_per_user") or None, seed=int(ev["seed"]))
         arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
-                  "comparisons": data.comparisons,
-                  **{f"train_{k}": v for k, v in data.train.items()},
-                  **{f"test_{k}": v for k, v in data.test.items()},
-                  "seen_indptr": data.seen_indptr, "seen_indices": data.seen_indices}
+                  "comparisons": data.comparisons, "path_comparisons": data.path_comparisons,
+                  **{f"met_{k}": v for k, v in data.met.items()}}
         return arrays, {"window": data.window.describe(), "stats": data.stats,
                         "n_train": int(len(data.comparisons))}
 
-    def fit_model(self, model, arrays: dict, warm: dict | None) -> None:
-        model.fit(arrays["comparisons"], n_users=len(arrays["user_ids"]),
-                  n_items=len(arrays["item_ids"]), warm_start=warm)
+    # ------------------------------------------------------------------ fitting
+
+    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
+        """A fixed ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes
+        from a regularization path scored on the validation split (cold: PATH_RATIOS; warm:
+        the last ratio and its neighbours). A warm run whose comparisons grew less than
+        REUSE_GROWTH since the last path skips it: λ stays the last path's λ per comparison
+        (the loss is a sum over comparisons, so this keeps its balance with the
+        regularizer), and the fit is one warm start."""
+        sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
+        n = len(arrays["comparisons"])
+        self.path, self.tuning = None, None
+        if "reg" in cfg.params or "reg_ratio" in cfg.params \
+                or not self.family.dataset_param(cfg.params, "reg_path"):
+            model.fit(arrays["comparisons"], warm_start=warm, **sizes)
+            return
+        last = {k: float(np.asarray(warm[k])) for k in ("path_n", "reg_per_comparison",
+                                                        "reg_ratio")
+                if warm is not None and k in warm}
+        if len(last) == 3 and n <= REUSE_GROWTH * last["path_n"]:
+            model.reg = last["reg_per_comparison"] * n
+            self.tuning = {**last, "reg_source": "last path"}
+        else:
+            self._path(model, arrays, warm, cfg, sizes, last.get("reg_ratio"))
+            warm = model.warm_state()   # the final fit continues from the chosen point
+            self.tuning = {"path_n": n, "reg_per_comparison": model.reg / n,
+                           "reg_ratio": model.reg / model.reg_max_, "reg_source": "path"}
+        model.fit(arrays["comparisons"], warm_start=warm, **sizes)
+
+    def _path(self, model, arrays, warm, cfg, sizes, last_ratio) -> None:
+        """λ by validation: a cold run walks PATH_RATIOS down from reg_max; a warm run tries
+        the last ratio and its neighbours, warm-started."""
+        ratios = PATH_RATIOS if warm is None or last_ratio is None else \
+            np.array([last_ratio * WARM_STEP, last_ratio, last_ratio / WARM_STEP])
+        path_model = type(model)(**model.get_params())
+
+        def score(fitted) -> float:
+            return self.topk_metrics(fitted, arrays, cfg, VALIDATION, (TRAIN,))[cfg.metric]
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the final fit below warns as a plain fit does
+            path_model.fit_path(arrays["path_comparisons"], score=score, ratios=ratios,
+                                patience=2, warm_start=warm, **sizes)
+        model.reg = path_model.reg
+        model.__dict__.update({k: v for k, v in vars(path_model).items()
+                               if k not in model.get_params()})
+        self.path = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in p.items()}
+                     for p in path_model.path_]
 
     def fit_info(self, model) -> dict:
-        return {"objective": float(model.objective_[-1])}
+        info = {"objective": float(model.objective_[-1]), "reg": float(model.reg_),
+                "collapsed": model.collapsed_}
+        if self.tuning is not None:
+            info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
+        if self.path:
+            info["path"] = self.path
+        return info
+
+    # ------------------------------------------------------------------ evaluation
+
+    @staticmethod
+    def _relevant(arrays, cfg) -> np.ndarray:
+        r = arrays["met_rating"]   # an interaction (NaN rating) is a positive
+        return np.isnan(r) | (r >= float(cfg.evaluation["relevance"]))
+
+    def topk_metrics(self, scorer, arrays, cfg, part, seen_parts) -> dict:
+        """``topk_*`` metrics of ``scorer``'s lists (a fitted AltSVM, or one score per item
+        for everyone) over the items each user did not meet in ``seen_parts``, against the
+        positives of ``part``; the lists come from the same top-K as the published ones."""
+        from scipy.sparse import csr_matrix
+
+        from solvers.metrics import topk_hit_metrics
+        from solvers.topk import user_topk_blocks
+
+        k = int(cfg.evaluation["k"])
+        u, i, p = arrays["met_user"], arrays["met_item"], arrays["met_part"]
+        shape = (len(arrays["user_ids"]), len(arrays["item_ids"]))
+        held = (p == part) & self._relevant(arrays, cfg)
+        users = np.unique(u[held])
+        if users.size == 0:
+            return {}
+        seen = np.isin(p, seen_parts)
+        exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
+        if isinstance(scorer, np.ndarray):   # one score per item, the same for everyone
+            ranked = np.full((len(users), k), -1, np.int64)
+            for blk in user_topk_blocks(np.ones((len(users), 1), np.float32),
+                                        scorer.reshape(-1, 1), k, seen_indptr=exclude.indptr,
+                                        seen_indices=exclude.indices):
+                width = blk.indices.shape[1]
+                valid = np.arange(width) < blk.counts[:, None]
+                ranked[blk.start:blk.start + len(blk.counts), :width] = np.where(
+                    valid, blk.indices, -1)
+        else:
+            ranked, _ = scorer.recommend(users, k=k, exclude=[
+                exclude.indices[exclude.indptr[x]:exclude.indptr[x + 1]]
+                for x in range(len(users))])
+        positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
+        hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
+        return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
-        """NDCG@k and precision@k over each user's held-out ratings (relevant: rating >=
-        ``evaluation.relevance``), and the pairwise accuracy of their held-out pairs."""
+        """On TEST, with everything the user met in training excluded: the ``topk_*`` metrics
+        of the published lists; the paper's NDCG@k and precision@k over the rated held-out
+        items; the pairwise accuracy of their pairs."""
+        out = self.topk_metrics(model, arrays, cfg, TEST, (TRAIN, VALIDATION))
+        return {**out, **self.rated_metrics(model.predict, arrays, cfg)}
+
+    @staticmethod
+    def rated_metrics(predict, arrays: dict, cfg) -> dict:
+        """The paper's protocol: NDCG@k and precision@k of each user's rated held-out items
+        ranked by ``predict(users, items)``, and the pairwise accuracy of their pairs."""
         from solvers import metrics, pairs_from_ratings
 
-        u, i, r = arrays["test_user"], arrays["test_item"], arrays["test_rating"]
+        rated = (arrays["met_part"] == TEST) & np.isfinite(arrays["met_rating"])
+        u, i, r = (arrays[f"met_{c}"][rated] for c in ("user", "item", "rating"))
         if len(u) == 0:
             return {}
         k, relevance = int(cfg.evaluation["k"]), float(cfg.evaluation["relevance"])
-        scores = model.predict(u, i)
+        scores = predict(u, i)
         out = {f"ndcg@{k}": float(metrics.ndcg_at_k(u, r, scores, k=k)),
                f"precision@{k}": float(metrics.precision_at_k(u, r >= relevance, scores, k=k))}
         pairs = pairs_from_ratings(u, i, r)
         if len(pairs):
             out["pairwise_accuracy"] = float(metrics.pairwise_accuracy(
-                model.predict(pairs[:, 0], pairs[:, 1]), model.predict(pairs[:, 0], pairs[:, 2])))
+                predict(pairs[:, 0], pairs[:, 1]), predict(pairs[:, 0], pairs[:, 2])))
         return out
+
+    def baselines(self, arrays: dict, cfg) -> dict:
+        """The trivial models, scored like the model: ``popularity`` (how many users met the
+        item positively in training) and ``global`` (wins − losses in the training
+        comparisons: one ranking for everyone). Returns {name: (metrics, item scores)}."""
+        n_items = len(arrays["item_ids"])
+        train = arrays["met_part"] != TEST
+        liked = train & self._relevant(arrays, cfg)
+        c = arrays["comparisons"]
+        found = {"popularity": np.bincount(arrays["met_item"][liked], minlength=n_items),
+                 "global": (np.bincount(c[:, 1], minlength=n_items)
+                            - np.bincount(c[:, 2], minlength=n_items))}
+        out = {}
+        for name, scores in found.items():
+            scores = scores.astype(np.float32)
+            metrics = {**self.topk_metrics(scores, arrays, cfg, TEST, (TRAIN, VALIDATION)),
+                       **self.rated_metrics(lambda _, items, s=scores: s[items], arrays, cfg)}
+            out[name] = (metrics, scores)
+        return out
+
+    # ------------------------------------------------------------------ publishing
 
     def artifact(self, model, arrays: dict, cfg, **describe):
         from pipeline.serving.artifact import ModelArtifact
 
         bias = model.item_bias_ if model.item_bias else None
+        indptr, indices = _csr(arrays["met_user"], arrays["met_item"], len(arrays["user_ids"]))
         return ModelArtifact.user_item(
             user_ids=arrays["user_ids"], item_ids=arrays["item_ids"],
             user_factors=model.user_factors_, item_factors=model.item_factors_, item_bias=bias,
-            seen=(arrays["seen_indptr"], arrays["seen_indices"]), algorithm=self.family.name,
-            **describe)
+            seen=(indptr, indices), algorithm=self.family.name, **describe)
+
+    def checkpoint(self, model, arrays: dict) -> dict:
+        """The warm state, and how λ was chosen (for the next run's path or reuse)."""
+        out = super().checkpoint(model, arrays)
+        for k, v in (self.tuning or {}).items():
+            if k != "reg_source":
+                out[WARM_PREFIX + k] = np.array(v)
+        return out
