@@ -9,7 +9,7 @@ Examples
 --------
 >>> import solvers
 >>> sorted(solvers.ESTIMATORS)
-['AltSVM', 'TopPush']
+['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush']
 """
 
 from importlib import import_module
@@ -20,6 +20,8 @@ from solvers._base import CollapseWarning, ConvergenceWarning, DegenerateFitWarn
 ESTIMATORS = {
     "AltSVM": "solvers.altsvm",
     "TopPush": "solvers.toppush",
+    "NPSVOR": "solvers.npsvor",
+    "KernelRankSVM": "solvers.kernel_ranksvm",
 }
 _LAZY = {
     **ESTIMATORS,
@@ -47,7 +49,7 @@ def warm_up(n_threads=None) -> dict:
     --------
     >>> seconds = warm_up(n_threads=1)
     >>> sorted(seconds)
-    ['AltSVM', 'TopPush', 'topk']
+    ['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush', 'topk']
     """
     from solvers.topk import warm_up as topk_warm_up
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import solvers
-from solvers import AltSVM, ConvergenceWarning, NotFittedError, TopPush
+from solvers import NPSVOR, AltSVM, ConvergenceWarning, KernelRankSVM, NotFittedError, TopPush
 
 
 def _altsvm_data():
@@ -33,12 +33,34 @@ def _toppush_data():
     return (X, y), {"ids": np.arange(300)}
 
 
+def _npsvor_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 6))
+    y = np.digitize(X[:, 0] + 0.3 * rng.normal(size=300), [-0.8, 0.0, 0.8]) + 1
+    return (X, y), {"ids": np.arange(300)}
+
+
+def _ranksvm_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5))
+    y = np.digitize(X[:, 0] + 0.3 * rng.normal(size=200), [-0.5, 0.5])
+    return (X, y, np.repeat(np.arange(20), 10)), {}
+
+
 def _altsvm_scores(model):
     return model.predict(np.repeat(np.arange(5), 20), np.tile(np.arange(20), 5))
 
 
 def _toppush_scores(model):
     return model.decision_function(np.random.default_rng(1).normal(size=(50, 6)))
+
+
+def _npsvor_scores(model):
+    return model.predict_score(np.random.default_rng(1).normal(size=(50, 6)))
+
+
+def _ranksvm_scores(model):
+    return model.decision_function(np.random.default_rng(1).normal(size=(50, 5)))
 
 
 def _altsvm_bad(model):
@@ -52,11 +74,26 @@ def _toppush_bad(model):
             "X has 5 features, the model was trained with 6")
 
 
+def _npsvor_bad(model):
+    return (lambda: model.predict(np.zeros((2, 5))),
+            "X has 5 features, the model was trained with 6")
+
+
+def _ranksvm_bad(model):
+    return (lambda: model.decision_function(np.zeros((2, 4))),
+            "X has 4 features, the model was trained with 5")
+
+
 CASES = {
     "AltSVM": (AltSVM, {"rank": 3, "reg_ratio": 0.3, "random_state": 0, "n_threads": 1},
                _altsvm_data, _altsvm_scores, _altsvm_bad),
     "TopPush": (TopPush, {"reg": 1.0, "random_state": 0}, _toppush_data, _toppush_scores,
                 _toppush_bad),
+    "NPSVOR": (NPSVOR, {"C1": 1.0, "random_state": 0, "n_threads": 1}, _npsvor_data,
+               _npsvor_scores, _npsvor_bad),
+    "KernelRankSVM": (KernelRankSVM, {"C": 1.0, "gamma": 0.2, "random_state": 0,
+                                      "n_threads": 1}, _ranksvm_data, _ranksvm_scores,
+                      _ranksvm_bad),
 }
 
 

@@ -1,0 +1,279 @@
+"""Kernel matrices for kernel RankSVM: blocks computed with BLAS, the training matrix Q kept as
+a float32 packed triangle under a memory limit, and the two "spaces" the solvers work in.
+
+Kernels (``KernelSpec``), for rows a, b:
+
+    rbf      K(a, b) = exp(−γ ‖a − b‖²)            from ‖a‖², ‖b‖² and the block A Bᵀ
+    linear   K(a, b) = aᵀb
+    poly     K(a, b) = (γ aᵀb + coef0)^degree
+
+Q = K(X, X) (:class:`GramMatrix`). Row i of its lower triangle (entries 0..i) is stored
+row-major packed in float32, for the first ``n_cached`` rows that fit in ``cache_bytes``
+(n(n+1)/2 · 4 bytes for n rows, half of the full matrix). A product Q v is then BLAS ``sspmv``
+on the cached triangle (it reads each stored entry once, and uses every entry for both Q_ij v_j
+and Q_ji v_i) plus, for the rows that did not fit, their lower-triangle blocks recomputed by
+``sgemm`` and the in-place kernel transform, each block used once as it is and once transposed.
+So with a cache of c rows a product recomputes (l² − c²)/2 kernel entries and a full cache
+recomputes none. For ``kernel="linear"`` with fewer features than rows, Q v = X (Xᵀ v) and Q is
+never formed.
+
+Spaces (what the TRON and Frank-Wolfe drivers need from the problem's geometry). The solvers
+minimise over a function w in a Hilbert space H with scores f = Φ w at the l training rows:
+
+    KernelSpace   w = Σ β_i φ(x_i), coordinates β ∈ R^l:  f = Qβ, ⟨a, b⟩_H = aᵀQb, Φ*u = u
+    FeatureSpace  w ∈ R^m with explicit features Z (l × m):  f = Z w, ⟨a, b⟩ = aᵀb, Φ*u = Zᵀu
+
+``riesz(x)`` is the vector R x with ⟨x, y⟩_H = (R x)ᵀ y (Q x, or x), ``forward(x, Rx)`` the
+scores Φ x (for KernelSpace they are R x, already known) and ``adjoint(u)`` Φ* u.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import blas
+from threadpoolctl import ThreadpoolController
+
+from solvers import _ranksvm_kernels as _k
+
+KERNELS = ("rbf", "linear", "poly")
+
+# rows per block of Q: about this many bytes of float32 block, at least _MIN_BLOCK_ROWS rows
+_BLOCK_BYTES = 32 * 2**20
+_MIN_BLOCK_ROWS = 256
+
+
+_CONTROLLER = None
+
+
+def blas_limit(n_threads: int):
+    """Context in which BLAS uses at most ``n_threads`` threads (about 20 µs to enter).
+
+    Products with Q or Z (BLAS level 2) run on one thread: they are bound by memory
+    bandwidth, and OpenBLAS's threaded gemv is 10-20x slower than one thread when the
+    machine's cores are busy with other processes. Blocks of Q (level 3, ``sgemm``) use
+    ``n_threads``."""
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER.limit(limits=max(1, int(n_threads)), user_api="blas")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel function: ``kernel`` in {"rbf", "linear", "poly"} and its parameters."""
+
+    kernel: str
+    gamma: float
+    degree: int
+    coef0: float
+
+
+def row_norms(X: np.ndarray) -> np.ndarray:
+    """‖x_i‖² in float64, returned in X's dtype."""
+    X64 = np.asarray(X, dtype=np.float64)
+    return np.einsum("ij,ij->i", X64, X64).astype(X.dtype)
+
+
+def kernel_block(A, B, sq_a, sq_b, spec: KernelSpec) -> np.ndarray:
+    """K(A, B) as a new array in A's dtype (float32: training blocks; float64: predictions).
+
+    ``sq_a``, ``sq_b`` are the squared row norms (used by the RBF kernel only)."""
+    G = A @ B.T
+    if spec.kernel == "rbf":
+        if G.dtype == np.float32:
+            _k.rbf_from_dot_f32(G, sq_a, sq_b, np.float32(spec.gamma))
+        else:
+            _k.rbf_from_dot(G, sq_a, sq_b, float(spec.gamma))
+    elif spec.kernel == "poly":
+        _k.poly_from_dot(G, float(spec.gamma), float(spec.coef0), int(spec.degree))
+    return G
+
+
+def kernel_dot(X, S, coef, spec: KernelSpec, sq_x=None, sq_s=None) -> np.ndarray:
+    """Σ_s coef_s K(x, S_s) for every row x of X, in float64, by blocks of X's rows."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    S = np.ascontiguousarray(S, dtype=np.float64)
+    coef = np.asarray(coef, dtype=np.float64)
+    out = np.zeros(X.shape[0])
+    if S.shape[0] == 0 or X.shape[0] == 0:
+        return out
+    if spec.kernel == "linear":
+        with blas_limit(1):
+            return X @ (S.T @ coef)
+    sq_x = row_norms(X) if sq_x is None else sq_x
+    sq_s = row_norms(S) if sq_s is None else sq_s
+    rows = max(64, _BLOCK_BYTES // (8 * max(1, S.shape[0])))
+    for a in range(0, X.shape[0], rows):
+        b = min(a + rows, X.shape[0])
+        block = kernel_block(X[a:b], S, sq_x[a:b], sq_s, spec)
+        with blas_limit(1):
+            out[a:b] = block @ coef
+    return out
+
+
+def packed_rows_fitting(cache_bytes: float, n_rows: int) -> int:
+    """Largest c ≤ n_rows whose packed float32 triangle, c(c+1)/2 · 4 bytes, fits."""
+    c = int((np.sqrt(1.0 + 2.0 * max(cache_bytes, 0.0)) - 1.0) / 2.0)  # c(c+1)/2*4 <= bytes
+    while c > 0 and c * (c + 1) * 2 > cache_bytes:
+        c -= 1
+    while c < n_rows and (c + 1) * (c + 2) * 2 <= cache_bytes:
+        c += 1
+    return min(c, n_rows)
+
+
+class GramMatrix:
+    """Q = K(X, X) as a symmetric operator (see the module docstring for the storage).
+
+    Parameters
+    ----------
+    X : ndarray (l, n)
+        Training rows (any float dtype; kept as float32 for Q).
+    spec : KernelSpec
+    cache_bytes : float
+        Memory allowed for the stored triangle of Q.
+    n_threads : int
+        BLAS threads for the blocks of Q recomputed at each product (the stored triangle is
+        built, and multiplied, with one).
+
+    Attributes
+    ----------
+    n_cached : int
+        Rows of Q whose lower-triangle part is stored (l when all of Q fits).
+    nbytes : int
+        Bytes of the stored triangle.
+    n_products : int
+        Products computed so far (:meth:`matvec` calls).
+    """
+
+    def __init__(self, X, spec: KernelSpec, cache_bytes: float, n_threads: int = 1):
+        self.spec = spec
+        self.n_threads = n_threads
+        self.n = X.shape[0]
+        self.n_products = 0
+        self.factored = spec.kernel == "linear" and X.shape[1] < X.shape[0] // 2
+        if self.factored:
+            self.X = np.ascontiguousarray(X, dtype=np.float64)
+            self.n_cached, self.packed = self.n, np.zeros(0, np.float32)
+            self.nbytes = 0
+            return
+        self.X = np.ascontiguousarray(X, dtype=np.float32)
+        self.sq = row_norms(self.X)
+        self.n_cached = packed_rows_fitting(cache_bytes, self.n)
+        c = self.n_cached
+        self.packed = np.empty(c * (c + 1) // 2, dtype=np.float32)
+        self.nbytes = self.packed.nbytes
+        # the stored rows: sgemm on one thread, then the parallel numba transform (on MQ2008,
+        # l = 7,900, this pair took 0.17-0.21 s against 0.26-0.64 s with two BLAS threads,
+        # whose idle spinning slows the numba threads that follow)
+        rows = self._block_rows()
+        for a in range(0, c, rows):
+            b = min(a + rows, c)
+            if spec.kernel == "rbf":  # transform and pack in one pass
+                with blas_limit(1):
+                    dots = self.X[a:b] @ self.X[:b].T
+                _k.rbf_pack_lower_f32(dots, self.sq[a:b], self.sq[:b], np.float32(spec.gamma),
+                                      a, self.packed)
+            else:
+                with blas_limit(1):
+                    block = kernel_block(self.X[a:b], self.X[:b], self.sq[a:b], self.sq[:b],
+                                         spec)
+                _k.pack_lower_rows(block, a, self.packed)
+
+    def _block_rows(self) -> int:
+        return int(max(_MIN_BLOCK_ROWS, min(4096, _BLOCK_BYTES // (4 * max(1, self.n)))))
+
+    def matvec(self, v: np.ndarray) -> np.ndarray:
+        """Q v in float64 (float32 arithmetic inside, exact-ish to 1e-6 relative)."""
+        self.n_products += 1
+        if self.factored:
+            with blas_limit(1):
+                return self.X @ (self.X.T @ v)
+        n, c = self.n, self.n_cached
+        v32 = np.asarray(v, dtype=np.float32)
+        y = np.zeros(n, dtype=np.float32)
+        if c > 0:
+            with blas_limit(1):
+                y[:c] = blas.sspmv(c, 1.0, self.packed, v32[:c], lower=0)
+        rows = self._block_rows()
+        for a in range(c, n, rows):
+            b = min(a + rows, n)
+            with blas_limit(self.n_threads):
+                block = kernel_block(self.X[a:b], self.X[:b], self.sq[a:b], self.sq[:b],
+                                     self.spec)
+            with blas_limit(1):
+                y[a:b] += block @ v32[:b]
+                if a > 0:
+                    y[:a] += block[:, :a].T @ v32[a:b]
+        return y.astype(np.float64)
+
+    def dense(self) -> np.ndarray:
+        """Q as a dense float64 array (tests and small problems only)."""
+        return np.column_stack([self.matvec(e) for e in np.eye(self.n)])
+
+
+class KernelSpace:
+    """w = Σ β_i φ(x_i): coordinates β ∈ R^l, f = Qβ, ⟨a, b⟩_H = aᵀQb, Φ*u = u."""
+
+    def __init__(self, gram: GramMatrix):
+        self.gram = gram
+        self.dim = gram.n
+
+    @property
+    def n_products(self) -> int:
+        return self.gram.n_products
+
+    def riesz(self, x):
+        return self.gram.matvec(x)
+
+    def forward(self, x, rx):
+        return rx
+
+    def adjoint(self, u):
+        return u
+
+
+class FeatureSpace:
+    """w ∈ R^m with features Z (l × m, kept in float32 like Q): f = Z w, ⟨a, b⟩ = aᵀb,
+    Φ*u = Zᵀu."""
+
+    def __init__(self, Z: np.ndarray):
+        self.Z = np.ascontiguousarray(Z, dtype=np.float32)
+        self.dim = Z.shape[1]
+        self.n_products = 0
+
+    def riesz(self, x):
+        return x
+
+    def forward(self, x, rx):
+        self.n_products += 1
+        with blas_limit(1):
+            return (self.Z @ x.astype(np.float32)).astype(np.float64)
+
+    def adjoint(self, u):
+        self.n_products += 1
+        with blas_limit(1):
+            return (self.Z.T @ u.astype(np.float32)).astype(np.float64)
+
+
+def nystroem_features(X, landmarks, spec: KernelSpec, eig_floor: float = 1e-10):
+    """Nyström features Z = K(X, L) K(L, L)^(−1/2) (so Z Zᵀ ≈ K(X, X)) and the map
+    T = K(L, L)^(−1/2) (Z = K(X, L) T). Eigenvalues below ``eig_floor`` · the largest are
+    dropped (the pseudo-inverse square root), so Z may have fewer columns than landmarks."""
+    L = np.ascontiguousarray(landmarks, dtype=np.float64)
+    sq_l = row_norms(L)
+    K_ll = kernel_block(L, L, sq_l, sq_l, spec)
+    K_ll = 0.5 * (K_ll + K_ll.T)
+    with blas_limit(1):  # threaded LAPACK stalls on a busy machine (10x and more)
+        vals, vecs = np.linalg.eigh(K_ll)
+    keep = vals > eig_floor * max(vals.max(), np.finfo(float).tiny)
+    T = vecs[:, keep] / np.sqrt(vals[keep])
+    X64 = np.ascontiguousarray(X, dtype=np.float64)
+    sq_x = row_norms(X64)
+    Z = np.empty((X64.shape[0], T.shape[1]))
+    rows = max(64, _BLOCK_BYTES // (8 * max(1, L.shape[0])))
+    for a in range(0, X64.shape[0], rows):
+        b = min(a + rows, X64.shape[0])
+        Z[a:b] = kernel_block(X64[a:b], L, sq_x[a:b], sq_l, spec) @ T
+    return Z, T
