@@ -10,6 +10,9 @@ Four kinds, built with the class methods:
 ``query_docs``         per query a list of (doc, score), ranked per query (kernel RankSVM).
 ``predicted_ratings``  one predicted rating per item: one ranked list (NPSVOR).
 
+``predicted_ratings`` and ``query_docs`` may carry a :class:`~pipeline.serving.scorers.Scorer`:
+the model itself, for lookups that score candidates given in the request.
+
 Examples
 --------
 >>> import numpy as np
@@ -29,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.serving.layout import KINDS, key_of
+from pipeline.serving.scorers import Scorer
 from solvers.persist import read_bundle, write_bundle
 
 FORMAT = "rankstream.artifact"
@@ -107,7 +111,10 @@ class ModelArtifact:
         Score (``global_list``) or predicted rating (``predicted_ratings``) per item.
     fallback_scores : ndarray or None
         Per-item scores of the list served to unknown users/queries. ``user_item`` defaults
-        to the scores of the mean user factor.
+        to the scores of the mean user factor. For ``predicted_ratings``: the ranking score
+        the published list is ordered by (default the predicted ratings).
+    scorer : Scorer or None
+        The on-demand scoring model (``predicted_ratings``, ``query_docs``).
     algorithm, params, metrics, trained_at
         Description copied into the published version's meta hash.
     """
@@ -126,6 +133,7 @@ class ModelArtifact:
     list_scores: np.ndarray | None = None
     item_scores: np.ndarray | None = None
     fallback_scores: np.ndarray | None = None
+    scorer: Scorer | None = None
     algorithm: str = ""
     params: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
@@ -174,19 +182,22 @@ class ModelArtifact:
         return cls("global_list", item_ids, item_scores=scores, **describe)
 
     @classmethod
-    def predicted_ratings(cls, *, item_ids, ratings, **describe) -> ModelArtifact:
-        """One predicted rating per item (NPSVOR): items ranked by predicted rating.
+    def predicted_ratings(cls, *, item_ids, ratings, scores=None, scorer=None,
+                          **describe) -> ModelArtifact:
+        """One predicted rating per item (NPSVOR): the published list ranks items by
+        ``scores`` (a continuous ranking score; default the ratings themselves).
 
         Examples
         --------
         >>> ModelArtifact.predicted_ratings(item_ids=[1, 2], ratings=[3, 5]).n_items
         2
         """
-        return cls("predicted_ratings", item_ids, item_scores=ratings, **describe)
+        return cls("predicted_ratings", item_ids, item_scores=ratings, fallback_scores=scores,
+                   scorer=scorer, **describe)
 
     @classmethod
     def query_docs(cls, *, query_ids, doc_ids, indptr, docs, scores, fallback_scores=None,
-                   **describe) -> ModelArtifact:
+                   scorer=None, **describe) -> ModelArtifact:
         """Per query a list of candidate docs (indices into ``doc_ids``) with scores, in CSR
         form (kernel RankSVM); each query's list is ranked by score when published.
 
@@ -198,7 +209,7 @@ class ModelArtifact:
         """
         return cls("query_docs", doc_ids, key_ids=query_ids, list_indptr=indptr,
                    list_items=docs, list_scores=scores, fallback_scores=fallback_scores,
-                   **describe)
+                   scorer=scorer, **describe)
 
     def __post_init__(self):
         self.validate()
@@ -247,6 +258,9 @@ class ModelArtifact:
             self.item_scores = _floats("item_scores", self.item_scores, (n_items,))
         if self.fallback_scores is not None:
             self.fallback_scores = _floats("fallback_scores", self.fallback_scores, (n_items,))
+        if self.scorer is not None and not isinstance(self.scorer, Scorer):
+            raise ValueError(f"scorer is a {type(self.scorer).__name__}, expected a "
+                             "pipeline.serving.scorers.Scorer")
         if not isinstance(self.params, dict) or not isinstance(self.metrics, dict):
             raise ValueError("params and metrics must be dicts")
         json.dumps([self.params, self.metrics])  # must be JSON-serialisable
@@ -278,6 +292,8 @@ class ModelArtifact:
         [1, 2]
         """
         arrays = {n: getattr(self, n) for n in _ARRAYS if getattr(self, n) is not None}
+        if self.scorer is not None:
+            arrays["scorer"] = np.frombuffer(self.scorer.to_bytes(), dtype=np.uint8)
         manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
                     "kind": self.kind, "algorithm": self.algorithm, "params": self.params,
                     "metrics": self.metrics, "trained_at": self.trained_at,
@@ -293,6 +309,8 @@ class ModelArtifact:
             raise ValueError(f"{path}/arrays.npz lacks arrays {sorted(missing)} named in the "
                              "manifest")
         known = {f.name for f in fields(cls)}
+        if "scorer" in arrays:
+            arrays["scorer"] = Scorer.from_bytes(arrays["scorer"].tobytes(), f"{path}: scorer")
         return cls(kind=manifest["kind"], algorithm=manifest.get("algorithm", ""),
                    params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
                    trained_at=manifest.get("trained_at"),

@@ -59,6 +59,7 @@ KEY_PATTERNS = {
              "ranked pairs (int32 index, float32 score)"),
     "user_factor": ("<tag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
     "seen": ("<tag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
+    "scorer": ("<tag>:v<version>:scorer", "string", "npz without pickle: the on-demand model"),
 }
 
 # meta hash field -> meaning (the .md meta table lists exactly these fields)
@@ -89,6 +90,7 @@ META_FIELDS = {
     "n_factor_keys": "keys with a user factor",
     "n_seen_keys": "keys with a seen list",
     "global": "none | model | fallback: what the global list is",
+    "scorer": "none | ordinal_linear | kernel: the kind of the scorer key",
 }
 
 _VERSION = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32})$")
@@ -142,6 +144,10 @@ class VersionKeys:
 
     def item_values(self, chunk: int) -> str:
         return f"{self.prefix}val:{chunk}"
+
+    @property
+    def scorer(self) -> str:
+        return self.prefix + "scorer"
 
     def key_index(self, chunk: int) -> str:
         return f"{self.prefix}keys:{chunk}"

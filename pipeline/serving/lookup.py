@@ -11,6 +11,10 @@ Other answers take one more round trip: users with a factor but no precomputed l
 item factors (read once per version, kept in memory); unknown users or queries get the
 version's fallback list and ``source == "fallback"`` says so.
 
+Candidates given in the request (:meth:`TopK.rank`, :meth:`TopK.predict_rating`) are scored in
+process by the version's :class:`~pipeline.serving.scorers.Scorer` (read once per version):
+one round trip (``GET current``) per answer.
+
 When Redis is down or slower than ``timeout``: ``on_error="raise"`` raises
 :class:`RedisUnavailable`; ``on_error="last_known"`` answers from an in-process cache of the
 last answers (``stale=True``; users never answered get the last-known fallback list). After a
@@ -46,11 +50,18 @@ from pipeline.serving.layout import (
 )
 from pipeline.serving.redis_client import as_client, client_from_url
 from pipeline.serving.redis_wire import round_trip
-from pipeline.serving.version_cache import Vanished, VersionState, load_factors, load_version_state
+from pipeline.serving.version_cache import (
+    Vanished,
+    VersionState,
+    load_factors,
+    load_scorer,
+    load_version_state,
+)
 from pipeline.settings import redact
 from solvers.topk import topk_of_scores
 
-__all__ = ["TopK", "Recommendation", "RedisUnavailable", "LayoutError", "UnknownModelError"]
+__all__ = ["TopK", "Recommendation", "Prediction", "RedisUnavailable", "LayoutError",
+           "UnknownModelError"]
 
 _ATTEMPTS = 6  # re-resolutions of `current` when versions vanish while being read
 COUNT_FLUSH = 10.0  # seconds between flushes of the answer counts to Redis
@@ -76,7 +87,8 @@ class Recommendation:
     source : str
         ``"precomputed"`` (the user's own stored list), ``"on_demand"`` (scored now from the
         user's factor), ``"global"`` (the model is one global list), ``"fallback"`` (unknown
-        user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback).
+        user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback),
+        ``"scored"`` (candidates given in the request, scored by the version's model).
     stale : bool
         True when Redis was unavailable and this is the last-known answer.
     """
@@ -86,6 +98,18 @@ class Recommendation:
     items: list
     version: int
     source: str
+    stale: bool = False
+
+
+@dataclass(slots=True)
+class Prediction:
+    """One answer of :meth:`TopK.predict_rating`: the rating, the continuous ranking score it
+    comes with (higher is better), and the version that computed both."""
+
+    model: str
+    rating: int
+    score: float
+    version: int
     stale: bool = False
 
 
@@ -274,6 +298,53 @@ class TopK:
             self._count(model, rec)
         return out
 
+    def rank(self, model: str, candidates, k: int = 10, query=None) -> Recommendation:
+        """The top ``k`` of ``candidates`` given in the request, scored by the current
+        version's model (the re-ranking call of a search stack): ``source == "scored"``.
+
+        ``candidates`` is a sequence of ``(id, x)``; ``x`` is a features list or
+        ``{index: value}`` map as in events, a text (str), or ``{"features": ..., "text": ...}``
+        (text for models trained on text). ``query`` is recorded in the answer. With
+        ``on_error="last_known"`` and Redis down, the last version's cached model answers
+        (``stale=True``).
+
+        Examples
+        --------
+        >>> docs = [("d1", [0.2, 1.0]), ("d2", [0.9, 0.1])]
+        >>> topk.rank("search", docs, k=1, query="shoes").items  # doctest: +SKIP
+        [('d2', 1.73)]
+        """
+        if k < 0:
+            raise ValueError(f"k is {k}, it must be >= 0")
+        candidates = list(candidates)
+        for n, c in enumerate(candidates):
+            if not isinstance(c, (tuple, list)) or len(c) != 2:
+                raise ValueError(f"candidates[{n}] is {c!r:.60}, expected an (id, features) "
+                                 "pair")
+        st, stale = self._scorer_state(model)
+        scores = st.scorer.score(st.scorer.rows([x for _, x in candidates]))
+        best = np.argsort(-scores, kind="stable")[:k]
+        rec = Recommendation(model, query, [(candidates[i][0], float(scores[i])) for i in best],
+                             st.version, "scored", stale)
+        self._count(model, rec)
+        return rec
+
+    def predict_rating(self, model: str, features=None, text=None) -> Prediction:
+        """An ordinal model's rating of one item described in the request by ``features``
+        (list or ``{index: value}`` map, as in events) and/or ``text``.
+
+        Examples
+        --------
+        >>> topk.predict_rating("reviews", text="a warm, funny film").rating  # doctest: +SKIP
+        4
+        """
+        if features is None and text is None:
+            raise ValueError("predict_rating needs features or text, got neither")
+        st, stale = self._scorer_state(model)
+        X = st.scorer.rows([{"features": features, "text": text}])
+        return Prediction(model, int(st.scorer.predict_rating(X)[0]),
+                          float(st.scorer.score(X)[0]), st.version, stale)
+
     # ------------------------------------------------------------------ answer sources
     def stats(self) -> dict:
         """How this client's answers came about, per model: ``{model: {source: count}}``
@@ -372,29 +443,57 @@ class TopK:
     def _resolve(self, model: str, users: list, k: int) -> list[Recommendation]:
         if k < 0:
             raise ValueError(f"k is {k}, it must be >= 0")
+
+        def attempt():
+            out = self._resolve_once(model, users, k)
+            if self._last is not None:
+                for u, rec in zip(users, out):
+                    if rec.user is not None:
+                        self._remember(model, key_of(u), rec)
+            return out
+
+        return self._guarded(model, attempt,
+                             lambda err, again: self._failed(model, users, k, err, again))
+
+    def _scorer_state(self, model: str) -> tuple[VersionState, bool]:
+        """(current version with its scorer loaded, stale): the last version's when Redis is
+        down and the policy is last-known."""
+        def attempt():
+            st = self._current_state(model)
+            load_scorer(self._bulk, st)
+            return st, False
+
+        def failed(err, again):
+            msg = self._went_down(err, again)
+            st = self._current.get(model)
+            if self._last is None or st is None or st.scorer is None:
+                raise RedisUnavailable(msg + ("" if self._last is None else
+                                              f"; and no cached model for {model!r}")) from err
+            return st, True
+
+        return self._guarded(model, attempt, failed)
+
+    def _guarded(self, model: str, attempt, failed):
+        """``attempt()``, again while versions vanish under it; ``failed(err, again)`` when
+        Redis is down (``again``: a new failure, not the retry interval of an old one)."""
         if self._down_until:
             if time.monotonic() < self._down_until:
-                return self._failed(model, users, k, self._last_error, again=False)
+                return failed(self._last_error, False)
             self._down_until = 0.0
         try:
             for _ in range(_ATTEMPTS):
                 try:
-                    out = self._resolve_once(model, users, k)
+                    return attempt()
                 except Vanished:
                     continue
-                if self._last is not None:
-                    for u, rec in zip(users, out):
-                        if rec.user is not None:
-                            self._remember(model, key_of(u), rec)
-                return out
         except _Down as down:
-            return self._failed(model, users, k, down.err)
+            return failed(down.err, True)
         except Exception as err:
             import redis
 
             if isinstance(err, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
                     err, redis.AuthenticationError):
-                return self._failed(model, users, k, err)
+                return failed(err, True)
             raise
         raise LayoutError(f"model {model!r}: the current version vanished {_ATTEMPTS} times "
                           "while being read (publishing faster than versions are kept?)")
@@ -410,7 +509,8 @@ class TopK:
                 self._states[cache_key] = st
         return st
 
-    def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
+    def _current_state(self, model: str) -> VersionState:
+        """The state of the version ``current`` points to now (one round trip once cached)."""
         import redis
 
         keys = self._model_keys(model)
@@ -425,6 +525,12 @@ class TopK:
         parse_current(raw, keys.current)
         st = self._state(keys, raw)
         self._current[model] = st
+        return st
+
+    def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
+        st = self._current_state(model)
+        keys = self._model_keys(model)
+        raw = st.current_raw
         if not st.per_key:
             return [self._global(st, u, k) for u in users]
         names = [key_of(u) for u in users]
@@ -508,12 +614,16 @@ class TopK:
             except (RuntimeError, StopIteration):
                 pass
 
-    def _failed(self, model: str, users: list, k: int, err, again: bool = True) -> list:
+    def _went_down(self, err, again: bool) -> str:
+        """Start the retry interval (on a new failure) and say what happened."""
         if again:
             self._last_error = err
             self._down_until = time.monotonic() + self.retry_interval
-        msg = (f"Redis at {self._where} is unavailable ({type(err).__name__}: {err}); "
-               f"next attempt in up to {self.retry_interval:g} s")
+        return (f"Redis at {self._where} is unavailable ({type(err).__name__}: {err}); "
+                f"next attempt in up to {self.retry_interval:g} s")
+
+    def _failed(self, model: str, users: list, k: int, err, again: bool = True) -> list:
+        msg = self._went_down(err, again)
         if self._last is None:
             raise RedisUnavailable(msg) from err
         st = self._current.get(model)

@@ -98,11 +98,13 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
         "n_keys": art.n_keys, "key_chunk": KEY_CHUNK, "n_key_chunks": -(-art.n_keys // KEY_CHUNK),
         "n_lists": n_lists, "n_factor_keys": n_factor, "n_seen_keys": n_seen,
-        "global": global_role,
+        "global": global_role, "scorer": art.scorer.kind if art.scorer is not None else "none",
     }
 
 
 def _global_scores(art: ModelArtifact) -> tuple[np.ndarray | None, str]:
+    if art.kind == "predicted_ratings" and art.fallback_scores is not None:
+        return art.fallback_scores, "model"   # the ranking score, not the rating
     if art.kind in ("global_list", "predicted_ratings"):
         return art.item_scores, "model"
     if art.fallback_scores is not None:
@@ -291,6 +293,8 @@ def _write_all(w: MsetWriter, vk: VersionKeys, artifact: ModelArtifact, model_na
     for c, lo in enumerate(range(0, len(key_strs), KEY_CHUNK)):  # the index goes first
         w.set(vk.key_index(c), pack_keys(key_strs[lo:lo + KEY_CHUNK]))
     _write_items(w, vk, artifact)
+    if artifact.scorer is not None:
+        w.set(vk.scorer, artifact.scorer.to_bytes())
     if global_scores is not None:
         w.set(vk.global_list, pack_pairs(*topk_of_scores(global_scores, top_k)))
     waited = 0.0

@@ -1,7 +1,7 @@
 """What the lookup client keeps in memory per published version: its meta, item ids, global
-list and (loaded on first need) item factors. Versions are immutable, so this is read once per
-version and process; a version that disappears while being read raises :class:`Vanished` and
-the caller re-resolves ``current``.
+list and (loaded on first need) item factors or on-demand scorer. Versions are immutable, so
+this is read once per version and process; a version that disappears while being read raises
+:class:`Vanished` and the caller re-resolves ``current``.
 
 Examples
 --------
@@ -40,7 +40,7 @@ class VersionState:
                  "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
                  "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefix",
                  "user_prefix", "seen_prefix", "vkeys", "n_item_chunks", "item_factors",
-                 "item_bias", "meta")
+                 "item_bias", "meta", "scorer")
 
     def global_answer(self, k: int) -> list:
         return self.global_items[:k] if self.global_items is not None else []
@@ -95,7 +95,7 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes) -> VersionSt
     st.global_role = meta.get("global", "none")
     st.topk_prefix, st.user_prefix, st.seen_prefix = (vk.prefix + "topk:", vk.prefix + "u:",
                                                       vk.prefix + "seen:")
-    st.item_factors = st.item_bias = None
+    st.item_factors = st.item_bias = st.scorer = None
     pipe = client.pipeline(transaction=False)
     for c in range(st.n_item_chunks):
         pipe.get(vk.items(c))
@@ -150,3 +150,19 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
                           f"({st.n_items}, {st.rank})")
     st.item_factors, st.item_bias = V, b
     return V, b
+
+
+def load_scorer(client, st: VersionState):
+    """The version's on-demand :class:`~pipeline.serving.scorers.Scorer`, read once and kept."""
+    if st.scorer is not None:
+        return st.scorer
+    from pipeline.serving.scorers import Scorer
+
+    if st.meta.get("scorer", "none") == "none":
+        raise LayoutError(f"model {st.model!r} version {st.version} ({st.kind}) has no scorer: "
+                          "it cannot score candidates given in a request")
+    raw = _ask(client, st.vkeys.scorer, lambda: client.get(st.vkeys.scorer))
+    if raw is None:
+        raise Vanished(st.version)
+    st.scorer = Scorer.from_bytes(raw, st.vkeys.scorer)
+    return st.scorer

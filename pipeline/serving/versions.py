@@ -315,7 +315,7 @@ def delete_version(client, keys: ModelKeys, version: int, batch: int = 1000) -> 
         n_key_chunks = int(meta["n_key_chunks"])
         for c in range(n_item_chunks):
             names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c)]
-        names.append(vk.global_list)
+        names += [vk.global_list, vk.scorer]
         for c in range(n_key_chunks):
             raw = client.get(vk.key_index(c))
             if raw is None:

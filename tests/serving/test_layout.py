@@ -67,7 +67,8 @@ def test_key_builders_follow_the_patterns():
              "item_factors": vk.item_factors(3), "item_bias": vk.item_bias(3),
              "item_values": vk.item_values(3), "key_index": vk.key_index(3),
              "global": vk.global_list, "topk": vk.topk("alice"),
-             "user_factor": vk.user_factor("alice"), "seen": vk.seen("alice")}
+             "user_factor": vk.user_factor("alice"), "seen": vk.seen("alice"),
+             "scorer": vk.scorer}
     assert set(built) == set(L.KEY_PATTERNS)
     for name, key in built.items():
         expected = (L.KEY_PATTERNS[name][0].replace("<tag>", "{ns:model-1}")
