@@ -61,10 +61,11 @@ def feature_rows(indices, values, n_features: int, texts=None, text_features: in
     """
     n = len(indices)
     lengths = np.array([0 if ix is None else len(ix) for ix in indices], dtype=np.int64)
-    cols = np.fromiter((c for ix in indices if ix is not None for c in ix), dtype=np.int64,
-                       count=int(lengths.sum()))
-    vals = np.fromiter((v for vs in values if vs is not None for v in vs), dtype=np.float32,
-                       count=int(lengths.sum()))
+    present = [i for i in range(n) if lengths[i]]
+    cols = np.concatenate([np.asarray(indices[i], dtype=np.int64) for i in present]
+                          or [np.zeros(0, np.int64)])
+    vals = np.concatenate([np.asarray(values[i], dtype=np.float32) for i in present]
+                          or [np.zeros(0, np.float32)])
     rows = np.repeat(np.arange(n), lengths)
     keep = cols < n_features
     X = sp.csr_matrix((vals[keep], (rows[keep], cols[keep])), shape=(n, n_features),

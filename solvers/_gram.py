@@ -91,6 +91,27 @@ def kernel_block(A, B, sq_a, sq_b, spec: KernelSpec) -> np.ndarray:
     return G
 
 
+_SERIAL_ENTRIES = 1 << 20
+"""Kernel blocks up to this many entries (a request's 100 candidates x 2,000 support vectors)
+are computed on one thread with numpy: starting and synchronising BLAS and numba threads costs
+more than the work, 10-15x more when the machine's cores are busy."""
+
+
+def _kernel_small(G, sq_a, sq_b, spec: KernelSpec) -> np.ndarray:
+    """:func:`kernel_block`'s map from G = A Bᵀ to K(A, B), serial, in numpy."""
+    if spec.kernel == "rbf":
+        # in place: fresh temporaries of this size cost page faults
+        G *= -2.0
+        G += sq_a[:, None]
+        G += sq_b
+        np.maximum(G, 0.0, out=G)
+        G *= -spec.gamma
+        return np.exp(G, out=G)
+    if spec.kernel == "poly":
+        return (spec.gamma * G + spec.coef0) ** spec.degree
+    return G
+
+
 def kernel_dot(X, S, coef, spec: KernelSpec, sq_x=None, sq_s=None) -> np.ndarray:
     """Σ_s coef_s K(x, S_s) for every row x of X, in float64, by blocks of X's rows."""
     X = np.ascontiguousarray(X, dtype=np.float64)
@@ -104,6 +125,9 @@ def kernel_dot(X, S, coef, spec: KernelSpec, sq_x=None, sq_s=None) -> np.ndarray
             return X @ (S.T @ coef)
     sq_x = row_norms(X) if sq_x is None else sq_x
     sq_s = row_norms(S) if sq_s is None else sq_s
+    if X.shape[0] * S.shape[0] <= _SERIAL_ENTRIES:
+        with blas_limit(1):
+            return _kernel_small(X @ S.T, sq_x, sq_s, spec) @ coef
     rows = max(64, _BLOCK_BYTES // (8 * max(1, S.shape[0])))
     for a in range(0, X.shape[0], rows):
         b = min(a + rows, X.shape[0])

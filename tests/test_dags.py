@@ -117,6 +117,66 @@ def test_altsvm_and_toppush_dags_publish_what_topk_serves(pipeline_env, kafka_bo
         assert ads.version == 1 and len(ads.items) == 5
 
 
+JUDGMENT_CONFIG = """
+[models.search]
+algorithm = "kernel_ranksvm"
+kinds = ["judgment"]
+params = { n_threads = 1 }
+"""
+
+
+def test_judgment_dag_publishes_a_query_ranker_that_lookups_serve(pipeline_env, kafka_bootstrap,
+                                                                  redis_url, tmp_path):
+    env, namespace = pipeline_env
+    config = tmp_path / "search.toml"
+    config.write_text(JUDGMENT_CONFIG)
+    env = {**env, "RANKSTREAM_CONFIG": str(config)}
+    judgments = synthetic.judgment_events(n_queries=60, docs_per_query=10, seed=5,
+                                          id_prefix=namespace)
+    _produce(kafka_bootstrap, "judgment", judgments)
+    run = airflow_runner.dags_test(env, "rankstream_search")
+    assert run.returncode == 0, run.stdout[-5000:]
+    query = judgments[0]["query"]
+    docs = [(e["doc"], e["features"]) for e in judgments if e["query"] == query]
+    with TopK(redis_url, namespace=namespace) as topk:
+        rec = topk.recommend("search", query, k=len(docs))
+        ranked = topk.rank("search", docs, k=len(docs), query=query)
+    assert rec.version == 1 and rec.source == "precomputed" and len(rec.items) == len(docs)
+    # the query's precomputed list and its docs re-ranked from the support set agree
+    assert ranked.source == "scored" and ranked.version == 1
+    assert [d for d, _ in ranked.items] == [d for d, _ in rec.items]
+
+
+ORDINAL_CONFIG = """
+[models.reviews]
+algorithm = "npsvor"
+kinds = ["ordinal"]
+params = { tol = 0.01, text_features = 65536, random_state = 0 }
+"""
+
+
+def test_ordinal_dag_publishes_a_rating_model_that_lookups_serve(pipeline_env, kafka_bootstrap,
+                                                                 redis_url, tmp_path):
+    env, namespace = pipeline_env
+    config = tmp_path / "reviews.toml"
+    config.write_text(ORDINAL_CONFIG)
+    env = {**env, "RANKSTREAM_CONFIG": str(config)}
+    reviews = synthetic.ordinal_events(n_items=150, n_reviews=1500, seed=6, id_prefix=namespace)
+    _produce(kafka_bootstrap, "ordinal", reviews)
+    run = airflow_runner.dags_test(env, "rankstream_reviews")
+    assert run.returncode == 0, run.stdout[-5000:]
+    good, bad = "excellent amazing love it", "awful broke waste not good"
+    with TopK(redis_url, namespace=namespace) as topk:
+        best = topk.recommend("reviews", None, k=5)
+        high = topk.predict_rating("reviews", text=good)
+        low = topk.predict_rating("reviews", text=bad)
+        ranked = topk.rank("reviews", [("bad", bad), ("good", good)], k=2)
+    assert best.version == 1 and len(best.items) == 5
+    assert high.version == 1 and high.rating >= 4 and low.rating <= 2
+    assert [i for i, _ in ranked.items] == ["good", "bad"] and ranked.source == "scored"
+    assert ranked.items[0][1] == high.score and ranked.items[1][1] == low.score
+
+
 def test_task_killed_mid_train_and_retried_ends_in_the_same_published_state(
         pipeline_env, kafka_bootstrap, redis_url, tmp_path):
     env, namespace = pipeline_env

@@ -2,10 +2,16 @@
 
 Events (synthetic with planted structure, or a MovieLens ``u.data`` via ``--ratings``) arrive as
 a stream: the first 90% by time is ingested through the embedded file source into the event
-store; AltSVM (ratings) and TopPush (outcomes) are trained, evaluated, gated and published to a
-private redis-server; top-K lookups are answered; then a fresh 2% of events arrives and both
-models retrain warm-started from their checkpoints, next to a cold fit on the same data for
-comparison. Prints a short report and writes it as JSON.
+store; AltSVM (ratings), TopPush (outcomes) and NPSVOR (reviews: synthetic, or ``--reviews``)
+are trained, evaluated, gated and published to a private redis-server; top-K lookups are
+answered (and new reviews rated and ranked on demand); then a fresh 2% of events arrives and
+every model retrains warm-started from its checkpoint, next to a cold fit on the same data for
+comparison (for reviews: MAE warm vs cold). Prints a short report and writes it as JSON.
+
+The query ranker (kernel RankSVM on judgments: synthetic with a planted non-linear relevance,
+or a LETOR 4.0 file via ``--letor``) is trained and published the same way; the report sets its
+NDCG@10 on held-out queries beside a linear kernel's and the best single feature's, and shows a
+query's precomputed list next to its docs re-ranked from the published support set.
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ import numpy as np
 def add_arguments(parser) -> None:
     parser.add_argument("--ratings", help="a MovieLens-style u.data file (user item rating ts, "
                         "tab separated) instead of the synthetic ratings")
+    parser.add_argument("--reviews", help="reviews to rate instead of the synthetic ones: a "
+                        "text file of 'item<TAB>rating<TAB>text' lines in time order, ratings "
+                        "integers >= 1 (see _read_reviews)")
+    parser.add_argument("--letor", help="a LETOR 4.0 file ('label qid:Q 1:v ... #docid = D', "
+                        ".txt or .txt.gz, e.g. MQ2008's Fold1/train.txt.gz) instead of the "
+                        "synthetic judgments")
+    parser.add_argument("--judgments", type=int, help="judgments of the query ranker "
+                        "(default 3000 synthetic ones, or all of the --letor file; of a file, "
+                        "whole queries in file order)")
     parser.add_argument("--home", default=".rankstream/demo",
                         help="working directory, wiped at the start (default %(default)s)")
     parser.add_argument("--report", help="JSON report path (default HOME/report.json)")
@@ -42,6 +57,16 @@ def _models():
         "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
                 "evaluation": {"fraction": 0.2, "metric": "average_precision"},
                 "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
+        # tol 0.01: at the solver's default 0.1 a warm start stops after one pass a little
+        # short of the cold fit's MAE
+        "reviews": {"algorithm": "npsvor", "kinds": ["ordinal"],
+                    "params": {"C1": 1.0, "tol": 0.01, "random_state": 0},
+                    "evaluation": {"fraction": 0.2, "metric": "mae"},
+                    "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
+        # kernel RankSVM on judgments; RBF with gamma = 1 / n_features
+        "search": {"algorithm": "kernel_ranksvm", "kinds": ["judgment"],
+                   "params": {"C": 1.0, "kernel": "rbf"}, "evaluation": {"fraction": 0.2},
+                   "gate": {"tolerance": 0.02}, "publish": {"top_k": 20}},
     }
     return {name: parse_model(name, spec, "demo") for name, spec in specs.items()}
 
@@ -79,6 +104,65 @@ def _synthetic_stream(out: Path, args):
             synthetic.write_jsonl(fresh, out / "ratings-1.jsonl"), None, len(ratings))
 
 
+def _read_reviews(path: Path) -> list[dict]:
+    """Ordinal events from a reviews file: one review per line, ``item<TAB>rating<TAB>text``
+    (the text may hold more tabs), lines in time order, ratings integers >= 1 (consecutive,
+    e.g. 1-5); blank lines are skipped. A malformed line stops the demo, naming it."""
+    from pipeline.ingest.synthetic import BASE_TS
+
+    events = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t", 2)
+        if len(parts) != 3:
+            raise SystemExit(f"{path}:{n}: {len(parts)} tab-separated fields, expected 3 "
+                             "(item, rating, text)")
+        item, rating, text = parts
+        if not (rating.strip().isdigit() and int(rating) >= 1):
+            raise SystemExit(f"{path}:{n}: rating is {rating!r}, expected an integer >= 1")
+        events.append({"event_id": f"review{n}", "ts": BASE_TS + len(events) * 1000,
+                       "item": item.strip(), "label": int(rating), "text": text})
+    if not events:
+        raise SystemExit(f"{path}: no reviews found")
+    return events
+
+
+def _reviews_stream(out: Path, args):
+    """The reviews as a stream: (first 90% file, next 2% file, the next 2% itself, source)."""
+    from pipeline.ingest import synthetic
+
+    if args.reviews:
+        events, source = _read_reviews(Path(args.reviews)), f"reviews file {args.reviews}"
+    else:
+        events = synthetic.ordinal_events(n_items=600, n_reviews=6000, seed=args.seed)
+        source = "synthetic: 6000 reviews of 600 items, text and 4 features"
+    initial, fresh = _split_stream(events, 0.9, 0.02)
+    return (synthetic.write_jsonl(initial, out / "reviews-0.jsonl"),
+            synthetic.write_jsonl(fresh, out / "reviews-1.jsonl"), fresh, source, len(events))
+
+
+def _review_lookups(url: str, unseen: list) -> dict:
+    """The published reviews model rates and ranks reviews it has not seen (the fresh ones,
+    before they are ingested), and serves its best-rated items."""
+    from pipeline.serving.lookup import TopK
+
+    shown = unseen[:3]
+    with TopK(url) as topk:
+        best = topk.recommend("reviews", None, k=5)
+        rated = [(e, topk.predict_rating("reviews", features=e.get("features"),
+                                         text=e.get("text"))) for e in shown]
+        ranked = topk.rank("reviews", [(e["event_id"], {"features": e.get("features"),
+                                                        "text": e.get("text")})
+                                       for e in unseen[:20]], k=5)
+    label = {e["event_id"]: e["label"] for e in unseen}
+    return {"best_items": [(i, round(s, 3)) for i, s in best.items],
+            "rated": [{"text": (e.get("text") or "")[:60], "true": e["label"],
+                       "predicted": p.rating, "score": round(p.score, 3)} for e, p in rated],
+            "ranked": [(i, round(s, 3), label[i]) for i, s in ranked.items],
+            "ranked_from": min(20, len(unseen))}
+
+
 def _lookups(url: str, users: list, n: int = 2000) -> dict:
     from pipeline.serving.lookup import TopK
 
@@ -97,6 +181,141 @@ def _lookups(url: str, users: list, n: int = 2000) -> dict:
             "ads_top5": [(i, round(s, 3)) for i, s in ads.items],
             "latency_us": {"p50": round(float(np.percentile(times, 50)), 1),
                            "p99": round(float(np.percentile(times, 99)), 1), "n": n}}
+
+
+def _read_letor(path: Path, limit: int) -> list[tuple]:
+    """``(query, doc, label, {index: value})`` rows of a LETOR 4.0 file (``label qid:Q 1:v 2:v
+    ... #docid = D ...``; feature k becomes index k - 1, zeros left out), whole queries in file
+    order until ``limit`` rows are reached. A malformed line stops the demo, naming it."""
+    import gzip
+
+    rows, queries = [], set()
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="ascii") as fh:
+        for n, line in enumerate(fh, start=1):
+            body, _, comment = line.partition("#")
+            parts = body.split()
+            if not parts:
+                continue
+            if len(parts) < 2 or not parts[1].startswith("qid:") or not parts[0].isdigit():
+                raise SystemExit(f"{path}:{n}: expected 'label qid:Q k:v ...', got "
+                                 f"{line[:60]!r}")
+            query = parts[1][4:]
+            if query not in queries and len(rows) >= limit:
+                break
+            queries.add(query)
+            try:
+                features = {str(int(k) - 1): float(v) for k, _, v in
+                            (tok.partition(":") for tok in parts[2:]) if float(v) != 0.0}
+            except ValueError:
+                raise SystemExit(f"{path}:{n}: a feature is not 'index:value'") from None
+            doc = comment.split("docid =")[1].split()[0] if "docid =" in comment else f"l{n}"
+            rows.append((query, doc, int(parts[0]), features))
+    if not rows:
+        raise SystemExit(f"{path}: no judgments found")
+    return rows
+
+
+def _judgments_stream(out: Path, args):
+    """The judgments as a stream (rows shuffled in time, seeded): (first 90% file, next 2%
+    file, source, count)."""
+    from pipeline.ingest import synthetic
+
+    if args.letor:
+        rows = _read_letor(Path(args.letor), args.judgments or 10**9)
+        order = np.random.default_rng(args.seed).permutation(len(rows))
+        events = [{"event_id": f"letor{pos}", "ts": synthetic.BASE_TS + pos * 1000,
+                   "query": rows[i][0], "doc": rows[i][1], "label": rows[i][2],
+                   "features": rows[i][3]} for pos, i in enumerate(order)]
+        source = (f"LETOR file {args.letor}: {len(rows):,} judgments of "
+                  f"{len({r[0] for r in rows})} queries")
+    else:
+        n_queries = max((args.judgments or 3000) // 15, 10)
+        events = synthetic.judgment_events(n_queries=n_queries, docs_per_query=15,
+                                           seed=args.seed)
+        source = (f"synthetic: {n_queries} queries x 15 docs, 10 features, relevance "
+                  "x2 - 2|x0 - x1| + noise")
+    initial, fresh = _split_stream(events, 0.9, 0.02)
+    return (synthetic.write_jsonl(initial, out / "judgments-0.jsonl"),
+            synthetic.write_jsonl(fresh, out / "judgments-1.jsonl"), source, len(events))
+
+
+def _query_ranker(url: str, summary: dict, cfg, n: int = 200) -> dict:
+    """The query ranker against a linear kernel (same C, same split) and the best single
+    feature on the held-out queries; one held-out query's precomputed list next to its docs
+    re-ranked by ``TopK.rank`` from the published support set, with that call's latency."""
+    from pipeline.serving.lookup import TopK
+    from pipeline.training import retrain
+    from pipeline.training.trainers.kernel_ranksvm import feature_matrix, query_metrics
+    from solvers import KernelRankSVM
+    from solvers.persist import read_bundle
+
+    arrays = read_bundle(Path(summary["dataset"]["run_dir"]) / "dataset",
+                         fmt=retrain.DATASET_FORMAT)[1]
+    X, test = feature_matrix(arrays).toarray(), arrays["test_mask"]
+    query, label, k = arrays["query"], arrays["label"], int(cfg.evaluation["k"])
+    params = {**cfg.family.estimator_params(cfg.params), "kernel": "linear"}
+    t = time.perf_counter()
+    linear = KernelRankSVM(**params).fit(X[~test], label[~test], query[~test])
+    linear_seconds = time.perf_counter() - t
+    ndcg = f"ndcg@{k}"
+    best = summary["train"]["baselines"].get("best_feature", {})
+    out = {"held_out_queries": int(np.unique(query[test]).size), "metric": ndcg,
+           "kernel": summary["train"]["metrics"].get(ndcg),
+           "linear": query_metrics(query[test], label[test],
+                                   linear.decision_function(X[test]), k).get(ndcg),
+           "linear_fit_seconds": round(linear_seconds, 3),
+           "best_feature": best.get(ndcg), "feature": best.get("feature"),
+           "feature_sign": best.get("sign"), "support": summary["train"]["n_support"]}
+    if summary["decision"] != "published":
+        return out
+    # the held-out query with the most docs among those with a relevant one
+    relevant = np.bincount(query[test], weights=label[test] > 0, minlength=query.max() + 1)
+    docs = np.bincount(query[test], minlength=query.max() + 1)
+    qi = int(np.argmax(np.where(relevant > 0, docs, 0)))
+    rows = np.flatnonzero(query == qi)
+    qid = str(arrays["query_ids"][qi])
+    doc_ids = arrays["doc_ids"][arrays["doc"][rows]].tolist()
+    grade = dict(zip(doc_ids, label[rows].tolist()))
+    candidates = [(d, x) for d, x in zip(doc_ids, X[rows].tolist())]
+    with TopK(url) as topk:
+        listed = topk.recommend("search", qid, k=5)
+        ranked = topk.rank("search", candidates, k=5, query=qid)
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            topk.rank("search", candidates, k=10, query=qid)
+            times.append(time.perf_counter() - t)
+        unknown = topk.recommend("search", "a query nobody judged", k=3)
+    times = np.array(times) * 1e6
+    out.update(query=qid, candidates=len(rows),
+               precomputed=[(d, round(s, 3), grade[d]) for d, s in listed.items],
+               rank_source=ranked.source,
+               scored=[(d, round(s, 3), grade[d]) for d, s in ranked.items],
+               unknown_query={"source": unknown.source, "docs": [d for d, _ in unknown.items]},
+               rank_latency_us={"p50": round(float(np.percentile(times, 50)), 1),
+                                "p99": round(float(np.percentile(times, 99)), 1), "n": n})
+    return out
+
+
+def _say_query_ranker(say, qr: dict, source: str) -> None:
+    feature = (f"(x{qr['feature']}{'' if qr['feature_sign'] > 0 else ', reversed'})"
+               if qr["feature"] is not None else "(none)")
+    def value(v):
+        return "n/a" if v is None else f"{v:.4f}"
+
+    say(f"   query ranker ({source}): {qr['metric']} on {qr['held_out_queries']} held-out "
+        f"queries: RBF kernel {value(qr['kernel'])}, linear kernel {value(qr['linear'])}, "
+        f"best single feature {feature} {value(qr['best_feature'])}")
+    if "query" not in qr:
+        return
+    say(f"   query {qr['query']}: precomputed top 5 (doc, label) "
+        + ", ".join(f"{d} ({g})" for d, _, g in qr["precomputed"]))
+    say(f"   its {qr['candidates']} docs re-ranked from the {qr['support']:,} support vectors "
+        "(TopK.rank): " + ", ".join(f"{d} ({g})" for d, _, g in qr["scored"])
+        + f"; p50 {qr['rank_latency_us']['p50']:.0f} us, p99 "
+        f"{qr['rank_latency_us']['p99']:.0f} us")
+    say(f"   an unknown query gets the {qr['unknown_query']['source']} list (docs by mean "
+        "score): " + ", ".join(qr["unknown_query"]["docs"]))
 
 
 def _exit_on_sigterm(signum, frame):
@@ -133,11 +352,19 @@ def run(args) -> int:
     o0 = synthetic.write_jsonl(o0, home / "events" / "outcomes-0.jsonl")
     o1 = synthetic.write_jsonl(o1, home / "events" / "outcomes-1.jsonl")
 
-    report: dict = {"source": source, "events": {"ratings": n_ratings, "outcomes": len(outcomes)}}
+    v0, v1, unseen_reviews, review_source, n_reviews = _reviews_stream(home / "events", args)
+    j0, j1, judgment_source, n_judgments = _judgments_stream(home / "events", args)
+
+    report: dict = {"source": source, "events": {"ratings": n_ratings, "outcomes": len(outcomes),
+                                                 "reviews": n_reviews,
+                                                 "judgments": n_judgments}}
     t = time.perf_counter()
     s1 = ingest_files([r0], "rating", settings=settings, fmt=fmt, progress=False)
     s2 = ingest_files([o0], "outcome", settings=settings, progress=False)
-    report["ingest_initial"] = {"events": sum(s1.events.values()) + sum(s2.events.values()),
+    s3 = ingest_files([v0], "ordinal", settings=settings, progress=False)
+    s4 = ingest_files([j0], "judgment", settings=settings, progress=False)
+    report["ingest_initial"] = {"events": sum(s1.events.values()) + sum(s2.events.values())
+                                + sum(s3.events.values()) + sum(s4.events.values()),
                                 "seconds": round(time.perf_counter() - t, 2)}
     say(f"1. ingested the first 90% of the stream: {report['ingest_initial']['events']:,} "
         f"events in {report['ingest_initial']['seconds']:.2f} s ({source})")
@@ -166,10 +393,25 @@ def run(args) -> int:
         say(f"   a new user gets the {lk['unknown_user']['source']} list: "
             f"{', '.join(map(str, lk['unknown_user']['items']))}")
         say("   ads, best candidates: " + ", ".join(f"{i}" for i, _ in lk["ads_top5"]))
+        if report["initial"]["reviews"].get("decision") == "published":
+            rv = report["review_lookups"] = _review_lookups(url, unseen_reviews)
+            say(f"   reviews ({review_source}), best-rated items: "
+                + ", ".join(f"{i} ({s:.2f})" for i, s in rv["best_items"]))
+            for r in rv["rated"]:
+                say(f"   a new review rated {r['predicted']} (true {r['true']}): "
+                    f"{r['text']!r}")
+            say(f"   {rv['ranked_from']} new reviews ranked, top 5 (true ratings): "
+                + ", ".join(str(t) for _, _, t in rv["ranked"]))
+        if report["initial"]["search"].get("train"):
+            qr = report["query_ranker"] = _query_ranker(url, report["initial"]["search"],
+                                                        models["search"])
+            _say_query_ranker(say, qr, judgment_source)
 
         t = time.perf_counter()
         ingest_files([r1], "rating", settings=settings, fmt=fmt, progress=False)
         ingest_files([o1], "outcome", settings=settings, progress=False)
+        ingest_files([v1], "ordinal", settings=settings, progress=False)
+        ingest_files([j1], "judgment", settings=settings, progress=False)
         say(f"4. a fresh 2% of events arrived (ingested in {time.perf_counter() - t:.2f} s); "
             "retraining warm vs cold:")
         report["retrain"] = {}

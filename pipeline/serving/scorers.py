@@ -122,13 +122,29 @@ class Scorer:
                 features, text = c.get("features"), c.get("text")
             if text is not None and not self.params["text_features"]:
                 raise ValueError(f"candidate {n} has text; this model takes no text")
-            ix, vs = (None, None) if features is None else check_features(
-                f"candidate {n}", features, self.params["n_features"] - 1)
+            ix, vs = self._features(n, features)
             indices.append(ix)
             values.append(vs)
             texts.append(text)
         return feature_rows(indices, values, self.params["n_features"], texts,
                             self.params["text_features"])[0]
+
+    def _features(self, n: int, features):
+        """(indices, values) of one candidate's features; a dense list or array of finite
+        numbers takes a vectorised path, anything else (or a bad value, for the message that
+        names it) the event validator's."""
+        if features is None:
+            return None, None
+        if isinstance(features, (list, np.ndarray)):
+            try:
+                values = np.asarray(features, dtype=np.float64)
+            except (TypeError, ValueError):
+                values = None
+            if values is not None and values.ndim == 1 and np.isfinite(values).all() \
+                    and values.size <= self.params["n_features"]:
+                return np.arange(values.size), values
+            features = features.tolist() if isinstance(features, np.ndarray) else features
+        return check_features(f"candidate {n}", features, self.params["n_features"] - 1)
 
     def score(self, X) -> np.ndarray:
         """Ranking score per row (higher is better)."""

@@ -3,10 +3,15 @@
 * :func:`collaborative` — rating and comparison events -> AltSVM comparisons (user, winner,
   loser) over stable indices, with a per-user holdout of each user's latest ratings.
 * :func:`outcomes` — outcome events -> sparse (X, y) for TopPush, with a stable random split.
+* :func:`ordinal` — ordinal events (reviews) -> ``[features | hashed text]`` rows and ratings
+  for NPSVOR, one row per event, with a stable random split by event.
+* :func:`judgments` — judgment events -> per-query (X, label) rows for kernel RankSVM, with
+  whole queries held out by a stable hash.
 
-Later events for the same (user, item) (or the same outcome item) replace earlier ones. Ids map
-to indices through :class:`pipeline.training.idmap.IdMap`s that are extended, never
-renumbered, so factors and dual variables keep their meaning across retrains.
+Later events for the same (user, item) (or the same outcome item, or the same (query, doc))
+replace earlier ones. Ids map to indices through :class:`pipeline.training.idmap.IdMap`s that
+are extended, never renumbered, so factors and dual variables keep their meaning across
+retrains.
 """
 
 from __future__ import annotations
@@ -279,3 +284,186 @@ def outcomes(store: EventStore, *, window=None, items: IdMap | None = None,
                        stats={"outcomes": int(len(rows)), "positives": int(y.sum()),
                               "test": int(test.sum()), "features": int(X.shape[1]),
                               "feature_values_over_max_features": dropped})
+
+
+@dataclass
+class OrdinalData:
+    """NPSVOR's inputs: one row per review (ordinal event), ``[features | hashed text]``.
+
+    ``ids`` are the rows' stable instance ids (:func:`event_ids`), which key the duals for warm
+    starts; ``latest`` holds, for every item in the window, the row of its latest event: the
+    row whose prediction is published as the item's rating."""
+
+    X: object                         # scipy.sparse.csr_matrix float32 (rows, n_features + text)
+    y: np.ndarray                     # int64 ratings
+    ids: np.ndarray                   # int64 stable instance id of each row
+    item_ids: np.ndarray              # str, the items of the window
+    row_item: np.ndarray              # index into item_ids of each row
+    latest: np.ndarray                # row of each item's latest event, in item_ids order
+    test_mask: np.ndarray
+    n_features: int                   # numeric feature columns; text starts after them
+    text_features: int
+    window: Window
+    stats: dict = field(default_factory=dict)
+
+
+def event_ids(column) -> np.ndarray:
+    """Stable 63-bit instance ids of event ids: the first 8 bytes of BLAKE2b of the UTF-8 id.
+
+    The same in every process and release (Python's ``hash`` is salted per process), 8 bytes a
+    row whatever the id's length, and no id map to keep: two distinct event ids share one with
+    probability about n² / 2**64 (5e-8 for a million events).
+
+    >>> event_ids(pa.array(["r1", "r2", "r1"])).tolist()[0] == event_ids(["r1"]).tolist()[0]
+    True
+    """
+    from hashlib import blake2b
+
+    values = column.to_pylist() if hasattr(column, "to_pylist") else list(column)
+    return np.fromiter((int.from_bytes(blake2b(str(v).encode(), digest_size=8).digest(),
+                                       "little") >> 1 for v in values),
+                       dtype=np.int64, count=len(values))
+
+
+def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed: int = 0,
+            n_features: int | None = None, max_features: int = 2**20,
+            text_features: int = 2**20) -> OrdinalData:
+    """NPSVOR inputs from ordinal events (reviews: item, label, features and/or text).
+
+    One row per event, not per item: an item may have many reviews, each a training instance
+    with its own rating. An event re-sent with the same ``event_id`` counts once (the latest by
+    ts, then offset). Rows are :func:`pipeline.features.feature_rows` of the events, the same
+    function the lookup uses on a request: numeric features in columns ``0..n_features-1``
+    (the highest index + 1, at least ``n_features``, the previous run's, so it never shrinks,
+    and at most ``max_features``; values of a higher index are left out and counted), then
+    ``text_features`` columns of hashed uni- and bigrams (0: text is ignored).
+
+    The held-out split is by event, by a stable hash of its instance id, so an event stays on
+    its side as data grows. The item's published rating is the prediction for its *latest*
+    event's features and text (what the item looks like now), not an average over its reviews.
+    """
+    from pipeline.features import feature_rows
+
+    columns = {"ordinal": ["ts", "offset", "event_id", "item", "label", "feature_index",
+                           "feature_value", "text"]}
+    tables, win = _window_tables(store, ["ordinal"], window or {}, columns)
+    t = tables["ordinal"]
+    ids = event_ids(t.column("event_id"))
+    keep = _latest_per_key(ids, t.column("ts").to_numpy(), t.column("offset").to_numpy())
+    t, ids = t.take(pa.array(keep)), ids[keep]
+    lengths = pc.fill_null(pc.list_value_length(t.column("feature_index")), 0)
+    top = pc.max(pc.list_flatten(t.column("feature_index"))).as_py() if t.num_rows else None
+    width = min(max(0 if top is None else top + 1, n_features or 0), int(max_features))
+    X, dropped = feature_rows(t.column("feature_index").to_pylist(),
+                              t.column("feature_value").to_pylist(), width,
+                              t.column("text").to_pylist() if text_features else None,
+                              int(text_features))
+    codes, uniques = id_codes(t.column("item"))
+    item_of_row = codes.astype(np.int64)
+    latest = _latest_per_key(item_of_row, t.column("ts").to_numpy(),
+                             t.column("offset").to_numpy())
+    latest = latest[np.argsort(item_of_row[latest], kind="stable")]
+    y = t.column("label").to_numpy().astype(np.int64)
+    test = stable_split(ids, test_fraction, seed) if test_fraction > 0 else \
+        np.zeros(len(ids), bool)
+    labels, counts = np.unique(y, return_counts=True)
+    with_text = int(pc.sum(pc.invert(pc.is_null(t.column("text")))).as_py() or 0)
+    stats = {"reviews": int(len(y)), "resent": int(win.n_events - len(y)),
+             "items": int(len(uniques)), "test": int(test.sum()),
+             "labels": {int(k): int(c) for k, c in zip(labels, counts)},
+             "with_text": with_text,
+             "with_features": int(pc.sum(pc.greater(lengths, 0)).as_py() or 0),
+             "features": width, "text_features": int(text_features),
+             "feature_values_over_max_features": dropped,
+             "empty_rows": int((np.diff(X.indptr) == 0).sum())}
+    if with_text and not text_features:
+        stats["warning"] = (f"{with_text:,} events carry text, but text_features is 0: their "
+                            "text is ignored")
+    return OrdinalData(X=X, y=y, ids=ids, item_ids=uniques.astype(str), row_item=item_of_row,
+                       latest=latest, test_mask=test, n_features=width,
+                       text_features=int(text_features), window=win, stats=stats)
+
+
+@dataclass
+class JudgmentData:
+    """Kernel RankSVM's inputs: one row per judged (query, doc), the latest judgment of it.
+
+    ``instance`` is the row's stable instance id ``query index · 2**32 + doc index`` (indices of
+    the extended-never-renumbered id maps), which keys β for warm starts; ``test_mask`` marks
+    the rows of held-out queries."""
+
+    queries: IdMap
+    docs: IdMap
+    X: object                         # scipy.sparse.csr_matrix (rows, n_features)
+    label: np.ndarray                 # int32 relevance grades >= 0
+    query: np.ndarray                 # query index of each row
+    doc: np.ndarray                   # doc index of each row
+    instance: np.ndarray              # int64 stable instance id
+    test_mask: np.ndarray
+    window: Window
+    stats: dict = field(default_factory=dict)
+
+
+def instance_ids(query: np.ndarray, doc: np.ndarray) -> np.ndarray:
+    """Stable id of a (query index, doc index) pair: ``query · 2**32 + doc`` (int64).
+
+    >>> instance_ids(np.array([0, 2]), np.array([5, 1])).tolist()
+    [5, 8589934593]
+    """
+    return query.astype(np.int64) * np.int64(2**32) + doc.astype(np.int64)
+
+
+def judgments(store: EventStore, *, window=None, queries: IdMap | None = None,
+              docs: IdMap | None = None, test_fraction: float = 0.2, seed: int = 0,
+              n_features: int | None = None, max_features: int = 1024) -> JudgmentData:
+    """Kernel RankSVM inputs from judgment events.
+
+    One row per (query, doc): a judgment re-sent for the same pair replaces the earlier one
+    (the latest by ts, then offset, wins; ``stats["replaced"]`` counts them). The held-out
+    split is by *query*: a stable hash of the query index puts a ``test_fraction`` of the
+    queries, with all their docs, in the test set, so a query stays on its side as data grows
+    and the evaluation measures ranking for queries the model never saw.
+
+    Features are the events' (sparse or dense) features; the width is the highest index + 1,
+    at least ``n_features`` (the previous run's, so the width never shrinks) and at most
+    ``max_features``: feature values of a higher index are left out and counted (the kernel
+    works on dense rows, so a stray index 10**6 must not make X 10**6 wide).
+    """
+    columns = {"judgment": ["ts", "offset", "query", "doc", "label", "feature_index",
+                            "feature_value"]}
+    tables, win = _window_tables(store, ["judgment"], window or {}, columns)
+    t = tables["judgment"]
+    queries, q = _indices(queries or IdMap(), t.column("query"))
+    docs, d = _indices(docs or IdMap(), t.column("doc"))
+    instance = instance_ids(q, d)
+    keep = _latest_per_key(instance, t.column("ts").to_numpy(), t.column("offset").to_numpy())
+    t = t.take(pa.array(keep))
+    X = features_csr(t, max_features=max_features)
+    stored = int(pc.sum(pc.list_value_length(t.column("feature_index"))).as_py() or 0)
+    width = min(max(X.shape[1], n_features or 0), max_features)
+    if X.shape[1] < width:
+        X.resize((X.shape[0], width))
+    label = t.column("label").to_numpy().astype(np.int32)
+    q, d, instance = q[keep], d[keep], instance[keep]
+    test = stable_split(q, test_fraction, seed) if test_fraction > 0 else \
+        np.zeros(len(q), bool)
+    stats = {"judgments": int(len(q)), "replaced": int(win.n_events - len(q)),
+             "queries": int(np.unique(q).size), "test_queries": int(np.unique(q[test]).size),
+             "docs": int(np.unique(d).size), "test": int(test.sum()),
+             "train_queries_with_pairs": queries_with_pairs(q[~test], label[~test]),
+             "features": int(X.shape[1]), "feature_values_over_max_features": stored - X.nnz}
+    return JudgmentData(queries=queries, docs=docs, X=X.tocsr(), label=label, query=q, doc=d,
+                        instance=instance, test_mask=test, window=win, stats=stats)
+
+
+def queries_with_pairs(query: np.ndarray, label: np.ndarray) -> int:
+    """How many queries have two docs with different labels (at least one preference pair).
+
+    >>> queries_with_pairs(np.array([0, 0, 1, 1, 2]), np.array([1, 0, 2, 2, 1]))
+    1
+    """
+    if len(query) == 0:
+        return 0
+    pairs = np.unique(np.column_stack([query, label]), axis=0)
+    _, levels = np.unique(pairs[:, 0], return_counts=True)
+    return int((levels >= 2).sum())

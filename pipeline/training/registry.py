@@ -125,6 +125,30 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            metrics={"pos@top": +1, "average_precision": +1, "auc": +1, "ndcg": +1},
            evaluation={"split": "random", "fraction": 0.2, "metric": "pos@top", "seed": 0},
            splits=("random",), artifact_kind="global_list"),
+    Family(name="npsvor", estimator="NPSVOR",
+           trainer="pipeline.training.trainers.npsvor:NPSVORTrainer",
+           kinds=("ordinal",),
+           # rows are [features | hashed text]: numeric feature indices of max_features or
+           # more are left out (counted); text_features hashed n-gram columns (0: no text)
+           dataset_params={"max_features": 2**20, "text_features": 2**20},
+           # rating_ndcg: NDCG of the held-out list ordered by predict_score, gain = rating
+           metrics={"mae": -1, "mse": -1, "accuracy": +1, "rating_ndcg": +1},
+           # split "random": a stable hash of the event id holds out a fraction of events
+           evaluation={"split": "random", "fraction": 0.2, "metric": "mae", "seed": 0},
+           splits=("random",), artifact_kind="predicted_ratings"),
+    Family(name="kernel_ranksvm", estimator="KernelRankSVM",
+           trainer="pipeline.training.trainers.kernel_ranksvm:KernelRankSVMTrainer",
+           kinds=("judgment",),
+           # feature indices of that or more are left out (counted): the kernel's rows are dense
+           dataset_params={"max_features": 1024},
+           # ndcg and map count held-out queries without a relevant doc as 0 (LETOR's
+           # convention); ndcg_relevant leaves them out
+           metrics={"ndcg@{k}": +1, "ndcg_relevant@{k}": +1, "map": +1,
+                    "pairwise_accuracy": +1},
+           # split "query": a stable hash of the query holds out whole queries
+           evaluation={"split": "query", "fraction": 0.2, "k": 10, "metric": "ndcg@10",
+                       "seed": 0},
+           splits=("query",), artifact_kind="query_docs"),
 )}
 
 

@@ -147,4 +147,5 @@ def test_shipped_model_config_is_valid():
     from pathlib import Path
 
     models = load_models(Path(__file__).resolve().parents[2] / "dags" / "models.toml")
-    assert {m.algorithm for m in models.values()} == {"altsvm", "toppush"}
+    assert {m.algorithm for m in models.values()} == {"altsvm", "toppush", "npsvor",
+                                                      "kernel_ranksvm"}
