@@ -2,7 +2,8 @@
 
 Kafka and Redis are started once per session through ``infra/`` on free loopback ports (or taken
 from ``RANKSTREAM_KAFKA_BOOTSTRAP`` / ``RANKSTREAM_REDIS_URL`` when set) and stopped by pid at
-the end. If a server cannot start, its tests are skipped with the reason, except under CI
+the end; a 6-node Redis Cluster likewise, only when a test asks for ``redis_cluster_url``. If a
+server cannot start, its tests are skipped with the reason, except under CI
 (``CI=true``), where that is a failure: integration tests are never silently skipped in CI.
 Tests that use a server fixture get its marker (``kafka``, ``redis``, ``airflow``) automatically.
 """
@@ -14,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import infra_server
+from tests.servers import infra_server, redis_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("RANKSTREAM_DATA", REPO.parent / "shared" / "data"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-SERVER_MARKERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "airflow_home": "airflow"}
+SERVER_MARKERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "airflow_home": "airflow",
+                  "redis_cluster_url": "redis"}
 
 
 def unavailable(reason: str):
@@ -69,6 +71,22 @@ def redis_url(tmp_path_factory):
         yield os.environ["RANKSTREAM_REDIS_URL"]
         return
     yield from _server("redis", tmp_path_factory, lambda port: f"redis://127.0.0.1:{port}/0")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory):
+    """``redis://`` URL of one node of a real 6-node Redis Cluster (3 primaries, 3 replicas,
+    ``infra/redis/cluster-start.sh``) for this session; started only when a test asks for it.
+    ``RANKSTREAM_REDIS_CLUSTER_URL`` names an existing cluster instead."""
+    if os.environ.get("RANKSTREAM_REDIS_CLUSTER_URL"):
+        yield os.environ["RANKSTREAM_REDIS_CLUSTER_URL"]
+        return
+    try:
+        with redis_cluster(tmp_path_factory.mktemp("cluster")) as (base, _):
+            yield f"redis://127.0.0.1:{base}/0"
+            return
+    except RuntimeError as err:
+        unavailable(str(err))
 
 
 @pytest.fixture

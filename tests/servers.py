@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 from contextlib import contextmanager
@@ -44,3 +45,44 @@ def infra_server(name: str, tmp: Path):
         yield port
     finally:
         subprocess.run([INFRA / name / "stop.sh"], env=env, capture_output=True, timeout=60)
+
+
+def free_port_block(n: int, offset: int = 10000) -> int:
+    """A base port with ``base .. base+n-1`` and each ``+ offset`` free on loopback (a Redis
+    Cluster node listens on its port and its bus port, port + 10000)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 65535 - offset - n)
+        socks = []
+        try:
+            for port in [*range(base, base + n), *range(base + offset, base + offset + n)]:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free loopback ports (and their +{offset}) found")
+
+
+@contextmanager
+def redis_cluster(tmp: Path):
+    """Run ``infra/redis/cluster-start.sh`` (6 nodes: 3 primaries, 3 replicas) on free ports
+    with its state under ``tmp``; yield ``(base port, state dir)``; run ``cluster-stop.sh``
+    (each node stopped by its pid) afterwards."""
+    base = free_port_block(6)
+    env = {**os.environ, "RANKSTREAM_REDIS_CLUSTER_PORT": str(base),
+           "RANKSTREAM_REDIS_CLUSTER_DIR": str(tmp / "redis-cluster")}
+    start = subprocess.run([INFRA / "redis" / "cluster-start.sh"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    try:
+        if start.returncode != 0:
+            raise RuntimeError(f"infra/redis/cluster-start.sh failed ({start.returncode}):\n"
+                               f"{start.stdout}\n{start.stderr}")
+        yield base, tmp / "redis-cluster"
+    finally:
+        subprocess.run([INFRA / "redis" / "cluster-stop.sh"], env=env, capture_output=True,
+                       timeout=120)

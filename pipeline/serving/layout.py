@@ -2,18 +2,24 @@
 written down in ``pipeline/serving/REDIS_LAYOUT.md`` (``tests/serving/test_layout.py`` checks
 that the two agree).
 
-Every key of a model starts with the Redis Cluster hash tag ``{<namespace>:<model>}``, so the
-``current`` pointer, the version list and every key of every version of one model live in one
-slot: the pointer flip and the lookup read them together. Values are packed little-endian
-(float32 / int32 / int64) byte strings; see :data:`KEY_PATTERNS` and :data:`META_FIELDS`.
+Model-level keys (the ``current`` pointer, the version list, each version's meta, item ids,
+factors and global list) carry the Redis Cluster hash tag ``{<namespace>:<model>}``: one slot,
+read once per version. Per-user/per-query keys (top-K lists, user factors, seen lists) and the
+key index carry a *bucket* tag ``{<namespace>:<model>:<bucket>}`` with ``bucket = crc32(key)
+mod BUCKETS``, so one version spreads over every slot of a cluster; each bucket has its own
+copy of the ``current`` pointer, read in the same ``MGET`` as the list (same slot, atomic).
+Values are packed little-endian (float32 / int32 / int64) byte strings; see
+:data:`KEY_PATTERNS` and :data:`META_FIELDS`.
 
 Examples
 --------
 >>> keys = ModelKeys("rankstream", "movies")
 >>> keys.current
 '{rankstream:movies}:current'
+>>> bucket_of("alice"), keys.pointer(bucket_of("alice"))
+(87, '{rankstream:movies:87}:current')
 >>> keys.version(7).topk("alice")
-'{rankstream:movies}:v7:topk:alice'
+'{rankstream:movies:87}:v7:topk:alice'
 >>> unpack_pairs(pack_pairs([3, 1], [0.5, 0.25]))
 ([3, 1], [0.5, 0.25])
 """
@@ -23,24 +29,37 @@ from __future__ import annotations
 import json
 import re
 import struct
+import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from pipeline.naming import check_name
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bumped whenever a key or value encoding changes; readers refuse other versions."""
+
+BUCKETS = 1024
+"""Buckets of per-key keys (a power of two); see :func:`bucket_of`. Part of the format: a reader
+finds a key's bucket pointer before it knows the version."""
+
+BUCKET_MIX = 2654435761
+"""Odd multiplier (Knuth's, ~2**32 / golden ratio) that mixes a key's CRC-32 into its bucket."""
+BUCKET_SHIFT = 32 - (BUCKETS.bit_length() - 1)
 
 PAIR_DTYPE = np.dtype([("index", "<i4"), ("score", "<f4")])
 """One entry of a ranked list: item index (into the version's item ids) and its score."""
 
 KINDS = ("user_item", "global_list", "query_docs", "predicted_ratings")
 
-# name -> (key pattern after the hash tag, Redis type, value encoding). The .md table lists
-# exactly these rows; <tag> stands for {<namespace>:<model>}.
+# name -> (key pattern, Redis type, value encoding). The .md table lists exactly these rows;
+# <tag> stands for {<namespace>:<model>}, <btag> for {<namespace>:<model>:<bucket>}.
 KEY_PATTERNS = {
-    "current": ("<tag>:current", "string", "ascii `<version>:<publish_id>`"),
+    "current": ("<tag>:current", "string", "ascii `<version>:<publish_id>:<epoch>`"),
+    "epoch": ("<tag>:epoch", "string", "integer counter (INCR) of pointer moves"),
+    "pointer": ("<btag>:current", "string",
+                "a copy of `current`, the one lookups of the bucket's keys read"),
     "versions": ("<tag>:versions", "list", "ascii version numbers, oldest first"),
     "seq": ("<tag>:seq", "string", "integer counter (INCR) of version numbers"),
     "pending": ("<tag>:pending", "set", "ascii version numbers being written or deleted"),
@@ -52,19 +71,19 @@ KEY_PATTERNS = {
     "item_factors": ("<tag>:v<version>:V:<chunk>", "string", "float32 LE, rows x rank, C order"),
     "item_bias": ("<tag>:v<version>:b:<chunk>", "string", "float32 LE, one per item"),
     "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
-    "key_index": ("<tag>:v<version>:keys:<chunk>", "string",
-                  "JSON array of the user/query keys of this version"),
+    "key_index": ("<btag>:v<version>:keys:<chunk>", "string",
+                  "JSON array of this version's user/query keys in the bucket"),
     "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
-    "topk": ("<tag>:v<version>:topk:<key>", "string",
+    "topk": ("<btag>:v<version>:topk:<key>", "string",
              "ranked pairs (int32 index, float32 score)"),
-    "user_factor": ("<tag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
-    "seen": ("<tag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
+    "user_factor": ("<btag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
+    "seen": ("<btag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
     "scorer": ("<tag>:v<version>:scorer", "string", "npz without pickle: the on-demand model"),
 }
 
 # meta hash field -> meaning (the .md meta table lists exactly these fields)
 META_FIELDS = {
-    "format_version": "layout format version (this document: 1)",
+    "format_version": "layout format version (this document: 2)",
     "kind": "user_item | global_list | query_docs | predicted_ratings",
     "model": "model name",
     "version": "version number",
@@ -84,8 +103,10 @@ META_FIELDS = {
     "has_item_values": "1 if val chunks exist",
     "top_k": "longest precomputed list length",
     "n_keys": "user/query keys in the key index",
+    "buckets": "number of key buckets (1024 in format 2)",
+    "bucket_keys": "JSON array: keys per bucket (each bucket's index has ceil(n / key_chunk) "
+                   "chunks)",
     "key_chunk": "keys per key_index chunk",
-    "n_key_chunks": "number of key_index chunks",
     "n_lists": "keys with a precomputed topk list",
     "n_factor_keys": "keys with a user factor",
     "n_seen_keys": "keys with a seen list",
@@ -93,7 +114,8 @@ META_FIELDS = {
     "scorer": "none | ordinal_linear | kernel: the kind of the scorer key",
 }
 
-_VERSION = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32})$")
+_POINTER = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32}):([1-9][0-9]{0,17})$")
+_FORMAT_1 = re.compile(rb"^[1-9][0-9]{0,17}:[0-9a-f]{8,32}$")
 
 
 class LayoutError(ValueError):
@@ -104,26 +126,72 @@ class UnknownModelError(LookupError):
     """The model has no published version (no ``current`` key) under the namespace."""
 
 
-def parse_current(raw: bytes, key: str) -> tuple[int, str]:
-    """Split a ``current`` value into (version, publish_id); :class:`LayoutError` if malformed.
+def parse_pointer(raw: bytes, key: str) -> tuple[int, str, int]:
+    """Split a ``current`` (or bucket pointer) value into (version, publish_id, epoch);
+    :class:`LayoutError` if malformed, saying so plainly for a format 1 value.
 
     Examples
     --------
-    >>> parse_current(b"7:0a1b2c3d", "{ns:m}:current")
+    >>> parse_pointer(b"7:0a1b2c3d:12", "{ns:m}:current")
+    (7, '0a1b2c3d', 12)
+    """
+    match = _POINTER.match(raw) if isinstance(raw, bytes) else None
+    if match is None:
+        if isinstance(raw, bytes) and _FORMAT_1.match(raw):
+            raise LayoutError(f"{key} holds {raw.decode()!r}, written by a format 1 publisher; "
+                              f"this client reads format {FORMAT_VERSION}: publish the model "
+                              "again with this version of rankstream")
+        raise LayoutError(f"{key} holds {raw[:40]!r}, expected '<version>:<publish_id>:<epoch>' "
+                          f"as written by rankstream publish (format {FORMAT_VERSION})")
+    return int(match.group(1)), match.group(2).decode(), int(match.group(3))
+
+
+def parse_current(raw: bytes, key: str) -> tuple[int, str]:
+    """(version, publish_id) of a ``current`` value; :class:`LayoutError` if malformed.
+
+    Examples
+    --------
+    >>> parse_current(b"7:0a1b2c3d:12", "{ns:m}:current")
     (7, '0a1b2c3d')
     """
-    match = _VERSION.match(raw) if isinstance(raw, bytes) else None
-    if match is None:
-        raise LayoutError(f"{key} holds {raw[:40]!r}, expected '<version>:<publish_id>' as "
-                          f"written by rankstream publish (format {FORMAT_VERSION})")
-    return int(match.group(1)), match.group(2).decode()
+    return parse_pointer(raw, key)[:2]
+
+
+def bucket_of(key: str) -> int:
+    """Bucket of a user/query key: the top 10 bits of ``crc32(key) * 2654435761 mod 2**32``
+    (zlib's CRC-32 of the UTF-8 bytes). CRC-32 alone is linear over GF(2): structured ids
+    (``10*i + 1``, say) can fill only part of its low bits; the multiplication mixes every
+    bit of the CRC into the top ones, so buckets fill like a random hash's.
+
+    Examples
+    --------
+    >>> bucket_of("alice"), bucket_of("42")
+    (87, 896)
+    """
+    return ((zlib.crc32(key.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
 
 
 @dataclass(frozen=True)
 class VersionKeys:
-    """Key names of one published version (all share the model's hash tag)."""
+    """Key names of one published version: model-level keys share the model's hash tag,
+    per-key keys the tag of their bucket."""
 
-    prefix: str  # "{ns:model}:v7:"
+    base: str  # "ns:model"
+    version: int
+
+    @cached_property
+    def prefix(self) -> str:
+        """Prefix of the version's model-level keys: ``{ns:model}:v7:``."""
+        return "{" + self.base + "}:v" + str(self.version) + ":"
+
+    def bucket_prefix(self, bucket: int) -> str:
+        """Prefix of the version's keys in ``bucket``: ``{ns:model:17}:v7:``."""
+        return "{" + self.base + ":" + str(bucket) + "}:v" + str(self.version) + ":"
+
+    @cached_property
+    def bucket_prefixes(self) -> list[str]:
+        """:meth:`bucket_prefix` of every bucket."""
+        return [self.bucket_prefix(b) for b in range(BUCKETS)]
 
     @property
     def meta(self) -> str:
@@ -149,17 +217,17 @@ class VersionKeys:
     def scorer(self) -> str:
         return self.prefix + "scorer"
 
-    def key_index(self, chunk: int) -> str:
-        return f"{self.prefix}keys:{chunk}"
+    def key_index(self, bucket: int, chunk: int) -> str:
+        return f"{self.bucket_prefix(bucket)}keys:{chunk}"
 
     def topk(self, key: str) -> str:
-        return f"{self.prefix}topk:{key}"
+        return f"{self.bucket_prefixes[bucket_of(key)]}topk:{key}"
 
     def user_factor(self, key: str) -> str:
-        return f"{self.prefix}u:{key}"
+        return f"{self.bucket_prefixes[bucket_of(key)]}u:{key}"
 
     def seen(self, key: str) -> str:
-        return f"{self.prefix}seen:{key}"
+        return f"{self.bucket_prefixes[bucket_of(key)]}seen:{key}"
 
 
 @dataclass(frozen=True)
@@ -168,8 +236,8 @@ class ModelKeys:
 
     Examples
     --------
-    >>> ModelKeys("ns", "m").tag
-    '{ns:m}'
+    >>> ModelKeys("ns", "m").tag, ModelKeys("ns", "m").bucket_tag(3)
+    ('{ns:m}', '{ns:m:3}')
     """
 
     namespace: str
@@ -183,9 +251,24 @@ class ModelKeys:
     def tag(self) -> str:
         return "{" + self.namespace + ":" + self.model + "}"
 
+    def bucket_tag(self, bucket: int) -> str:
+        return "{" + self.namespace + ":" + self.model + ":" + str(int(bucket)) + "}"
+
     @property
     def current(self) -> str:
         return self.tag + ":current"
+
+    @property
+    def epoch(self) -> str:
+        return self.tag + ":epoch"
+
+    def pointer(self, bucket: int) -> str:
+        return self.bucket_tag(bucket) + ":current"
+
+    @cached_property
+    def pointers(self) -> list[str]:
+        """:meth:`pointer` of every bucket, indexed by bucket."""
+        return [self.pointer(b) for b in range(BUCKETS)]
 
     @property
     def versions(self) -> str:
@@ -204,11 +287,12 @@ class ModelKeys:
         return self.tag + ":lookups"
 
     def version(self, version: int) -> VersionKeys:
-        return VersionKeys(f"{self.tag}:v{int(version)}:")
+        return VersionKeys(self.namespace + ":" + self.model, int(version))
 
 
 def namespace_pattern(namespace: str) -> str:
-    """SCAN MATCH pattern for every key of every model under ``namespace``."""
+    """SCAN MATCH pattern for every key of every model under ``namespace`` (model and bucket
+    tags alike)."""
     return "{" + check_name("namespace", namespace) + ":*"
 
 

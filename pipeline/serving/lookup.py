@@ -1,10 +1,14 @@
 """Online top-K lookups from the versions :func:`pipeline.serving.publish.publish` wrote to Redis.
 
-One round trip per answer from a precomputed list: ``MGET current topk:<user>`` with the
-version this process last saw. ``MGET`` is atomic, so when the returned ``current`` equals that
-version the list belongs to it; when ``current`` has moved, the client loads the new version's
-item ids once (they are immutable per version) and asks again. Answers map the stored item
-indices to ids in process.
+One round trip per answer from a precomputed list: ``MGET <bucket pointer> <list key>`` with
+the version this process last saw; the user's bucket pointer and list share a hash tag (one
+slot, one node of a cluster), and ``MGET`` is atomic, so when the returned pointer names that
+version the list belongs to it. When the pointer names another version, the client loads that
+version's item ids once (they are immutable per version) and asks again. Answers map the
+stored item indices to ids in process. A batch asks every bucket it touches (one ``MGET`` on a
+single Redis, one per bucket pipelined per node on a cluster) and answers only when every
+pointer names the same version. ``REDIS_LAYOUT.md`` has the argument why no answer mixes
+versions.
 
 Other answers take one more round trip: users with a factor but no precomputed list (or
 ``k`` beyond the precomputed length) are scored on demand from their factor and the version's
@@ -18,7 +22,9 @@ one round trip (``GET current``) per answer.
 When Redis is down or slower than ``timeout``: ``on_error="raise"`` raises
 :class:`RedisUnavailable`; ``on_error="last_known"`` answers from an in-process cache of the
 last answers (``stale=True``; users never answered get the last-known fallback list). After a
-failure the client does not touch Redis for ``retry_interval`` seconds.
+failure the client does not touch Redis for ``retry_interval`` seconds. On a cluster, a
+``MOVED`` reply or a node that stopped answering first refreshes the slot map and tries once
+more (a failover: the promoted replica answers), and only then does the policy apply.
 
 Examples
 --------
@@ -30,26 +36,37 @@ Examples
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
+from zlib import crc32
 
 import numpy as np
 
 from pipeline.serving.layout import (
+    BUCKET_MIX,
+    BUCKET_SHIFT,
+    BUCKETS,
     LayoutError,
     ModelKeys,
     UnknownModelError,
+    bucket_of,
     key_of,
     pair_struct,
-    parse_current,
+    parse_pointer,
     unpack_f32,
     unpack_i32,
 )
-from pipeline.serving.redis_client import as_client, client_from_url
-from pipeline.serving.redis_wire import round_trip
+from pipeline.serving.lookup_routes import Routes
+from pipeline.serving.redis_client import (
+    as_client,
+    client_from_url,
+    is_cluster,
+    server_is_cluster,
+    split_cluster_flag,
+)
+from pipeline.serving.redis_wire import round_trip, round_trips
 from pipeline.serving.version_cache import (
     Vanished,
     VersionState,
@@ -63,7 +80,8 @@ from solvers.topk import topk_of_scores
 __all__ = ["TopK", "Recommendation", "Prediction", "RedisUnavailable", "LayoutError",
            "UnknownModelError"]
 
-_ATTEMPTS = 6  # re-resolutions of `current` when versions vanish while being read
+_ATTEMPTS = 10  # re-resolutions when versions vanish or a batch straddles a pointer move
+_REPAIR_AT = 5  # attempt at which a batch still straddling moves the pointers itself
 COUNT_FLUSH = 10.0  # seconds between flushes of the answer counts to Redis
 
 
@@ -138,9 +156,10 @@ class TopK:
 
     Parameters
     ----------
-    redis : str or redis.Redis
+    redis : str or redis.Redis or redis.cluster.RedisCluster
         A URL (``redis://``, ``rediss://`` for TLS, ``unix://``; AUTH as
-        ``redis://:password@host:port/db``) or a redis-py client (its own timeouts apply).
+        ``redis://:password@host:port/db``; any node of a Redis Cluster, see
+        :mod:`pipeline.serving.redis_client`) or a redis-py client (its own timeouts apply).
     namespace : str
         Key namespace the models were published under.
     on_error : {"raise", "last_known"}
@@ -179,13 +198,17 @@ class TopK:
         if on_error not in ("raise", "last_known"):
             raise ValueError(f"on_error is {on_error!r}, expected 'raise' or 'last_known'")
         if isinstance(redis, str):
-            self._client = client_from_url(redis, timeout=timeout)
-            self._bulk = client_from_url(redis, timeout=load_timeout)
+            url, cluster = split_cluster_flag(redis)
+            if cluster is None:   # ask the server once, for both clients
+                cluster = server_is_cluster(url, timeout)
+            self._client = client_from_url(url, timeout=timeout, cluster=cluster)
+            self._bulk = client_from_url(url, timeout=load_timeout, cluster=cluster)
             self._where = redact(redis)
         else:
             self._client = self._bulk = as_client(redis)
-            kw = self._client.connection_pool.connection_kwargs
-            self._where = kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+            self._where = _describe(self._client)
+        self._routes = Routes(self._client)
+        self._cluster = is_cluster(self._client)
         self.namespace = namespace
         self.on_error = on_error
         self.retry_interval = float(retry_interval)
@@ -196,10 +219,7 @@ class TopK:
         self._last_size = int(last_known_size)
         self._down_until = 0.0
         self._last_error: Exception | None = None
-        self._local = threading.local()
-        self._held: list = []
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self._total: Counter = Counter()       # (model, version, source) -> answers
         self._unflushed: Counter = Counter()
         self._next_flush = time.monotonic() + COUNT_FLUSH
@@ -226,42 +246,78 @@ class TopK:
         return cls(settings.redis_url, **options)
 
     # ------------------------------------------------------------------ connection
-    def _conn(self):
-        if self._pid != os.getpid():  # forked: never share the parent's sockets
-            self._local = threading.local()
-            self._held = []
-            self._pid = os.getpid()
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._client.connection_pool.make_connection()
-            self._local.conn = conn
-            with self._lock:
-                self._held.append(conn)
-        return conn
-
-    def _send(self, commands: list[tuple]) -> list:
-        """:func:`~pipeline.serving.redis_wire.round_trip` on this thread's connection; a
-        dropped connection is retried once on a fresh one (e.g. after a Redis restart)."""
-        import redis
-
+    def _send(self, keys: ModelKeys, bucket: int, commands: list[tuple]) -> list:
+        """:func:`~pipeline.serving.redis_wire.round_trip` on this thread's connection to the
+        node serving ``bucket`` of ``keys``' model (``BUCKETS``: the model tag). A dropped
+        connection (e.g. after a Redis restart) or, on a cluster, a ``MOVED`` reply or a node
+        that stopped answering refreshes the route and is tried once more; then
+        :class:`_Down`."""
         for attempt in (0, 1):
             try:
-                return round_trip(self._conn(), commands)
-            except (redis.ResponseError, redis.AuthenticationError):
-                raise
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
-                if attempt or isinstance(err, redis.TimeoutError):
-                    raise _Down(err) from err
+                return round_trip(self._routes.table(keys)[bucket], commands)
+            except Exception as err:
+                self._retry_or_raise(err, attempt)
+
+    def _send_many(self, keys: ModelKeys, commands: list[tuple[int, tuple]]) -> list:
+        """``(bucket, command)`` pairs in one round trip per node, all nodes at once; replies
+        in order. Retried like :meth:`_send`."""
+        for attempt in (0, 1):
+            table = self._routes.table(keys)
+            groups: dict[int, tuple] = {}
+            for i, (bucket, command) in enumerate(commands):
+                conn = table[bucket]
+                group = groups.get(id(conn))
+                if group is None:
+                    group = groups[id(conn)] = (conn, [], [])
+                group[1].append(i)
+                group[2].append(command)
+            try:
+                replies = round_trips([(conn, cmds) for conn, _, cmds in groups.values()])
+            except Exception as err:
+                self._retry_or_raise(err, attempt)
+                continue
+            out: list = [None] * len(commands)
+            for (_, order, _), got in zip(groups.values(), replies):
+                for i, reply in zip(order, got):
+                    out[i] = reply
+            return out
+
+    def _retry_or_raise(self, err: Exception, attempt: int) -> None:
+        """Return to try again, or raise: :class:`_Down` for a server that is gone, slow or
+        (cluster) failing over; the error itself otherwise. On a cluster every such failure
+        re-reads the slot map first (a timeout too: a primary cut off by the network is
+        failed over like a dead one, and the next attempt after the retry interval must go to
+        its replica); a timeout is never retried at once (the caller's latency budget)."""
+        import redis
+        from redis.exceptions import AskError, ClusterDownError, TryAgainError
+
+        if isinstance(err, (AskError, TryAgainError)):   # MOVED/ASK: the slot map changed
+            self._refresh_routes(err)
+            if attempt:
+                raise _Down(err) from err
+        elif isinstance(err, ClusterDownError):
+            raise _Down(err) from err
+        elif isinstance(err, (redis.ResponseError, redis.AuthenticationError)):
+            raise err
+        elif isinstance(err, (redis.ConnectionError, redis.TimeoutError, OSError)):
+            if self._cluster:
+                self._refresh_routes(err)
+            if attempt or isinstance(err, redis.TimeoutError):
+                raise _Down(err) from err
+        else:
+            raise err
+
+    def _refresh_routes(self, err: Exception) -> None:
+        try:
+            self._routes.refresh()
+        except Exception as failed:   # no node answers
+            raise _Down(failed) from err
 
     def close(self) -> None:
         """Flush the answer counts and close the connections of this client."""
         if self._flush_counts and self._unflushed and not self._down_until:
             self._flush()
-        with self._lock:
-            for conn in self._held:
-                conn.disconnect()
-            self._held.clear()
-        self._local = threading.local()
+        self._routes.close()
         self._client.close()
         if self._bulk is not self._client:
             self._bulk.close()
@@ -392,11 +448,13 @@ class TopK:
         if st is not None and not self._down_until:
             if st.per_key and 0 <= k and (k <= st.top_k or not st.rank):
                 key = user if type(user) is str else key_of(user)
+                b = ((crc32(key.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
                 try:
-                    cur, value = self._send([("MGET", st.current_key, st.topk_prefix + key)])[0]
+                    ptr, value = self._send(st.keys, b, [("MGET", st.pointer_keys[b],
+                                                          st.topk_prefixes[b] + key)])[0]
                 except _Down as down:
                     return self._failed(model, [user], k, down.err)[0]
-                if cur == st.current_raw and value is not None:
+                if value is not None and ptr is not None and ptr.startswith(st.pointer_prefix):
                     rec = Recommendation(model, user, _pairs(st, value, k, key), st.version,
                                          "precomputed")
                     if self._last is not None:
@@ -404,10 +462,10 @@ class TopK:
                     return rec
             elif not st.per_key:
                 try:
-                    cur = self._send([("GET", st.current_key)])[0]
+                    cur = self._send(st.keys, BUCKETS, [("GET", st.keys.current)])[0]
                 except _Down as down:
                     return self._failed(model, [user], k, down.err)[0]
-                if cur == st.current_raw:
+                if st.names(cur):
                     return self._global(st, user, k)
         return self._resolve(model, [user], k)[0]
 
@@ -419,19 +477,65 @@ class TopK:
         if (st is not None and st.per_key and not self._down_until and 0 <= k
                 and (k <= st.top_k or not st.rank)):
             keys = [u if type(u) is str else key_of(u) for u in users]
-            prefix = st.topk_prefix
+            buckets = [((crc32(x.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
+                       for x in keys]
+            prefixes = st.topk_prefixes
             try:
-                reply = self._send([("MGET", st.current_key, *[prefix + x for x in keys])])[0]
+                pointers, values, _ = self._bucket_mget(
+                    st, buckets, [prefixes[b] + x for b, x in zip(buckets, keys)])
             except _Down as down:
                 return self._failed(model, users, k, down.err)
-            if reply[0] == st.current_raw and None not in reply:
-                out = [Recommendation(model, u, _pairs(st, v, k, x), st.version, "precomputed")
-                       for u, x, v in zip(users, keys, reply[1:])]
+            first = pointers[0]       # synced pointers are equal bytes: one C-level count
+            if ((first is not None and first.startswith(st.pointer_prefix)
+                 and pointers.count(first) == len(pointers) or all(map(st.names, pointers)))
+                    and None not in values):
+                out = [Recommendation(model, u, _pairs(st, v, k, x), st.version,
+                                      "precomputed") for u, x, v in zip(users, keys, values)]
                 if self._last is not None:
                     for x, rec in zip(keys, out):
                         self._remember(model, x, rec)
                 return out
         return self._resolve(model, users, k)
+
+    def _bucket_mget(self, st: VersionState, buckets: list[int], names: list[str],
+                     per: int = 1, extra: list[tuple[int, tuple]] = ()) -> tuple[list, list,
+                                                                                  list]:
+        """Read ``names`` (``per`` consecutive keys for each item; item ``i``'s keys lie in
+        bucket ``buckets[i]``) with the pointer of every bucket involved, in one round trip:
+        (pointer values, the values in the order of ``names``, replies of the ``extra``
+        commands). A single Redis gets one ``MGET`` (atomic over all of it); a cluster one
+        ``MGET`` per bucket (its pointer and keys share a slot), pipelined per node."""
+        ptr_keys = st.pointer_keys
+        if not self._cluster:
+            distinct = list(dict.fromkeys(buckets))
+            n = len(distinct)
+            command = ("MGET", *[ptr_keys[b] for b in distinct], *names)
+            if not extra:
+                reply = self._send(st.keys, 0, [command])[0]
+                return reply[:n], reply[n:], []
+            replies = self._send(st.keys, 0, [*(c for _, c in extra), command])
+            return replies[-1][:n], replies[-1][n:], replies[:-1]
+        rows_of: dict[int, list[int]] = {}
+        for i, b in enumerate(buckets):
+            rows = rows_of.get(b)
+            if rows is None:
+                rows_of[b] = [i]
+            else:
+                rows.append(i)
+        commands = list(extra)
+        for b, rows in rows_of.items():
+            commands.append((b, ("MGET", ptr_keys[b],
+                                 *[names[j] for i in rows for j in range(i * per, i * per + per)])))
+        replies = self._send_many(st.keys, commands)
+        pointers = []
+        values: list = [None] * len(names)
+        for rows, reply in zip(rows_of.values(), replies[len(extra):]):
+            pointers.append(reply[0])
+            at = 1
+            for i in rows:
+                values[i * per:i * per + per] = reply[at:at + per]
+                at += per
+        return pointers, values, replies[:len(extra)]
 
     # ------------------------------------------------------------------ slow path
     def _model_keys(self, model: str) -> ModelKeys:
@@ -474,16 +578,24 @@ class TopK:
         return self._guarded(model, attempt, failed)
 
     def _guarded(self, model: str, attempt, failed):
-        """``attempt()``, again while versions vanish under it; ``failed(err, again)`` when
-        Redis is down (``again``: a new failure, not the retry interval of an old one)."""
+        """``attempt()``, again while versions vanish under it or a batch straddles a pointer
+        move (after a short wait; from attempt ``_REPAIR_AT`` on it moves the pointers itself,
+        in case the publisher died between its flip and the pointers); ``failed(err, again)``
+        when Redis is down (``again``: a new failure, not the retry interval of an old one)."""
         if self._down_until:
             if time.monotonic() < self._down_until:
                 return failed(self._last_error, False)
             self._down_until = 0.0
+        straddled = 0
         try:
-            for _ in range(_ATTEMPTS):
+            for n in range(_ATTEMPTS):
                 try:
                     return attempt()
+                except _Straddles:
+                    straddled += 1
+                    if n >= _REPAIR_AT:
+                        self._repair(model)
+                    time.sleep(min(0.001 * 2 ** n, 0.1))
                 except Vanished:
                     continue
         except _Down as down:
@@ -495,14 +607,30 @@ class TopK:
                     err, redis.AuthenticationError):
                 return failed(err, True)
             raise
+        if straddled:
+            raise LayoutError(f"model {model!r}: the bucket pointers did not agree on one version "
+                              f"in {_ATTEMPTS} tries (a pointer move that does not finish: run "
+                              "`rankstream rollback --to <current version>` to move them)")
         raise LayoutError(f"model {model!r}: the current version vanished {_ATTEMPTS} times "
                           "while being read (publishing faster than versions are kept?)")
 
-    def _state(self, keys: ModelKeys, raw: bytes) -> VersionState:
-        cache_key = keys.tag.encode() + b"|" + raw
+    def _repair(self, model: str) -> None:
+        """Best effort: copy ``current`` to the bucket pointers behind it (a reader on a replica
+        cannot; then only a publish or rollback will)."""
+        from pipeline.serving.versions import sync_pointers
+
+        try:
+            sync_pointers(self._bulk, self._model_keys(model), attempts=1)
+        except Exception:
+            pass
+
+    def _state(self, keys: ModelKeys, raw: bytes, key: str | None = None) -> VersionState:
+        """The (cached) state of the version a ``current``/pointer value names."""
+        version, publish_id, _ = parse_pointer(raw, key or keys.current)
+        cache_key = f"{keys.tag}|{version}:{publish_id}"
         st = self._states.get(cache_key)
         if st is None:
-            st = load_version_state(self._bulk, keys, raw)
+            st = load_version_state(self._bulk, keys, raw, key)
             with self._lock:
                 if len(self._states) >= 16:
                     self._states.pop(next(iter(self._states)))
@@ -510,34 +638,53 @@ class TopK:
         return st
 
     def _current_state(self, model: str) -> VersionState:
-        """The state of the version ``current`` points to now (one round trip once cached)."""
+        """The state of the version ``current`` names now (one round trip once cached)."""
         import redis
 
         keys = self._model_keys(model)
         try:
-            raw = self._send([("GET", keys.current)])[0]
+            raw = self._send(keys, BUCKETS, [("GET", keys.current)])[0]
         except redis.ResponseError as err:
             raise LayoutError(f"{keys.current} is not a string key ({err})") from None
         if raw is None:
             raise UnknownModelError(f"model {model!r} has no published version in namespace "
                                     f"{self.namespace!r} at {self._where} ({keys.current} does "
                                     "not exist)")
-        parse_current(raw, keys.current)
         st = self._state(keys, raw)
         self._current[model] = st
         return st
 
+    def _check_pointers(self, st: VersionState, pointers: list) -> None:
+        """Return when every pointer names ``st``; else follow the newest one (the version
+        lookups use from now on) and raise :class:`Vanished` to ask again, or
+        :class:`_Straddles` when the pointers name different versions (a pointer move in
+        progress) or some are missing."""
+        if all(map(st.names, pointers)):
+            return
+        keys = st.keys
+        if any(p is None for p in pointers):
+            self._current_state(keys.model)   # UnknownModelError when nothing is published
+            raise _Straddles(st.version)
+        where = f"a bucket pointer of {keys.tag}"
+        parsed = [(parse_pointer(p, where)[2], p) for p in pointers]
+        newest = max(parsed)[1]
+        self._current[keys.model] = self._state(keys, newest, where)
+        if len({p[:p.rindex(b":")] for _, p in parsed}) > 1:
+            raise _Straddles(st.version)
+        raise Vanished(st.version)
+
     def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
-        st = self._current_state(model)
-        keys = self._model_keys(model)
-        raw = st.current_raw
+        st = self._current.get(model)
+        if st is None or not st.per_key:
+            st = self._current_state(model)
         if not st.per_key:
             return [self._global(st, u, k) for u in users]
         names = [key_of(u) for u in users]
-        lists = self._send([("MGET", keys.current, *[st.topk_prefix + x for x in names])])[0]
-        if lists[0] != raw:
-            raise Vanished(st.version)
-        lists = lists[1:]
+        buckets = [bucket_of(x) for x in names]
+        prefixes = st.topk_prefixes
+        pointers, lists, _ = self._bucket_mget(
+            st, buckets, [prefixes[b] + x for b, x in zip(buckets, names)])
+        self._check_pointers(st, pointers)
         out: list = [None] * len(users)
         need = []
         for i, value in enumerate(lists):
@@ -547,31 +694,31 @@ class TopK:
             else:
                 need.append(i)
         if need:
-            self._answer_rest(st, users, names, lists, need, k, out)
+            self._answer_rest(st, users, names, buckets, lists, need, k, out)
         return out
 
-    def _answer_rest(self, st: VersionState, users, names, lists, need, k, out) -> None:
+    def _answer_rest(self, st: VersionState, users, names, buckets, lists, need, k,
+                     out) -> None:
         """On-demand scoring or fallback for ``need``; one more round trip."""
-        cmds = [("EXISTS", st.topk_prefix + names[i]) for i in need if lists[i] is None]
+        extra = [(buckets[i], ("EXISTS", st.topk_prefixes[buckets[i]] + names[i]))
+                 for i in need if lists[i] is None]
         if st.rank:
-            mget = [st.current_key]
-            for i in need:
-                mget += [st.user_prefix + names[i], st.seen_prefix + names[i]]
-            cmds.append(("MGET", *mget))
-        replies = self._send(cmds) if cmds else []
-        exists = iter(replies[:len(cmds) - bool(st.rank)])
-        if st.rank:
-            factors = replies[-1]
-            if factors[0] != st.current_raw:
-                raise Vanished(st.version)
-            factors = factors[1:]
+            rest = [buckets[i] for i in need]
+            pointers, factors, exists = self._bucket_mget(
+                st, rest, [n for i, b in zip(need, rest) for n in
+                           (st.user_prefixes[b] + names[i], st.seen_prefixes[b] + names[i])],
+                2, extra)
+            self._check_pointers(st, pointers)
+        else:
+            exists = self._send_many(st.keys, extra) if extra else []
+        exists = iter(exists)
         for j, i in enumerate(need):
             if lists[i] is None and next(exists):
-                raise LayoutError(f"{st.topk_prefix + names[i]} exists but is not a string "
-                                  "(a foreign key under the namespace?)")
+                raise LayoutError(f"{st.topk_prefixes[buckets[i]] + names[i]} exists but is "
+                                  "not a string (a foreign key under the namespace?)")
             u_raw = factors[2 * j] if st.rank else None
             if u_raw is not None:
-                items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i])
+                items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i], buckets[i])
                 out[i] = Recommendation(st.model, users[i], items, st.version, "on_demand")
             elif lists[i] is not None:
                 out[i] = Recommendation(st.model, users[i], _pairs(st, lists[i], k, names[i]),
@@ -581,19 +728,20 @@ class TopK:
                 out[i] = Recommendation(st.model, users[i], st.global_answer(k), st.version,
                                         source)
 
-    def _on_demand(self, st: VersionState, u_raw: bytes, seen_raw, k: int, name: str) -> list:
+    def _on_demand(self, st: VersionState, u_raw: bytes, seen_raw, k: int, name: str,
+                   bucket: int) -> list:
         V, b = load_factors(self._bulk, st)
-        u = unpack_f32(u_raw, st.user_prefix + name)
+        u = unpack_f32(u_raw, st.user_prefixes[bucket] + name)
         if u.shape != (st.rank,):
-            raise LayoutError(f"{st.user_prefix + name} holds {u.size} floats, the version has "
-                              f"rank {st.rank}")
+            raise LayoutError(f"{st.user_prefixes[bucket] + name} holds {u.size} floats, the "
+                              f"version has rank {st.rank}")
         scores = V @ u if b is None else V @ u + b
         seen = None
         if seen_raw is not None:
-            seen = unpack_i32(seen_raw, st.seen_prefix + name)
+            seen = unpack_i32(seen_raw, st.seen_prefixes[bucket] + name)
             if len(seen) and (seen.min() < 0 or seen.max() >= st.n_items):
-                raise LayoutError(f"{st.seen_prefix + name} lists an item index outside the "
-                                  f"version's {st.n_items} items")
+                raise LayoutError(f"{st.seen_prefixes[bucket] + name} lists an item index "
+                                  f"outside the version's {st.n_items} items")
         idx, sc = topk_of_scores(scores, k, exclude=seen)
         ids = st.item_ids
         return [(ids[i], s) for i, s in zip(idx.tolist(), sc.astype(np.float32).tolist())]
@@ -646,3 +794,17 @@ class _Down(Exception):
     def __init__(self, err):
         super().__init__(str(err))
         self.err = err
+
+
+class _Straddles(Vanished):
+    """A batch's bucket pointers name different versions (or some are missing): a pointer
+    move is under way; ask again shortly."""
+
+
+def _describe(client) -> str:
+    """Where a given client connects, for messages (no password)."""
+    if is_cluster(client):
+        node = client.get_default_node()
+        return f"cluster node {node.host}:{node.port}" if node else "a cluster"
+    kw = client.connection_pool.connection_kwargs
+    return kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"

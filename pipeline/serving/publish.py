@@ -3,9 +3,10 @@ then flip the model's ``current`` pointer to it in one atomic script, then prune
 The key layout is ``pipeline/serving/REDIS_LAYOUT.md``.
 
 Readers never see a half-written model: every key of the new version is written (pipelined in
-big non-transactional chunks) before ``current`` moves, and live keys are never updated in
-place. Per-user top-K lists are computed exactly (blocked BLAS matmul + a jitted selection
-kernel, in threads) while earlier blocks are being written.
+big non-transactional chunks, one pipeline per node on a cluster) before ``current`` moves, and
+live keys are never updated in place; after the flip the bucket pointers follow. Per-user top-K
+lists are computed exactly (blocked BLAS matmul + a jitted selection kernel, in threads) while
+earlier blocks are being written.
 
 Examples
 --------
@@ -29,10 +30,12 @@ import numpy as np
 
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.layout import (
+    BUCKETS,
     FORMAT_VERSION,
     PAIR_DTYPE,
     ModelKeys,
     VersionKeys,
+    bucket_of,
     pack_f32,
     pack_i32,
     pack_ids,
@@ -40,13 +43,16 @@ from pipeline.serving.layout import (
     pack_pairs,
 )
 from pipeline.serving.redis_client import as_client
-from pipeline.serving.redis_wire import MsetWriter
+from pipeline.serving.shards import ShardWriter
 from pipeline.serving.versions import (
     SupersededError,
     delete_version,
     flip,
     prune,
+    prune_versions,
+    read_current,
     rollback,
+    sync_pointers,
     versions,
 )
 from solvers.topk import topk_of_scores, user_topk_blocks
@@ -78,7 +84,7 @@ def _now() -> str:
 
 
 def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: int,
-          global_role: str) -> dict:
+          global_role: str, buckets: np.ndarray) -> dict:
     n_item_chunks = -(-art.n_items // ITEM_CHUNK)
     n_lists = n_factor = n_seen = 0
     if art.kind == "user_item":
@@ -96,7 +102,8 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "item_chunk": ITEM_CHUNK, "n_item_chunks": n_item_chunks, "rank": art.rank,
         "has_item_bias": int(art.item_bias is not None),
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
-        "n_keys": art.n_keys, "key_chunk": KEY_CHUNK, "n_key_chunks": -(-art.n_keys // KEY_CHUNK),
+        "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": KEY_CHUNK,
+        "bucket_keys": json.dumps(np.bincount(buckets, minlength=BUCKETS).tolist()),
         "n_lists": n_lists, "n_factor_keys": n_factor, "n_seen_keys": n_seen,
         "global": global_role, "scorer": art.scorer.kind if art.scorer is not None else "none",
     }
@@ -117,7 +124,7 @@ def _global_scores(art: ModelArtifact) -> tuple[np.ndarray | None, str]:
     return None, "none"
 
 
-def _write_items(w: MsetWriter, vk: VersionKeys, art: ModelArtifact) -> None:
+def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact) -> None:
     for c, lo in enumerate(range(0, art.n_items, ITEM_CHUNK)):
         hi = min(lo + ITEM_CHUNK, art.n_items)
         w.set(vk.items(c), pack_ids(art.item_ids[lo:hi]))
@@ -134,26 +141,29 @@ def _slices(buf: bytes, starts, stops) -> list:
     return [mv[a:b] for a, b in zip(starts, stops)]
 
 
-def _write_user_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
-                      top_k: int, progress) -> float:
+def _write_user_lists(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
+                      buckets: np.ndarray, top_k: int, progress) -> float:
     """Per-user factors, seen lists and precomputed top-K lists; returns compute seconds."""
     n = art.n_keys
     rank = art.rank
     u_bytes = pack_f32(art.user_factors)
-    w.mset([vk.user_factor(k) for k in key_strs],
-           _slices(u_bytes, range(0, n * rank * 4, rank * 4), range(rank * 4, (n + 1) * rank * 4,
-                                                                    rank * 4)))
+    prefixes = vk.bucket_prefixes
+    bucket_list = buckets.tolist()
+    w.mset_buckets([prefixes[b] + "u:" + k for b, k in zip(bucket_list, key_strs)],
+                   _slices(u_bytes, range(0, n * rank * 4, rank * 4),
+                           range(rank * 4, (n + 1) * rank * 4, rank * 4)), buckets)
     if art.seen_indptr is not None:
         has = np.flatnonzero(np.diff(art.seen_indptr) > 0)
         seen_bytes = pack_i32(art.seen_indices)
         ptr = art.seen_indptr * 4
-        w.mset([vk.seen(key_strs[u]) for u in has.tolist()],
-               _slices(seen_bytes, ptr[has].tolist(), ptr[has + 1].tolist()))
+        w.mset_buckets([prefixes[bucket_list[u]] + "seen:" + key_strs[u] for u in has.tolist()],
+                       _slices(seen_bytes, ptr[has].tolist(), ptr[has + 1].tolist()),
+                       buckets[has])
     blocks = user_topk_blocks(art.user_factors, art.item_factors, top_k,
                               item_bias=art.item_bias, seen_indptr=art.seen_indptr,
                               seen_indices=art.seen_indices)
     mask = art.precompute
-    topk_prefix = vk.prefix + "topk:"
+    topk_prefixes = [p + "topk:" for p in prefixes]
     waited = 0.0
     while True:
         t0 = time.perf_counter()
@@ -169,19 +179,21 @@ def _write_user_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_st
         starts = range(0, b * k * 8, k * 8)
         stops = [s + c * 8 for s, c in zip(starts, blk.counts.tolist())]
         values = _slices(rec.tobytes(), starts, stops)
-        keys = [topk_prefix + key_strs[r] for r in rows]
+        keys = [topk_prefixes[bucket_list[r]] + key_strs[r] for r in rows]
+        block_buckets = buckets[blk.start:blk.start + b]
         if mask is not None:
-            sel = mask[blk.start:blk.start + b].tolist()
-            keys = [x for x, s in zip(keys, sel) if s]
-            values = [x for x, s in zip(values, sel) if s]
-        w.mset(keys, values)
+            sel = mask[blk.start:blk.start + b]
+            keys = [x for x, s in zip(keys, sel.tolist()) if s]
+            values = [x for x, s in zip(values, sel.tolist()) if s]
+            block_buckets = block_buckets[sel]
+        w.mset_buckets(keys, values, block_buckets)
         if progress is not None:
             progress.update(b)
     return waited
 
 
-def _write_query_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
-                       top_k: int) -> None:
+def _write_query_lists(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
+                       buckets: np.ndarray, top_k: int) -> None:
     indptr, docs, scores = art.list_indptr, art.list_items, art.list_scores
     rows = np.repeat(np.arange(art.n_keys), np.diff(indptr))
     order = np.lexsort((docs, -scores, rows))  # per query: score desc, then doc index
@@ -191,9 +203,11 @@ def _write_query_lists(w: MsetWriter, vk: VersionKeys, art: ModelArtifact, key_s
     counts = np.minimum(np.diff(indptr), top_k)
     ends = np.cumsum(counts) * PAIR_DTYPE.itemsize
     starts = ends - counts * PAIR_DTYPE.itemsize
-    has = np.flatnonzero(counts > 0).tolist()
-    w.mset([vk.topk(key_strs[q]) for q in has],
-           _slices(packed, starts[has].tolist(), ends[has].tolist()))
+    has = np.flatnonzero(counts > 0)
+    prefixes = vk.bucket_prefixes
+    w.mset_buckets([prefixes[b] + "topk:" + key_strs[q]
+                    for q, b in zip(has.tolist(), buckets[has].tolist())],
+                   _slices(packed, starts[has].tolist(), ends[has].tolist()), buckets[has])
 
 
 def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
@@ -248,50 +262,73 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     top_k = int(min(top_k, artifact.n_items))
     client = as_client(redis, retries=3)
     keys = ModelKeys(namespace, model_name)
+    key_strs = [] if artifact.key_ids is None else [str(k) for k in artifact.key_ids.tolist()]
+    buckets = np.fromiter((bucket_of(k) for k in key_strs), dtype=np.int64,
+                          count=len(key_strs))
     version = int(client.incr(keys.seq))
     publish_id = secrets.token_hex(8)
     vk = keys.version(version)
     global_scores, global_role = _global_scores(artifact)
-    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role)
+    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets)
     client.sadd(keys.pending, version)
     client.hset(vk.meta, mapping=meta)
     try:
-        waited, n_keys = _write_version(client, vk, artifact, model_name, top_k, global_scores,
-                                        progress)
+        waited, n_keys = _write_version(client, keys, vk, artifact, model_name, key_strs,
+                                        buckets, top_k, global_scores, progress)
         t_written = time.perf_counter()
         client.hset(vk.meta, "status", "complete")
-        flip(client, keys, version, publish_id)
+        value = flip(client, keys, version, publish_id)
     except BaseException:
         try:  # best effort: leave no half-written or superseded version (prune retries later)
-            delete_version(client, keys, version)
+            now = read_current(client, keys)
+            if now is None or now[0] != version:  # (a flip whose reply was lost stands)
+                delete_version(client, keys, version)
         except Exception:
             pass
         raise
     t_flipped = time.perf_counter()
-    pruned = prune(model_name, client, keep_versions, namespace=namespace)
+    sync_pointers(client, keys, value)
+    t_synced = time.perf_counter()
+    pruned = prune_versions(keys, client, keep_versions, sync=False)
     t_end = time.perf_counter()
     return PublishResult(
         model=model_name, namespace=namespace, version=version, publish_id=publish_id,
         kind=artifact.kind, n_items=artifact.n_items, n_lists=int(meta["n_lists"]),
         seconds=t_end - t_start, pruned=pruned,
         timings={"write": t_written - t_start, "waiting_for_topk": waited,
-                 "flip": t_flipped - t_written, "prune": t_end - t_flipped,
-                 "keys_written": n_keys})
+                 "flip": t_flipped - t_written, "pointers": t_synced - t_flipped,
+                 "prune": t_end - t_synced, "keys_written": n_keys})
 
 
-def _write_version(client, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
-                   top_k: int, global_scores, progress: bool) -> tuple[float, int]:
+def _write_version(client, keys: ModelKeys, vk: VersionKeys, artifact: ModelArtifact,
+                   model_name: str, key_strs: list[str], buckets: np.ndarray, top_k: int,
+                   global_scores, progress: bool) -> tuple[float, int]:
     """Every key of the version (key index first); returns (seconds waiting for top-K
     compute, keys written)."""
-    with MsetWriter(client) as w:
-        return _write_all(w, vk, artifact, model_name, top_k, global_scores, progress)
+    with ShardWriter(client, keys) as w:
+        waited = _write_all(w, vk, artifact, model_name, key_strs, buckets, top_k,
+                            global_scores, progress)
+        w.finish()
+        return waited, w.n_keys
 
 
-def _write_all(w: MsetWriter, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
-               top_k: int, global_scores, progress: bool) -> tuple[float, int]:
-    key_strs = [] if artifact.key_ids is None else [str(k) for k in artifact.key_ids.tolist()]
-    for c, lo in enumerate(range(0, len(key_strs), KEY_CHUNK)):  # the index goes first
-        w.set(vk.key_index(c), pack_keys(key_strs[lo:lo + KEY_CHUNK]))
+def _write_key_index(w: ShardWriter, vk: VersionKeys, key_strs: list[str],
+                     buckets: np.ndarray) -> None:
+    """Each bucket's keys, in chunks of ``KEY_CHUNK`` (written before the keys they list, so
+    a publish that dies leaves an index the next prune deletes by)."""
+    order = np.argsort(buckets, kind="stable")
+    bounds = np.searchsorted(buckets[order], np.arange(BUCKETS + 1))
+    for b in range(BUCKETS):
+        rows = order[bounds[b]:bounds[b + 1]].tolist()
+        for c, lo in enumerate(range(0, len(rows), KEY_CHUNK)):
+            w.set_in(b, vk.key_index(b, c), pack_keys([key_strs[r] for r in
+                                                       rows[lo:lo + KEY_CHUNK]]))
+
+
+def _write_all(w: ShardWriter, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
+               key_strs: list[str], buckets: np.ndarray, top_k: int, global_scores,
+               progress: bool) -> float:
+    _write_key_index(w, vk, key_strs, buckets)
     _write_items(w, vk, artifact)
     if artifact.scorer is not None:
         w.set(vk.scorer, artifact.scorer.to_bytes())
@@ -305,11 +342,10 @@ def _write_all(w: MsetWriter, vk: VersionKeys, artifact: ModelArtifact, model_na
 
             bar = tqdm(total=artifact.n_keys, unit="user", desc=f"publish {model_name}")
         try:
-            waited = _write_user_lists(w, vk, artifact, key_strs, top_k, bar)
+            waited = _write_user_lists(w, vk, artifact, key_strs, buckets, top_k, bar)
         finally:
             if bar is not None:
                 bar.close()
     elif artifact.kind == "query_docs":
-        _write_query_lists(w, vk, artifact, key_strs, top_k)
-    w.flush()
-    return waited, w.n_keys
+        _write_query_lists(w, vk, artifact, key_strs, buckets, top_k)
+    return waited

@@ -29,14 +29,34 @@ def round_trip(conn, commands: list[tuple]) -> list:
         raise
 
 
+def round_trips(batches: list[tuple]) -> list[list]:
+    """:func:`round_trip` on several connections at once: every ``(conn, commands)`` batch is
+    sent before any reply is read (the servers work in parallel); replies per batch. On any
+    error every connection involved is dropped and the error raised."""
+    try:
+        for conn, commands in batches:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        return [[conn.read_response() for _ in commands] for conn, commands in batches]
+    except BaseException:
+        for conn, _ in batches:
+            conn.disconnect()
+        raise
+
+
 class MsetWriter:
     """Sends ``MSET`` commands of at most ``mset_keys`` keys (so the server never blocks other
-    clients for long), packed by hiredis (no per-argument Python work) and flushed every
-    ``flush_bytes`` like a non-transactional pipeline. Use it as a context manager: the
-    connection goes back to the pool, or is dropped after an error (replies may be unread)."""
+    clients for long), packed by hiredis (no per-argument Python work) and sent every
+    ``flush_bytes`` like a non-transactional pipeline. The replies of one send are read just
+    before the next one (and by :meth:`finish`), so the server works through a send while the
+    caller prepares the next. Use it as a context manager: the connection goes back to its
+    pool, or is dropped after an error (replies may be unread).
+
+    ``client`` is a redis-py client or a connection pool (one node of a cluster: every key of
+    one ``MSET`` must then be in one slot, which the caller arranges).
+    """
 
     def __init__(self, client, flush_bytes: int = 8 << 20, mset_keys: int = 1000):
-        self.pool = client.connection_pool
+        self.pool = getattr(client, "connection_pool", client)
         self.conn = self.pool.get_connection()
         try:
             from hiredis import pack_command
@@ -47,6 +67,7 @@ class MsetWriter:
         self.mset_keys = mset_keys
         self.chunks: list = []
         self.n_cmds = 0
+        self.unread = 0
         self.pending = 0
         self.n_keys = 0
 
@@ -68,19 +89,34 @@ class MsetWriter:
     def set(self, key: str, value) -> None:
         self.mset([key], [value])
 
+    def _read(self) -> None:
+        replies = [self.conn.read_response() for _ in range(self.unread)]
+        self.unread = 0
+        if any(r is not True and r != b"OK" for r in replies):
+            raise RuntimeError(f"Redis refused a write: {replies[:3]}")
+
     def flush(self) -> None:
+        """Read the replies of the previous send, then send what is buffered."""
+        self._read()
         if self.n_cmds:
             chunks = [c for p in self.chunks for c in ([p] if isinstance(p, bytes) else p)]
-            self.conn.send_packed_command(chunks)
-            replies = [self.conn.read_response() for _ in range(self.n_cmds)]
+            self.conn.send_packed_command(chunks, check_health=False)
+            self.unread = self.n_cmds
             self.chunks, self.n_cmds, self.pending = [], 0, 0
-            if any(r is not True and r != b"OK" for r in replies):
-                raise RuntimeError(f"Redis refused a write: {replies[:3]}")
+
+    def finish(self) -> None:
+        """Send what is buffered and read every reply: all writes are acknowledged."""
+        self.flush()
+        self._read()
 
     def __enter__(self) -> MsetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
+        self.close(failed=exc_type is not None)
+
+    def close(self, failed: bool = False) -> None:
+        """Give the connection back (dropped first when ``failed`` or replies are unread)."""
+        if failed or self.unread or self.n_cmds:
             self.conn.disconnect()
         self.pool.release(self.conn)

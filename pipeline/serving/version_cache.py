@@ -6,7 +6,7 @@ this is read once per version and process; a version that disappears while being
 Examples
 --------
 >>> keys = ModelKeys("rankstream", "movies")
->>> st = load_version_state(client, keys, b"7:0a1b2c3d")  # doctest: +SKIP
+>>> st = load_version_state(client, keys, b"7:0a1b2c3d:12")  # doctest: +SKIP
 >>> st.version, st.kind, st.n_items  # doctest: +SKIP
 (7, 'user_item', 20000)
 """
@@ -16,12 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.serving.layout import (
+    BUCKETS,
     FORMAT_VERSION,
     KINDS,
     LayoutError,
     ModelKeys,
     decode_pairs,
-    parse_current,
+    parse_pointer,
     unpack_f32,
     unpack_ids,
 )
@@ -36,11 +37,15 @@ class Vanished(Exception):
 class VersionState:
     """Immutable in-process data of one published version."""
 
-    __slots__ = ("model", "version", "publish_id", "current_raw", "current_key", "kind",
-                 "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
-                 "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefix",
-                 "user_prefix", "seen_prefix", "vkeys", "n_item_chunks", "item_factors",
+    __slots__ = ("model", "version", "publish_id", "pointer_prefix", "keys", "pointer_keys",
+                 "kind", "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
+                 "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefixes",
+                 "user_prefixes", "seen_prefixes", "vkeys", "n_item_chunks", "item_factors",
                  "item_bias", "meta", "scorer")
+
+    def names(self, pointer: bytes | None) -> bool:
+        """Whether a ``current``/bucket pointer value names this version (any epoch)."""
+        return pointer is not None and pointer.startswith(self.pointer_prefix)
 
     def global_answer(self, k: int) -> list:
         return self.global_items[:k] if self.global_items is not None else []
@@ -63,9 +68,11 @@ def _int(meta: dict, name: str, key: str) -> int:
                           "integer") from None
 
 
-def load_version_state(client, keys: ModelKeys, current_raw: bytes) -> VersionState:
-    """Read meta, item ids and the global list of the version ``current_raw`` points to."""
-    version, publish_id = parse_current(current_raw, keys.current)
+def load_version_state(client, keys: ModelKeys, current_raw: bytes,
+                       key: str | None = None) -> VersionState:
+    """Read meta, item ids and the global list of the version ``current_raw`` (a value of
+    ``current`` or of a bucket pointer, read from ``key``) names."""
+    version, publish_id, _ = parse_pointer(current_raw, key or keys.current)
     vk = keys.version(version)
     raw = _ask(client, vk.meta, lambda: client.hgetall(vk.meta))
     if not raw:
@@ -82,10 +89,14 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes) -> VersionSt
         raise Vanished(version)  # replaced or being deleted since current was read
     if meta.get("kind") not in KINDS:
         raise LayoutError(f"{vk.meta} has kind {meta.get('kind')!r}, expected one of {KINDS}")
+    if meta.get("buckets") != str(BUCKETS):
+        raise LayoutError(f"{vk.meta} has buckets {meta.get('buckets')!r}, format "
+                          f"{FORMAT_VERSION} has {BUCKETS}")
     st = VersionState()
     st.meta = meta
     st.model, st.version, st.publish_id = keys.model, version, publish_id
-    st.current_raw, st.current_key, st.vkeys = current_raw, keys.current, vk
+    st.pointer_prefix = f"{version}:{publish_id}:".encode()
+    st.keys, st.vkeys, st.pointer_keys = keys, vk, keys.pointers
     st.kind = meta["kind"]
     st.per_key = st.kind in PER_KEY_KINDS
     for name in ("n_items", "top_k", "rank", "n_lists", "n_factor_keys", "n_keys",
@@ -93,8 +104,9 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes) -> VersionSt
         setattr(st, name, _int(meta, name, vk.meta))
     st.has_bias = meta.get("has_item_bias") == "1"
     st.global_role = meta.get("global", "none")
-    st.topk_prefix, st.user_prefix, st.seen_prefix = (vk.prefix + "topk:", vk.prefix + "u:",
-                                                      vk.prefix + "seen:")
+    st.topk_prefixes = [p + "topk:" for p in vk.bucket_prefixes]
+    st.user_prefixes = [p + "u:" for p in vk.bucket_prefixes]
+    st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]
     st.item_factors = st.item_bias = st.scorer = None
     pipe = client.pipeline(transaction=False)
     for c in range(st.n_item_chunks):

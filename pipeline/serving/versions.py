@@ -1,7 +1,10 @@
 """Published versions of a model in Redis: list them, flip ``current`` (publish and rollback),
-prune old ones. Every state change is one Lua script over keys that share the model's hash tag,
-so it is atomic (and valid in Redis Cluster); data keys are only deleted after their version
-left the version list, so no reader can be pointed at a half-deleted version.
+move the bucket pointers after it, prune old ones. Every change of ``current`` is one Lua
+script over keys that share the model's hash tag, so it is atomic (and valid in Redis Cluster);
+each bucket pointer then follows with a compare-on-epoch script in its own slot. Data keys are
+only deleted after their version left the version list *and* every bucket pointer has moved
+past it, so no reader can be pointed at a half-deleted version (``REDIS_LAYOUT.md`` has the
+argument).
 
 Examples
 --------
@@ -16,22 +19,27 @@ Examples
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from pipeline.serving.layout import (
+    BUCKETS,
     FORMAT_VERSION,
     LayoutError,
     ModelKeys,
     UnknownModelError,
     parse_current,
+    parse_pointer,
     unpack_keys,
 )
+from pipeline.serving.shards import NodeBatch
 
-# KEYS: current, versions, pending, meta;  ARGV: version, publish_id. Refuses to go backwards:
-# a version older than the newest flipped one (a concurrent publisher started later and
-# finished first) never becomes current, so `versions` stays in ascending order.
+# KEYS: current, versions, pending, meta, epoch;  ARGV: version, publish_id. Refuses to go
+# backwards: a version older than the newest flipped one (a concurrent publisher started later
+# and finished first) never becomes current, so `versions` stays in ascending order. Returns
+# the new value of `current`, "<version>:<publish_id>:<epoch>".
 FLIP = """
 local newest = redis.call('LINDEX', KEYS[2], -1)
 if newest and tonumber(newest) > tonumber(ARGV[1]) then
@@ -46,13 +54,15 @@ end
 if redis.call('HGET', KEYS[4], 'publish_id') ~= ARGV[2] then
   return redis.error_reply('rankstream: version ' .. ARGV[1] .. ' belongs to another publish')
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2])
+local value = ARGV[1] .. ':' .. ARGV[2] .. ':' .. redis.call('INCR', KEYS[5])
+redis.call('SET', KEYS[1], value)
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('SREM', KEYS[3], ARGV[1])
-return 1
+return value
 """
 
-# KEYS: current, versions, target meta;  ARGV: expected current value, target version
+# KEYS: current, versions, target meta, epoch;  ARGV: expected current value, target version,
+# format version. Returns the new value of `current`.
 ROLLBACK = """
 local cur = redis.call('GET', KEYS[1]) or ''
 if cur ~= ARGV[1] then
@@ -64,9 +74,28 @@ end
 if redis.call('HGET', KEYS[3], 'status') ~= 'complete' then
   return redis.error_reply('rankstream: version ' .. ARGV[2] .. ' is not complete')
 end
-local value = ARGV[2] .. ':' .. redis.call('HGET', KEYS[3], 'publish_id')
+local fmt = redis.call('HGET', KEYS[3], 'format_version')
+if fmt ~= ARGV[3] then
+  return redis.error_reply('rankstream: version ' .. ARGV[2] .. ' has format_version ' ..
+    tostring(fmt) .. ', this rankstream serves format ' .. ARGV[3])
+end
+local value = ARGV[2] .. ':' .. redis.call('HGET', KEYS[3], 'publish_id') .. ':' ..
+  redis.call('INCR', KEYS[4])
 redis.call('SET', KEYS[1], value)
 return value
+"""
+
+# KEYS: one bucket pointer;  ARGV: the value of `current` to copy, its epoch. Moves the pointer
+# only forward in epochs, so a delayed copy (a publisher or rollback that stalled after its
+# flip) can never move a pointer back to a version that was pruned meanwhile.
+SET_POINTER = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local e = tonumber(string.match(cur, '^%d+:%x+:(%d+)$'))
+  if e and e >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
 """
 
 # KEYS: current, versions, pending;  ARGV: candidate versions to drop. Never drops current.
@@ -105,8 +134,10 @@ class VersionInfo:
     metrics: dict = field(default_factory=dict)
 
 
-def _script(client, source: str):
-    return client.register_script(source)
+def _script(client, source: str, keys: list, args: list):
+    """Run a Lua script with ``EVAL`` (routed by its keys' slot on a cluster; scripts are a
+    few hundred bytes, sent with each call rather than kept by SHA on every node)."""
+    return client.eval(source, len(keys), *keys, *args)
 
 
 def _lua_error(err: Exception) -> str:
@@ -115,13 +146,67 @@ def _lua_error(err: Exception) -> str:
 
 def read_current(client, keys: ModelKeys) -> tuple[int, str] | None:
     """(version, publish_id) that ``current`` points to, or ``None`` if nothing is published."""
+    raw = _current_raw(client, keys)
+    return None if raw is None else parse_current(raw, keys.current)
+
+
+def _current_raw(client, keys: ModelKeys) -> bytes | None:
     import redis
 
     try:
-        raw = client.get(keys.current)
+        return client.get(keys.current)
     except redis.ResponseError as err:
         raise LayoutError(f"{keys.current} is not a string key ({err})") from None
-    return None if raw is None else parse_current(raw, keys.current)
+
+
+def sync_pointers(client, keys: ModelKeys, value: bytes | str | None = None,
+                  attempts: int = 3) -> int:
+    """Copy ``current`` (or ``value``, a value it had) to every bucket pointer whose epoch is
+    lower; returns how many moved. Idempotent, so anyone may run it at any time: publish and
+    rollback after their flip, prune before it deletes, a reader that finds pointers missing.
+    Pipelined per node; connection errors (a failover) refresh the slot map and try again.
+
+    Raises
+    ------
+    RuntimeError
+        Some pointer could not be set after ``attempts`` tries (the flip itself stands; lookups
+        of those buckets answer from the version their pointer names until the next sync).
+    """
+    import redis as redis_mod
+
+    from pipeline.serving.redis_client import is_cluster
+
+    if value is None:
+        value = _current_raw(client, keys)
+        if value is None:
+            return 0
+    value = value.encode() if isinstance(value, str) else value
+    version, _, epoch = parse_pointer(value, keys.current)
+    last: Exception | None = None
+    for attempt in range(attempts):
+        batch = NodeBatch(client)
+        for ptr in keys.pointers:
+            batch.add(ptr, "EVAL", SET_POINTER, 1, ptr, value, epoch)
+        try:
+            replies = batch.execute()
+        except (redis_mod.ConnectionError, redis_mod.TimeoutError, OSError) as err:
+            last = err
+        else:
+            errors = [r for r in replies if isinstance(r, Exception)]
+            if not errors:
+                return sum(r == 1 for r in replies)
+            last = errors[0]
+            if not isinstance(last, (redis_mod.exceptions.AskError,
+                                     redis_mod.exceptions.TryAgainError,
+                                     redis_mod.exceptions.ClusterDownError)):
+                break
+        if is_cluster(client):
+            client.nodes_manager.initialize()
+        time.sleep(0.1 * 2 ** attempt)
+    raise RuntimeError(f"model {keys.model!r}: version {version} is current, but bucket "
+                       f"pointers could not all be moved to it ({type(last).__name__}: {last}); "
+                       "lookups of those buckets answer from the version their pointer names "
+                       "until the next publish, rollback or prune moves them")
 
 
 def _kept(client, keys: ModelKeys) -> list[int]:
@@ -175,15 +260,16 @@ def versions(model: str, redis, *, namespace: str = "rankstream") -> list[Versio
     return out
 
 
-def flip(client, keys: ModelKeys, version: int, publish_id: str) -> None:
+def flip(client, keys: ModelKeys, version: int, publish_id: str) -> bytes:
     """Point ``current`` at a completely written version and append it to the version list;
+    returns the new value of ``current`` (the caller then runs :func:`sync_pointers`);
     :class:`SupersededError` if a newer version was flipped meanwhile."""
     import redis
 
     vk = keys.version(version)
     try:
-        _script(client, FLIP)(keys=[keys.current, keys.versions, keys.pending, vk.meta],
-                              args=[version, publish_id], client=client)
+        return _script(client, FLIP, [keys.current, keys.versions, keys.pending, vk.meta,
+                                      keys.epoch], [version, publish_id])
     except redis.ResponseError as err:
         reason = _lua_error(err)
         if reason.startswith("SUPERSEDED "):
@@ -195,7 +281,7 @@ def flip(client, keys: ModelKeys, version: int, publish_id: str) -> None:
 def rollback(model: str, redis, version: int | None = None, *,
              namespace: str = "rankstream") -> int:
     """Flip ``current`` back to ``version`` (default: the kept version published before the
-    current one). Returns the version now current.
+    current one), then move the bucket pointers after it. Returns the version now current.
 
     Examples
     --------
@@ -224,14 +310,16 @@ def rollback(model: str, redis, version: int | None = None, *,
         elif target not in kept:
             raise ValueError(f"model {model!r}: version {target} is not kept (kept: {kept})")
         try:
-            _script(redis, ROLLBACK)(keys=[keys.current, keys.versions,
-                                           keys.version(target).meta],
-                                     args=[raw, target], client=redis)
-            return int(target)
+            value = _script(redis, ROLLBACK, [keys.current, keys.versions,
+                                              keys.version(target).meta, keys.epoch],
+                            [raw, target, FORMAT_VERSION])
         except redis_mod.ResponseError as err:
             if "CHANGED" not in str(err):
                 raise ValueError(f"model {model!r}: cannot roll back to version {target}: "
                                  f"{_lua_error(err)}") from None
+            continue
+        sync_pointers(redis, keys, value)
+        return int(target)
     raise RuntimeError(f"model {model!r}: current kept changing during rollback; try again")
 
 
@@ -239,31 +327,37 @@ def prune(model: str, redis, keep_versions: int = 3, *, namespace: str = "rankst
           stale_after: float = 3600.0) -> list[int]:
     """Delete kept versions beyond the newest ``keep_versions`` (never the current one), and
     leftovers of publishes or prunes that died half-way (pending for over ``stale_after`` s).
-    Returns the versions deleted.
+    Returns the versions deleted. First it moves every bucket pointer to ``current``
+    (:func:`sync_pointers`; this also repairs a publish or rollback that died between its flip
+    and the pointers): a version is deleted only once no pointer names it.
 
     Examples
     --------
     >>> prune("movies", r, keep_versions=2)  # doctest: +SKIP
     [5]
     """
+    return prune_versions(ModelKeys(namespace, model), redis, keep_versions, stale_after, sync=True)
+
+
+def prune_versions(keys: ModelKeys, redis, keep_versions: int, stale_after: float = 3600.0,
+           sync: bool = True) -> list[int]:
+    """:func:`prune`; ``sync=False`` (the caller just moved the pointers) moves them again
+    only when something is to be deleted."""
     if keep_versions < 1:
         raise ValueError(f"keep_versions is {keep_versions}, it must be at least 1")
-    keys = ModelKeys(namespace, model)
     kept = _kept(redis, keys)
     victims = kept[:-keep_versions]
     removed = []
     if victims:
-        raw = _script(redis, DROP)(keys=[keys.current, keys.versions, keys.pending],
-                                   args=victims, client=redis)
+        raw = _script(redis, DROP, [keys.current, keys.versions, keys.pending], victims)
         removed = [int(v) for v in raw]
-    deleted = []
-    for v in removed:
-        delete_version(redis, keys, v)
-        deleted.append(v)
     current = read_current(redis, keys)
     kept = set(_kept(redis, keys))
+    leftovers = []
     for raw in redis.smembers(keys.pending):
         v = int(raw)
+        if v in removed:
+            continue
         if v in kept or (current and current[0] == v):
             redis.srem(keys.pending, v)  # flipped meanwhile
             continue
@@ -271,8 +365,14 @@ def prune(model: str, redis, keep_versions: int = 3, *, namespace: str = "rankst
                 redis.hgetall(keys.version(v).meta).items()}
         stale = time.time() - _started(meta) > stale_after
         if meta.get("status") == "deleting" or stale:
-            delete_version(redis, keys, v)
-            deleted.append(v)
+            leftovers.append(v)
+    deleted = removed + leftovers
+    if deleted or sync:
+        # Every pointer past the epoch of the drop first: then none names a dropped version,
+        # and none ever will (pointers only move forward, to versions in `versions`).
+        sync_pointers(redis, keys)
+    for v in deleted:
+        delete_version(redis, keys, v)
     live = kept | ({current[0]} if current else set())
     gone = [f for f in redis.hkeys(keys.lookups)
             if int(f.split(b":", 1)[0] or 0) not in live]
@@ -298,39 +398,110 @@ def _started(meta: dict) -> float:
         return 0.0
 
 
-def delete_version(client, keys: ModelKeys, version: int, batch: int = 1000) -> None:
-    """Delete every key of ``version`` (which must no longer be listed or current) with UNLINK
-    in batches, found through the version's key index (or a SCAN of its prefix when the index
-    is incomplete); its meta hash goes last, then it leaves the pending set."""
+def delete_version(client, keys: ModelKeys, version: int, batch: int = 1000,
+                   bucket_group: int = 64) -> None:
+    """Delete every key of ``version`` (which must no longer be listed or current, and no
+    bucket pointer may name it) with UNLINK in batches of ``batch`` keys of one slot, pipelined
+    per node: model-level keys by name, per-key keys through each bucket's key index,
+    ``bucket_group`` buckets at a time (or a SCAN of the version's prefixes when an index is
+    incomplete). Its meta hash goes last, then it leaves the pending set."""
     vk = keys.version(version)
     client.sadd(keys.pending, version)
     meta = {k.decode(): v.decode() for k, v in client.hgetall(vk.meta).items()}
     if meta:
         client.hset(vk.meta, "status", "deleting")
-    names: list[str] = []
     try:
-        if int(meta.get("format_version", -1)) != FORMAT_VERSION:
-            raise LayoutError("unknown format")
-        n_item_chunks = int(meta["n_item_chunks"])
-        n_key_chunks = int(meta["n_key_chunks"])
-        for c in range(n_item_chunks):
-            names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c)]
-        names += [vk.global_list, vk.scorer]
-        for c in range(n_key_chunks):
-            raw = client.get(vk.key_index(c))
-            if raw is None:
-                raise LayoutError("key index chunk missing")
-            for key in unpack_keys(raw, vk.key_index(c)):
-                names += [vk.topk(key), vk.user_factor(key), vk.seen(key)]
-            names.append(vk.key_index(c))
+        model_names, index = _indexed_names(client, vk, meta)
+        per_bucket = None
     except (KeyError, ValueError, LayoutError):
-        names = [k.decode() for k in client.scan_iter(match=vk.prefix + "*", count=1000)]
-        names = [n for n in names if n != vk.meta]
-    pipe = client.pipeline(transaction=False)
-    for i in range(0, len(names), batch):
-        pipe.unlink(*names[i:i + batch])
-        if (i // batch) % 20 == 19:
-            pipe.execute()
-    pipe.unlink(vk.meta)
-    pipe.srem(keys.pending, version)
-    pipe.execute()
+        model_names, per_bucket = _scanned_names(client, keys, vk)
+    unlink = _Unlinker(client, keys, batch)
+    unlink.add(None, model_names)
+    if per_bucket is not None:
+        for b, names in per_bucket.items():
+            unlink.add(b, names)
+    else:
+        buckets = [b for b, chunks in enumerate(index) if chunks]
+        for g in range(0, len(buckets), bucket_group):
+            group = buckets[g:g + bucket_group]
+            reads = NodeBatch(client)
+            where = []
+            for b in group:
+                for c in range(index[b]):
+                    reads.add(keys.pointer(b), "GET", vk.key_index(b, c))
+                    where.append((b, c))
+            names: dict[int, list[str]] = {b: [] for b in group}
+            for (b, c), raw in zip(where, reads.execute()):
+                prefix = vk.bucket_prefixes[b]
+                if isinstance(raw, bytes):
+                    for key in unpack_keys(raw, vk.key_index(b, c)):
+                        names[b] += [prefix + "topk:" + key, prefix + "u:" + key,
+                                     prefix + "seen:" + key]
+            for b in group:   # the index chunks after the keys they list
+                unlink.add(b, names[b] + [vk.key_index(b, c) for c in range(index[b])])
+            unlink.flush()
+    unlink.add(None, [vk.meta])
+    unlink.flush()
+    client.srem(keys.pending, version)
+
+
+def _indexed_names(client, vk, meta: dict) -> tuple[list[str], list[int]]:
+    """Model-level key names of a version and its key index chunks per bucket; LayoutError
+    when the meta or an index chunk is missing (the caller then scans)."""
+    if int(meta.get("format_version", -1)) != FORMAT_VERSION:
+        raise LayoutError("unknown format")
+    names = [vk.global_list, vk.scorer]
+    for c in range(int(meta["n_item_chunks"])):
+        names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c)]
+    counts = json.loads(meta["bucket_keys"])
+    key_chunk = int(meta["key_chunk"])
+    if len(counts) != BUCKETS or key_chunk < 1:
+        raise LayoutError("bucket_keys does not list every bucket")
+    index = [-(-int(n) // key_chunk) for n in counts]
+    check = NodeBatch(client)
+    base = vk.base
+    for b, chunks in enumerate(index):
+        for c in range(chunks):
+            check.add("{" + base + ":" + str(b) + "}", "EXISTS", vk.key_index(b, c))
+    if not all(r == 1 for r in check.execute()):
+        raise LayoutError("key index incomplete")
+    return names, index
+
+
+_BUCKET_KEY = re.compile(r"^\{([^{}]*):([0-9]+)\}:v([0-9]+):")
+
+
+def _scanned_names(client, keys: ModelKeys, vk) -> tuple[list[str], dict[int, list[str]]]:
+    """Key names of a version found by SCAN (every node of a cluster): model-level ones, and
+    per bucket."""
+    model = [k.decode() for k in client.scan_iter(match=vk.prefix + "*", count=1000)]
+    model = [n for n in model if n != vk.meta]
+    per_bucket: dict[int, list[str]] = {}
+    pattern = "{" + vk.base + ":*}:v" + str(vk.version) + ":*"
+    for raw in client.scan_iter(match=pattern, count=1000):
+        name = raw.decode()
+        m = _BUCKET_KEY.match(name)
+        if m and m.group(1) == vk.base and int(m.group(3)) == vk.version:
+            per_bucket.setdefault(int(m.group(2)), []).append(name)
+    return model, per_bucket
+
+
+class _Unlinker:
+    """UNLINK commands of at most ``batch`` keys of one slot, pipelined per node."""
+
+    def __init__(self, client, keys: ModelKeys, batch: int):
+        self.keys, self.size = keys, batch
+        self.batch = NodeBatch(client)
+
+    def add(self, bucket: int | None, names: list[str]) -> None:
+        route = self.keys.current if bucket is None else self.keys.pointer(bucket)
+        for i in range(0, len(names), self.size):
+            self.batch.add(route, "UNLINK", *names[i:i + self.size])
+        if len(self.batch) >= 200:
+            self.flush()
+
+    def flush(self) -> None:
+        if len(self.batch):
+            errors = [r for r in self.batch.execute() if isinstance(r, Exception)]
+            if errors:
+                raise RuntimeError(f"model {self.keys.model!r}: UNLINK refused: {errors[0]}")

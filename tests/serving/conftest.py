@@ -1,5 +1,5 @@
-"""A private redis-server per test (through infra/redis) for tests that stop, pause,
-restart or reconfigure it."""
+"""A private redis-server (or Redis Cluster) per test (through infra/redis) for tests that
+stop, pause, kill, restart or reconfigure it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.conftest import unavailable
-from tests.servers import INFRA, infra_server
+from tests.servers import INFRA, infra_server, redis_cluster
 
 
 class OwnRedis:
@@ -60,7 +60,40 @@ def own_redis(tmp_path):
         unavailable(str(err))
 
 
+class OwnCluster:
+    """A 6-node Redis Cluster of our own: ``url`` (its first node), ``ports``, ``pid(port)``,
+    ``kill(port)`` (SIGKILL by the pid in the node's pid file, after checking that the pid is
+    the redis-server of that port)."""
+
+    def __init__(self, base: int, directory):
+        self.base, self.dir = base, directory
+        self.ports = list(range(base, base + 6))
+        self.url = f"redis://127.0.0.1:{base}/0"
+
+    def pid(self, port: int) -> int:
+        return int((self.dir / str(port) / "redis.pid").read_text())
+
+    def kill(self, port: int) -> int:
+        pid = self.pid(port)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode()
+        if "redis-server" not in cmdline or f":{port}" not in cmdline:
+            raise RuntimeError(f"pid {pid} of node {port} is {cmdline!r}, not its redis-server")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A fresh 6-node Redis Cluster for this test only (marked ``redis``)."""
+    try:
+        with redis_cluster(tmp_path) as (base, directory):
+            yield OwnCluster(base, directory)
+    except RuntimeError as err:
+        unavailable(str(err))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "own_redis" in getattr(item, "fixturenames", ()):
+        if {"own_redis", "own_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker("redis")

@@ -3,6 +3,7 @@ and against what publish actually writes."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -61,21 +62,45 @@ def test_documented_pair_example_decodes():
 def test_key_builders_follow_the_patterns():
     keys = L.ModelKeys("ns", "model-1")
     vk = keys.version(7)
-    built = {"current": keys.current, "versions": keys.versions, "seq": keys.seq,
+    bucket = L.bucket_of("alice")
+    built = {"current": keys.current, "epoch": keys.epoch, "pointer": keys.pointer(bucket),
+             "versions": keys.versions, "seq": keys.seq,
              "pending": keys.pending, "lookups": keys.lookups, "meta": vk.meta,
              "items": vk.items(3),
              "item_factors": vk.item_factors(3), "item_bias": vk.item_bias(3),
-             "item_values": vk.item_values(3), "key_index": vk.key_index(3),
+             "item_values": vk.item_values(3), "key_index": vk.key_index(bucket, 3),
              "global": vk.global_list, "topk": vk.topk("alice"),
              "user_factor": vk.user_factor("alice"), "seen": vk.seen("alice"),
              "scorer": vk.scorer}
     assert set(built) == set(L.KEY_PATTERNS)
     for name, key in built.items():
-        expected = (L.KEY_PATTERNS[name][0].replace("<tag>", "{ns:model-1}")
+        pattern = L.KEY_PATTERNS[name][0]
+        expected = (pattern.replace("<tag>", "{ns:model-1}")
+                    .replace("<btag>", "{ns:model-1:" + str(bucket) + "}")
                     .replace("<version>", "7").replace("<chunk>", "3")
                     .replace("<key>", "alice"))
         assert key == expected
-        assert key.startswith("{ns:model-1}")  # one Cluster hash tag per model
+        # model-level keys share the model's Cluster hash tag, per-key keys their bucket's
+        tag = "{ns:model-1:" + str(bucket) + "}" if "<btag>" in pattern else "{ns:model-1}"
+        assert key.startswith(tag)
+
+
+def test_buckets_spread_keys_evenly_and_are_stable():
+    """bucket = top 10 bits of crc32(utf-8 key) * 2654435761 mod 2**32, as documented (other
+    clients must agree); structured ids fill the buckets like random ones."""
+    import zlib
+
+    assert "(crc32(<key> as UTF-8) × 2654435761 mod 2³²)\n  >> 22" in DOC
+    assert re.search(r"`alice` → (\d+), `42` → (\d+)", DOC).groups() == (
+        str(L.bucket_of("alice")), str(L.bucket_of("42")))
+    for key in ("alice", "é", "42", "user-123456789"):
+        assert L.bucket_of(key) == ((zlib.crc32(key.encode()) * 2654435761) % 2**32) >> 22
+    for ids in (range(200_000), range(1, 2_000_000, 10), [f"u{i}" for i in range(200_000)]):
+        counts = np.bincount([L.bucket_of(str(u)) for u in ids], minlength=L.BUCKETS)
+        mean = counts.mean()   # Poisson-like: within 5 standard deviations everywhere
+        assert np.abs(counts - mean).max() < 5 * np.sqrt(mean), (ids, counts.min(), counts.max())
+    used = len({L.bucket_of(str(10 * i + 1)) for i in range(2000)})   # plain CRC-32: 769
+    assert used > 850, used
 
 
 def test_names_and_values_are_checked():
@@ -83,10 +108,14 @@ def test_names_and_values_are_checked():
         L.ModelKeys("ns", "a:b")
     with pytest.raises(ValueError, match="namespace"):
         L.ModelKeys("{x}", "m")
-    assert L.parse_current(b"12:00ff00ff", "k") == (12, "00ff00ff")
-    for bad in (b"12", b"x:00ff00ff", b"0:00ff00ff", b"7:XYZXYZXY"):
-        with pytest.raises(L.LayoutError, match="expected '<version>:<publish_id>'"):
+    assert L.parse_current(b"12:00ff00ff:3", "k") == (12, "00ff00ff")
+    assert L.parse_pointer(b"12:00ff00ff:3", "k") == (12, "00ff00ff", 3)
+    for bad in (b"12", b"x:00ff00ff:1", b"0:00ff00ff:1", b"7:XYZXYZXY:1", b"7:00ff00ff:0",
+                b"7:00ff00ff:"):
+        with pytest.raises(L.LayoutError, match="expected '<version>:<publish_id>:<epoch>'"):
             L.parse_current(bad, "k")
+    with pytest.raises(L.LayoutError, match="format 1 publisher"):
+        L.parse_current(b"12:00ff00ff", "k")
     with pytest.raises(L.LayoutError, match="not a multiple of 8"):
         L.decode_pairs(b"1234567", "k")
     with pytest.raises(L.LayoutError, match="outside the version's 3 items"):
@@ -102,9 +131,10 @@ def test_names_and_values_are_checked():
 
 
 def _pattern_regex(pattern: str, tag: str) -> re.Pattern:
-    rx = re.escape(pattern.replace("<tag>", tag))
+    btag = tag[:-1] + ":<bucket>}"
+    rx = re.escape(pattern.replace("<tag>", tag).replace("<btag>", btag))
     rx = (rx.replace("<version>", r"[1-9][0-9]*").replace("<chunk>", r"[0-9]+")
-          .replace("<key>", r".+"))
+          .replace("<key>", r"(?P<key>.+)").replace("<bucket>", r"(?P<bucket>0|[1-9][0-9]*)"))
     return re.compile("^" + rx + "$")
 
 
@@ -126,18 +156,32 @@ def test_published_keys_and_meta_follow_the_contract(redis_client, kind):
     patterns = {name: (_pattern_regex(p, tag), rtype)
                 for name, (p, rtype, _) in L.KEY_PATTERNS.items()}
     found = set()
+    buckets = set()
     for raw in redis_client.scan_iter(match="{contract:*", count=1000):
         key = raw.decode()
-        matches = [n for n, (rx, _) in patterns.items() if rx.match(key)]
+        matches = [(n, m) for n, (rx, _) in patterns.items() if (m := rx.match(key))]
         assert matches, f"{key} is not in REDIS_LAYOUT.md"
-        assert redis_client.type(key).decode() == patterns[matches[0]][1], key
-        found.update(matches)
-    assert {"current", "versions", "seq", "meta", "items", "key_index"} - found <= (
+        name, m = matches[0]
+        assert redis_client.type(key).decode() == patterns[name][1], key
+        if "key" in m.groupdict():   # a per-key key lies in its key's bucket
+            assert int(m.group("bucket")) == L.bucket_of(m.group("key")), key
+        if "bucket" in m.groupdict():
+            buckets.add(int(m.group("bucket")))
+        found.add(name)
+    assert {"current", "epoch", "pointer", "versions", "seq", "meta", "items",
+            "key_index"} - found <= (
         {"key_index"} if kind in ("global_list", "predicted_ratings") else set())
+    assert set(range(L.BUCKETS)) <= buckets   # every bucket has its pointer
     meta = {k.decode(): v.decode() for k, v in redis_client.hgetall(f"{tag}:v2:meta").items()}
     assert set(meta) == set(L.META_FIELDS)
     assert meta["format_version"] == str(L.FORMAT_VERSION)
     assert meta["status"] == "complete" and meta["kind"] == kind
-    version, publish_id = L.parse_current(redis_client.get(f"{tag}:current"), "current")
-    assert (version, publish_id) == (2, meta["publish_id"])
+    assert meta["buckets"] == str(L.BUCKETS)
+    assert sum(json.loads(meta["bucket_keys"])) == int(meta["n_keys"]) == art.n_keys
+    current = redis_client.get(f"{tag}:current")
+    version, publish_id, epoch = L.parse_pointer(current, "current")
+    assert (version, publish_id) == (2, meta["publish_id"]) and epoch == 2
+    pointers = redis_client.mget([L.ModelKeys("contract", "m").pointer(b)
+                                  for b in range(L.BUCKETS)])
+    assert set(pointers) == {current}   # every bucket pointer copies `current`
     assert redis_client.smembers(f"{tag}:pending") == set()

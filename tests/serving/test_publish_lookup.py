@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.serving.artifact import ModelArtifact
-from pipeline.serving.layout import LayoutError, UnknownModelError, pack_pairs
+from pipeline.serving.layout import LayoutError, ModelKeys, UnknownModelError, pack_pairs
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from pipeline.serving.versions import rollback, versions
@@ -131,6 +131,9 @@ def test_pruning_keeps_exactly_keep_versions(redis_client, topk):
     left = {k.decode().split(":")[2]
             for k in redis_client.scan_iter(match="{rankstream:m}:v[0-9]*")}
     assert left == {"v4", "v5", "v6"}
+    in_buckets = {k.decode().split("}:")[1].split(":")[0]
+                  for k in redis_client.scan_iter(match="{rankstream:m:*}:v[0-9]*")}
+    assert in_buckets == {"v4", "v5", "v6"}   # per-user keys of pruned versions too
     # rollback restores the previous answers, and forward again
     assert rollback("m", redis_client) == 5
     assert topk.recommend("m", 1, k=5).items == kept_answers[5]
@@ -168,6 +171,7 @@ def test_concurrent_publisher_never_flips_current_backwards(redis_client, topk, 
         publish("m", user_model(1, n_users=10, n_items=20), redis_client, top_k=5)
     assert [(v.version, v.current) for v in versions("m", redis_client)] == [(2, True)]
     assert not list(redis_client.scan_iter(match="{rankstream:m}:v1:*"))
+    assert not list(redis_client.scan_iter(match="{rankstream:m:*}:v1:*"))
     assert same_answer(topk.recommend("m", newer.key_ids[0], k=5).items,
                        reference_user(newer, 0, 5))
     assert publish("m", user_model(3, n_users=10, n_items=20), redis_client).version == 3
@@ -212,17 +216,23 @@ def _setup_malformed(redis_client):
     return "{rankstream:m}"
 
 
+V1 = ModelKeys("rankstream", "m").version(1)   # user 1's keys are in its bucket's hash tag
+
+
 @pytest.mark.parametrize("damage, message", [
-    (lambda r, t: r.set(f"{t}:current", "banana"), "expected '<version>:<publish_id>'"),
+    (lambda r, t: r.set(f"{t}:current", "banana"),
+     "expected '<version>:<publish_id>:<epoch>'"),
+    (lambda r, t: r.set(f"{t}:current", "1:00ff00ff"), "written by a format 1 publisher"),
     (lambda r, t: (r.delete(f"{t}:current"), r.hset(f"{t}:current", "a", "b")),
      "not a string key"),
-    (lambda r, t: r.set(f"{t}:v1:topk:1", b"1234567"), "not up to 5"),
-    (lambda r, t: r.set(f"{t}:v1:topk:1", pack_pairs([99], [1.0])), "outside the version"),
-    (lambda r, t: (r.delete(f"{t}:v1:topk:1"), r.hset(f"{t}:v1:topk:1", "x", "y")),
+    (lambda r, t: r.set(V1.topk("1"), b"1234567"), "not up to 5"),
+    (lambda r, t: r.set(V1.topk("1"), pack_pairs([99], [1.0])), "outside the version"),
+    (lambda r, t: (r.delete(V1.topk("1")), r.hset(V1.topk("1"), "x", "y")),
      "exists but is not a string"),
     (lambda r, t: r.hset(f"{t}:v1:meta", "format_version", "99"), "format_version '99'"),
+    (lambda r, t: r.hset(f"{t}:v1:meta", "format_version", "1"), "format_version '1'"),
     (lambda r, t: r.set(f"{t}:v1:items:0", b"xyz"), "does not hold int64 ids"),
-    (lambda r, t: (r.delete(f"{t}:v1:topk:1"), r.set(f"{t}:v1:u:1", b"12345")),
+    (lambda r, t: (r.delete(V1.topk("1")), r.set(V1.user_factor("1"), b"12345")),
      "expected a multiple of 4"),
 ])
 def test_malformed_or_foreign_keys_raise_a_clear_error(redis_url, redis_client, damage,
