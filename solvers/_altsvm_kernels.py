@@ -35,7 +35,8 @@ P is above its value at the previous point (:func:`_user_update`).
 Random numbers come from a splitmix64 stream whose seed is an argument, so a kernel's result
 depends only on its inputs (and, for the Hogwild V-step with several threads, on timing).
 ``fastmath`` is limited to reassociation, contraction and signed zeros (it lets LLVM vectorize
-the length-r dot products); nothing assumes away NaN or inf.
+the length-r dot products); nothing assumes away NaN or inf. A ``prange`` body only calls a
+plain ``@njit`` helper (see :mod:`solvers._altsvm_layout`: inline loops there compile slower).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from solvers._altsvm_layout import _span
 from solvers._random import GOLDEN, MIX2, next_u64
 
 # Reassociation lets LLVM vectorize the length-r dot products; no flag assumes away NaN/inf.
@@ -198,163 +200,185 @@ def dual_step(loss, a, g, q):
 
 
 # --------------------------------------------------------------------------------------------
-# layout shared by the kernels below
+# layout shared by the kernels below (built by :mod:`solvers._altsvm_layout`)
 #
 # Entries E: the distinct (user, item) pairs that occur in some comparison, sorted by user
 # (``entry_ptr`` is the CSR pointer over users, ``entry_item`` the item of each entry). Every
 # comparison c knows the entries of its winner and loser, ``pos_w[c]`` and ``pos_l[c]``. Since
 # z_c = x_iw − x_il with x_ij = u_iᵀv_j + b_j, margins and both primal rebuilds cost
 # O(|E| r + |Ω|) instead of O(|Ω| r) (on rating data |E| is the number of ratings).
+#
+# Parallel passes over users take them in ``blocks`` (block q: users blocks[q] to
+# blocks[q + 1] − 1, about equal numbers of comparisons) dealt to threads dynamically. A user
+# owns its comparisons, its entries and its row of U, so these passes are race-free and give
+# the same numbers on any number of threads; each block allocates the per-entry scratch of its
+# largest user (a few KB) instead of arrays over all entries.
 # --------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
-def join_duals(old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entry_ptr,
-               entry_item, out_a, out_b):
-    """Carry duals keyed by (user, winner, loser) from old comparisons onto new ones.
-
-    The old comparisons are grouped by user (CSR pointer ``old_ptr``); the new ones are
-    described by their layout (grouped by user, winner and loser as entry numbers, see
-    :func:`build_entries`). Per user, the old comparisons are chained, in order, per key
-    (winner slot, loser slot) in an open-addressing hash table sized to that user's old
-    comparisons, and the m-th new comparison of a key takes the duals of the m-th old one. New
-    comparisons without a partner get 0, old ones without a partner are dropped. A user whose
-    comparisons are the old ones in the same order (most users between two retrains) is copied
-    without the table. O(|Ω_old| + |Ω_new|) time and O(max_i |Ω_old,i|) scratch (the former
-    slot table per user needed O(m_i²) for a user with m_i items). Returns the number matched.
-    """
-    n_items = entry_item.max() + 1 if entry_item.shape[0] else 0
-    local = np.full(max(n_items, 1), -1, dtype=np.int64)
-    n_users_old = old_ptr.shape[0] - 1
+def _scratch(lo, hi, entry_ptr):
+    """Scratch for the entries of any one of users lo..hi-1."""
     biggest = 1
-    for i in range(min(n_users_old, user_ptr.shape[0] - 1)):
-        biggest = max(biggest, old_ptr[i + 1] - old_ptr[i])
-    cap_max = 1
-    while cap_max < 2 * biggest:
-        cap_max *= 2
-    keys = np.empty(cap_max, dtype=np.int64)
-    head = np.empty(cap_max, dtype=np.int64)
-    tail = np.empty(cap_max, dtype=np.int64)
-    nxt = np.empty(old_w.shape[0], dtype=np.int64)
+    for i in range(lo, hi):
+        biggest = max(biggest, entry_ptr[i + 1] - entry_ptr[i])
+    return np.empty(biggest)
+
+
+@njit(cache=True)
+def _join_user(i, old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entry_ptr,
+               entry_item, n_items, hi_clip, local, keys, head, tail, nxt, out_a, out_b):
+    """User i's part of :func:`join_duals`; returns how many of its comparisons matched."""
+    n_lo, n_hi = user_ptr[i], user_ptr[i + 1]
+    for c in range(n_lo, n_hi):
+        out_a[c] = 0.0
+        out_b[c] = 0.0
+    if i >= old_ptr.shape[0] - 1 or n_hi == n_lo or old_ptr[i + 1] == old_ptr[i]:
+        return 0
+    o_lo, o_hi = old_ptr[i], old_ptr[i + 1]
     matched = 0
-    for i in range(user_ptr.shape[0] - 1):
-        n_lo, n_hi = user_ptr[i], user_ptr[i + 1]
-        for c in range(n_lo, n_hi):
-            out_a[c] = 0.0
-            out_b[c] = 0.0
-        if i >= n_users_old or n_hi == n_lo or old_ptr[i + 1] == old_ptr[i]:
+    same = o_hi - o_lo == n_hi - n_lo
+    if same:  # fast path: the user's comparisons, unchanged, in order
+        for t in range(n_hi - n_lo):
+            if old_w[o_lo + t] != entry_item[pos_w[n_lo + t]] or \
+                    old_l[o_lo + t] != entry_item[pos_l[n_lo + t]]:
+                same = False
+                break
+    if same:
+        for t in range(n_hi - n_lo):
+            out_a[n_lo + t] = _clip(old_a[o_lo + t], hi_clip)
+            out_b[n_lo + t] = _clip(old_b[o_lo + t], hi_clip)
+        return n_hi - n_lo
+    e_lo, e_hi = entry_ptr[i], entry_ptr[i + 1]
+    m = e_hi - e_lo
+    for e in range(e_lo, e_hi):
+        local[entry_item[e]] = e - e_lo
+    cap = 1
+    while cap < 2 * (o_hi - o_lo):
+        cap *= 2
+    mask = np.uint64(cap - 1)
+    for h in range(cap):
+        keys[h] = -1
+    for c in range(o_lo, o_hi):  # chain the old comparisons per key, in order
+        w, lo = old_w[c], old_l[c]
+        if w >= n_items or lo >= n_items or local[w] < 0 or local[lo] < 0:
             continue
-        o_lo, o_hi = old_ptr[i], old_ptr[i + 1]
-        if o_hi - o_lo == n_hi - n_lo:  # fast path: the user's comparisons, unchanged, in order
-            same = True
-            for t in range(n_hi - n_lo):
-                if old_w[o_lo + t] != entry_item[pos_w[n_lo + t]] or \
-                        old_l[o_lo + t] != entry_item[pos_l[n_lo + t]]:
-                    same = False
-                    break
-            if same:
-                for t in range(n_hi - n_lo):
-                    out_a[n_lo + t] = old_a[o_lo + t]
-                    out_b[n_lo + t] = old_b[o_lo + t]
-                matched += n_hi - n_lo
-                continue
-        e_lo, e_hi = entry_ptr[i], entry_ptr[i + 1]
-        m = e_hi - e_lo
-        for e in range(e_lo, e_hi):
-            local[entry_item[e]] = e - e_lo
-        cap = 1
-        while cap < 2 * (o_hi - o_lo):
-            cap *= 2
-        mask = np.uint64(cap - 1)
-        for h in range(cap):
-            keys[h] = -1
-        for c in range(o_lo, o_hi):  # chain the old comparisons per key, in order
-            w, lo = old_w[c], old_l[c]
-            if w >= n_items or lo >= n_items or local[w] < 0 or local[lo] < 0:
-                continue
-            key = local[w] * m + local[lo]
-            h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
-            while keys[h] >= 0 and keys[h] != key:
-                h = (h + 1) & (cap - 1)
-            nxt[c] = -1
-            if keys[h] < 0:
-                keys[h] = key
-                head[h] = c
-            else:
-                nxt[tail[h]] = c
-            tail[h] = c
-        for c in range(n_lo, n_hi):
-            key = (pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
-            h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
-            while keys[h] >= 0 and keys[h] != key:
-                h = (h + 1) & (cap - 1)
-            if keys[h] == key and head[h] >= 0:
-                src = head[h]
-                head[h] = nxt[src]
-                out_a[c] = old_a[src]
-                out_b[c] = old_b[src]
-                matched += 1
-        for e in range(e_lo, e_hi):
-            local[entry_item[e]] = -1
+        key = local[w] * m + local[lo]
+        h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
+        while keys[h] >= 0 and keys[h] != key:
+            h = (h + 1) & (cap - 1)
+        nxt[c] = -1
+        if keys[h] < 0:
+            keys[h] = key
+            head[h] = c
+        else:
+            nxt[tail[h]] = c
+        tail[h] = c
+    for c in range(n_lo, n_hi):
+        key = np.int64(pos_w[c] - e_lo) * m + (pos_l[c] - e_lo)
+        h = np.int64((np.uint64(key) * GOLDEN >> _S31) & mask)
+        while keys[h] >= 0 and keys[h] != key:
+            h = (h + 1) & (cap - 1)
+        if keys[h] == key and head[h] >= 0:
+            src = head[h]
+            head[h] = nxt[src]
+            out_a[c] = _clip(old_a[src], hi_clip)
+            out_b[c] = _clip(old_b[src], hi_clip)
+            matched += 1
+    for e in range(e_lo, e_hi):
+        local[entry_item[e]] = -1
     return matched
 
 
 @njit(cache=True)
-def build_entries(user_ptr, cw, cl, n_items):
-    """Entries of comparisons sorted by user: returns (pos_w, pos_l, entry_user, entry_item,
-    entry_ptr). Within a user, entries are numbered in order of first appearance."""
-    n_users = user_ptr.shape[0] - 1
-    n = cw.shape[0]
-    stamp = np.full(n_items, -1, dtype=np.int64)
-    slot = np.empty(n_items, dtype=np.int64)
-    pos_w = np.empty(n, dtype=np.int64)
-    pos_l = np.empty(n, dtype=np.int64)
-    entry_user = np.empty(2 * n, dtype=np.int32)
-    entry_item = np.empty(2 * n, dtype=np.int32)
-    entry_ptr = np.empty(n_users + 1, dtype=np.int64)
-    n_e = 0
-    for i in range(n_users):
-        entry_ptr[i] = n_e
-        for c in range(user_ptr[i], user_ptr[i + 1]):
-            for side in range(2):
-                item = cw[c] if side == 0 else cl[c]
-                if stamp[item] != i:
-                    stamp[item] = i
-                    slot[item] = n_e
-                    entry_user[n_e] = i
-                    entry_item[n_e] = item
-                    n_e += 1
-                if side == 0:
-                    pos_w[c] = slot[item]
-                else:
-                    pos_l[c] = slot[item]
-    entry_ptr[n_users] = n_e
-    return pos_w, pos_l, entry_user[:n_e].copy(), entry_item[:n_e].copy(), entry_ptr
+def _clip(a, hi):
+    """a clipped into [0, hi]; hi = NaN leaves a as it is."""
+    if hi != hi:
+        return a
+    return min(max(a, 0.0), hi)
+
+
+@njit(parallel=True, cache=True)
+def join_duals(parts, old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entry_ptr,
+               entry_item, n_items, hi_clip, out_a, out_b):
+    """Carry duals keyed by (user, winner, loser) from old comparisons onto new ones.
+
+    The old comparisons are grouped by user (CSR pointer ``old_ptr``); the new ones are
+    described by their layout (grouped by user, winner and loser as entry numbers). Per user,
+    the old comparisons are chained, in order, per key (winner slot, loser slot) in an
+    open-addressing hash table sized to that user's old comparisons, and the m-th new
+    comparison of a key takes the duals of the m-th old one, clipped into [0, hi_clip] (NaN:
+    not clipped). New comparisons without a partner get 0, old ones without a partner are
+    dropped. A user whose comparisons are the old ones in the same order (most users between
+    two retrains) is copied without the table. O(|Ω_old| + |Ω_new|) time. Users are split into
+    the contiguous ranges ``parts``, one task each, in parallel; a task's scratch is
+    O(n_items + max_i |Ω_old,i|). Returns the number matched.
+    """
+    n_parts = parts.shape[0] - 1
+    matched = np.zeros(n_parts, np.int64)
+    nxt = np.empty(old_w.shape[0], dtype=np.int64)
+    for p in prange(n_parts):
+        matched[p] = _join_part(parts[p], parts[p + 1], old_ptr, old_w, old_l, old_a, old_b,
+                                user_ptr, pos_w, pos_l, entry_ptr, entry_item, n_items, hi_clip,
+                                nxt, out_a, out_b)
+    return matched.sum()
+
+
+@njit(cache=True)
+def _join_part(lo, hi, old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l, entry_ptr,
+               entry_item, n_items, hi_clip, nxt, out_a, out_b):
+    """:func:`join_duals` for users lo..hi-1, with its own scratch."""
+    biggest = 1
+    for i in range(lo, min(hi, old_ptr.shape[0] - 1)):
+        biggest = max(biggest, old_ptr[i + 1] - old_ptr[i])
+    cap_max = 1
+    while cap_max < 2 * biggest:
+        cap_max *= 2
+    local = np.full(max(n_items, 1), -1, dtype=np.int64)
+    keys = np.empty(cap_max, dtype=np.int64)
+    head = np.empty(cap_max, dtype=np.int64)
+    tail = np.empty(cap_max, dtype=np.int64)
+    matched = 0
+    for i in range(lo, hi):
+        matched += _join_user(i, old_ptr, old_w, old_l, old_a, old_b, user_ptr, pos_w, pos_l,
+                              entry_ptr, entry_item, n_items, hi_clip, local, keys, head, tail,
+                              nxt, out_a, out_b)
+    return matched
 
 
 @njit(cache=True, fastmath=_FAST)
 def _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss, x):
-    """User i's share of P: Σ_{c of i} L(z_c) + reg/2 ‖u_i‖² (uses x[entries of i] as scratch)."""
+    """User i's share of P: Σ_{c of i} L(z_c) + reg/2 ‖u_i‖² (x: scratch for its entries)."""
     r = V.shape[1]
+    e_lo = entry_ptr[i]
     nrm = 0.0
     for f in range(r):
         nrm += U[i, f] * U[i, f]
-    for e in range(entry_ptr[i], entry_ptr[i + 1]):
+    for e in range(e_lo, entry_ptr[i + 1]):
         j = entry_item[e]
         t = b[j]
         for f in range(r):
             t += U[i, f] * V[j, f]
-        x[e] = t
+        x[e - e_lo] = t
     acc = 0.0
     for c in range(user_ptr[i], user_ptr[i + 1]):
-        acc += loss_value(loss, x[pos_w[c]] - x[pos_l[c]])
+        acc += loss_value(loss, x[pos_w[c] - e_lo] - x[pos_l[c] - e_lo])
     return acc + 0.5 * reg * nrm
 
 
+@njit(parallel=True, cache=True)
+def user_shares(blocks, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss, out):
+    """out[i] = user i's share of P; P = Σ_i out[i] + reg/2 (‖V‖² + ‖b‖²)."""
+    for q in prange(blocks.shape[0] - 1):
+        _block_shares(blocks[q], blocks[q + 1], user_ptr, pos_w, pos_l, entry_ptr, entry_item,
+                      U, V, b, reg, loss, out)
+
+
 @njit(cache=True)
-def user_shares(user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss, x, out):
-    """out[i] = user i's share of P; P = Σ_i out[i] + reg/2 (‖V‖² + ‖b‖²). Serial."""
-    for i in range(U.shape[0]):
+def _block_shares(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss,
+                  out):
+    x = _scratch(lo, hi, entry_ptr)
+    for i in range(lo, hi):
         out[i] = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg,
                              loss, x)
 
@@ -378,44 +402,152 @@ def sum_squares(V, b):
 
 
 @njit(cache=True)
-def scatter_duals(pos_w, pos_l, duals, out):
-    """out[e] = Σ_c duals_c (1[pos_w[c] = e] − 1[pos_l[c] = e]): duals summed per entry."""
-    out[:] = 0.0
-    for c in range(duals.shape[0]):
+def _entry_sums(i, user_ptr, pos_w, pos_l, entry_ptr, duals, out, base):
+    """out[e − base] = Σ_{c of i} duals_c (1[pos_w[c] = e] − 1[pos_l[c] = e]) over user i's
+    entries e, summed in comparison order."""
+    for e in range(entry_ptr[i], entry_ptr[i + 1]):
+        out[e - base] = 0.0
+    for c in range(user_ptr[i], user_ptr[i + 1]):
         a = duals[c]
         if a != 0.0:
-            out[pos_w[c]] += a
-            out[pos_l[c]] -= a
+            out[pos_w[c] - base] += a
+            out[pos_l[c] - base] -= a
 
 
-@njit(cache=True, fastmath=_FAST)
-def _item_from_entries(j, item_entry_ptr, item_entries, entry_user, B, U, reg, V, b, fit_bias):
-    r = V.shape[1]
-    for f in range(r):
-        V[j, f] = 0.0
-    bj = 0.0
-    for p in range(item_entry_ptr[j], item_entry_ptr[j + 1]):
-        e = item_entries[p]
-        coef = B[e] / reg
-        if coef != 0.0:
-            i = entry_user[e]
-            for f in range(r):
-                V[j, f] += coef * U[i, f]
-            bj += coef
-    if fit_bias:
-        b[j] = bj
+@njit(parallel=True, cache=True)
+def scatter_duals(blocks, user_ptr, pos_w, pos_l, entry_ptr, duals, out):
+    """out[e] = Σ_c duals_c (1[pos_w[c] = e] − 1[pos_l[c] = e]): duals summed per entry."""
+    for q in prange(blocks.shape[0] - 1):
+        _block_entry_sums(blocks[q], blocks[q + 1], user_ptr, pos_w, pos_l, entry_ptr, duals,
+                          out)
 
 
 @njit(cache=True)
-def items_from_duals(item_entry_ptr, item_entries, entry_user, B, U, reg, V, b, fit_bias):
+def _block_entry_sums(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, duals, out):
+    for i in range(lo, hi):
+        _entry_sums(i, user_ptr, pos_w, pos_l, entry_ptr, duals, out, 0)
+
+
+@njit(parallel=True, cache=True)
+def entries_matvec(blocks, entry_ptr, entry_item, data, x, out):
+    """out = G x for the users x items matrix G with value data[e] at (user of e, item of e)
+    (reg_max's σ_max), in parallel over blocks of users."""
+    for q in prange(blocks.shape[0] - 1):
+        _rows_times(blocks[q], blocks[q + 1], entry_ptr, entry_item, data, x, out)
+
+
+@njit(cache=True)
+def _rows_times(lo, hi, entry_ptr, entry_item, data, x, out):
+    for i in range(lo, hi):
+        t = 0.0
+        for e in range(entry_ptr[i], entry_ptr[i + 1]):
+            t += data[e] * x[entry_item[e]]
+        out[i] = t
+
+
+@njit(parallel=True, cache=True)
+def entries_rmatvec(parts, entry_ptr, entry_item, data, y, acc, out):
+    """out = Gᵀ y: the contiguous user ranges ``parts`` add into their own rows of ``acc``
+    (parts x items) in parallel, then out = Σ_p acc[p] in order p = 0, 1, ..."""
+    n_parts = parts.shape[0] - 1
+    for p in prange(n_parts):
+        _rows_transposed(parts[p], parts[p + 1], entry_ptr, entry_item, data, y, acc[p])
+    n_spans = min(n_parts, acc.shape[1])
+    for t in prange(n_spans):
+        lo, hi = _span(acc.shape[1], n_spans, t)
+        _sum_rows(acc, lo, hi, out)
+
+
+@njit(cache=True)
+def _rows_transposed(lo, hi, entry_ptr, entry_item, data, y, out):
+    """out = Σ_{users lo..hi-1} y_i G_i."""
+    out[:] = 0.0
+    for i in range(lo, hi):
+        yi = y[i]
+        if yi != 0.0:
+            for e in range(entry_ptr[i], entry_ptr[i + 1]):
+                out[entry_item[e]] += data[e] * yi
+
+
+@njit(cache=True)
+def _sum_rows(acc, lo, hi, out):
+    """out[lo:hi] = Σ_p acc[p, lo:hi], adding in order p = 0, 1, ..."""
+    for j in range(lo, hi):
+        out[j] = acc[0, j]
+    for p in range(1, acc.shape[0]):
+        for j in range(lo, hi):
+            out[j] += acc[p, j]
+
+
+@njit(cache=True, fastmath=_FAST)
+def _add_user(i, entry_ptr, entry_item, B, U, reg, fit_bias, V, b):
+    """(V, b)[items of user i] += (1/reg) B_ij (u_i, 1), B over the user's entries."""
+    r = U.shape[1]
+    e_lo = entry_ptr[i]
+    for e in range(e_lo, entry_ptr[i + 1]):
+        coef = B[e - e_lo] / reg
+        if coef != 0.0:
+            j = entry_item[e]
+            for f in range(r):
+                V[j, f] += coef * U[i, f]
+            if fit_bias:
+                b[j] += coef
+
+
+@njit(parallel=True, cache=True)
+def items_from_duals(parts, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U, reg,
+                     fit_bias, acc_V, acc_b, V, b):
     """Algorithm 1 line 3, exactly: (v_j, b_j) = (1/reg) Σ_c beta_c s_cj [u_i; 1].
 
-    ``B`` holds the V-step duals summed per entry (:func:`scatter_duals`), s_cj = +1 when j won
-    comparison c and −1 when it lost, so v_j = (1/reg) Σ_{entries (i, j)} B_ij u_i.
+    With s_cj = +1 when j won comparison c and −1 when it lost, v_j = (1/reg) Σ_{entries
+    (i, j)} B_ij u_i where B_ij sums user i's duals per entry. One pass over users: per user,
+    B over its entries (in scratch), then added into the rows of its items. Users are split
+    into the contiguous ranges ``parts`` (P = parts.size − 1 of them, one task each, in
+    parallel), part p adding into its own accumulators ``acc_V[p]``, ``acc_b[p]``; then
+    V = Σ_p acc_V[p] in order p = 0..P−1, in parallel over items. With P = 1 pass V[None] and
+    b[None] as the accumulators: each v_j is then summed over its users in increasing order.
+    The sum's rounding depends on P only. b is left alone unless ``fit_bias``.
     """
-    for j in range(V.shape[0]):
-        _item_from_entries(j, item_entry_ptr, item_entries, entry_user, B, U, reg, V, b,
-                           fit_bias)
+    n_parts = parts.shape[0] - 1
+    n_items = V.shape[0]
+    for p in prange(n_parts):
+        _rebuild_part(parts[p], parts[p + 1], user_ptr, pos_w, pos_l, entry_ptr, entry_item,
+                      beta, U, reg, fit_bias, acc_V[p], acc_b[p])
+    if n_parts > 1:
+        n_spans = min(n_parts, n_items)
+        for t in prange(n_spans):
+            lo, hi = _span(n_items, n_spans, t)
+            _sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b)
+
+
+@njit(cache=True)
+def _rebuild_part(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U, reg,
+                  fit_bias, V, b):
+    """(V, b) = (1/reg) Σ_{users lo..hi-1} Σ_{entries (i, j)} B_ij (u_i, 1) (b only with
+    ``fit_bias``)."""
+    V[:] = 0.0
+    if fit_bias:
+        b[:] = 0.0
+    B = _scratch(lo, hi, entry_ptr)
+    for i in range(lo, hi):
+        _entry_sums(i, user_ptr, pos_w, pos_l, entry_ptr, beta, B, entry_ptr[i])
+        _add_user(i, entry_ptr, entry_item, B, U, reg, fit_bias, V, b)
+
+
+@njit(cache=True)
+def _sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b):
+    """Rows lo..hi-1 of V (and b) = Σ_p acc_V[p] (acc_b[p]), adding in order p = 0, 1, ..."""
+    for j in range(lo, hi):
+        for f in range(V.shape[1]):
+            V[j, f] = acc_V[0, j, f]
+        if fit_bias:
+            b[j] = acc_b[0, j]
+    for p in range(1, acc_V.shape[0]):
+        for j in range(lo, hi):
+            for f in range(V.shape[1]):
+                V[j, f] += acc_V[p, j, f]
+            if fit_bias:
+                b[j] += acc_b[p, j]
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -492,28 +624,33 @@ def vstep_hogwild(blocks, block_start, vu, vw, vl, beta, U, V, b, fit_bias, reg,
 @njit(cache=True, fastmath=_FAST)
 def _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U):
     """u_i = (1/reg) Σ_c alpha_c (v_j − v_k) into ``U[i]`` (Algorithm 1 line 13), exactly:
-    the duals are summed per entry first, u_i = (1/reg) Σ_{entries (i, j)} A_ij v_j."""
+    the duals are summed per entry first (A: scratch for the user's entries),
+    u_i = (1/reg) Σ_{entries (i, j)} A_ij v_j."""
     r = V.shape[1]
-    for e in range(entry_ptr[i], entry_ptr[i + 1]):
-        A[e] = 0.0
-    for c in range(user_ptr[i], user_ptr[i + 1]):
-        a = alpha[c]
-        A[pos_w[c]] += a
-        A[pos_l[c]] -= a
+    e_lo = entry_ptr[i]
+    _entry_sums(i, user_ptr, pos_w, pos_l, entry_ptr, alpha, A, e_lo)
     for f in range(r):
         U[i, f] = 0.0
-    for e in range(entry_ptr[i], entry_ptr[i + 1]):
-        coef = A[e] / reg
+    for e in range(e_lo, entry_ptr[i + 1]):
+        coef = A[e - e_lo] / reg
         if coef != 0.0:
             j = entry_item[e]
             for f in range(r):
                 U[i, f] += coef * V[j, f]
 
 
-@njit(cache=True)
-def users_from_duals(user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U):
+@njit(parallel=True, cache=True)
+def users_from_duals(blocks, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, U):
     """U from the U-step duals and V, exactly (LIBLINEAR's setup loop for a warm start)."""
-    for i in range(U.shape[0]):
+    for q in prange(blocks.shape[0] - 1):
+        _block_rebuild(blocks[q], blocks[q + 1], user_ptr, pos_w, pos_l, entry_ptr, entry_item,
+                       alpha, V, reg, U)
+
+
+@njit(cache=True)
+def _block_rebuild(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, U):
+    A = _scratch(lo, hi, entry_ptr)
+    for i in range(lo, hi):
         _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U)
 
 
@@ -549,7 +686,7 @@ def _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state):
 
 @njit(cache=True)
 def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
-                 reg, loss, max_extra, seed, A, x, U, shares):
+                 reg, loss, max_extra, seed, A, U, shares):
     """User i's U-step (Algorithm 1 lines 13-20), fused with the objective bookkeeping.
 
     Problem (5): min_u reg/2 ‖u‖² + Σ_{c of i} L(uᵀ(v_j − v_k) + b_j − b_k), V and b fixed,
@@ -558,16 +695,17 @@ def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha
     reg/2 ‖u_i^old‖², runs one random-order CD pass, then up to ``max_extra`` more while the
     share at the new u_i is above shares[i, 0]; if it still is, u_i = u_i^old (alpha keeps its
     progress). So the U-step never increases eq. (3). shares[i, 1] is the final share.
+    ``A`` is scratch for the user's entries.
     """
     old = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U_old, V, b, reg, loss,
-                      x)
+                      A)
     shares[i, 0] = old
     _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U)
     state = _stream_seed(seed, i)
     for epoch in range(max_extra + 1):
         state = _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state)
         new = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss,
-                          x)
+                          A)
         if new <= old:
             shares[i, 1] = new
             return
@@ -577,23 +715,33 @@ def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha
 
 
 @njit(cache=True)
-def ustep_serial(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b, reg,
-                 loss, max_extra, seed, A, x, U, shares):
+def ustep_serial(blocks, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
+                 b, reg, loss, max_extra, seed, U, shares):
     """The U-step for all users (see :func:`_user_update`), one thread."""
-    for i in range(U.shape[0]):
+    for q in range(blocks.shape[0] - 1):
+        _block_update(blocks[q], blocks[q + 1], user_ptr, cw, cl, pos_w, pos_l, entry_ptr,
+                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, U, shares)
+
+
+@njit(cache=True)
+def _block_update(lo, hi, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old,
+                  V, b, reg, loss, max_extra, seed, U, shares):
+    """The U-step of users lo..hi-1 (:func:`_user_update`), with scratch for the largest."""
+    A = _scratch(lo, hi, entry_ptr)
+    for i in range(lo, hi):
         _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
-                     b, reg, loss, max_extra, seed, A, x, U, shares)
+                     b, reg, loss, max_extra, seed, A, U, shares)
 
 
 @njit(parallel=True, cache=True)
-def ustep_parallel(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
-                   reg, loss, max_extra, seed, A, x, U, shares):
-    """The U-step with users dealt to threads dynamically. Race-free (each user owns its
-    comparisons, entries and row of U) and, with per-user random streams, gives the same
+def ustep_parallel(blocks, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old,
+                   V, b, reg, loss, max_extra, seed, U, shares):
+    """The U-step with blocks of users dealt to threads dynamically. Race-free (each user owns
+    its comparisons, entries and row of U) and, with per-user random streams, gives the same
     numbers for any thread count."""
-    for i in prange(U.shape[0]):
-        _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
-                     b, reg, loss, max_extra, seed, A, x, U, shares)
+    for q in prange(blocks.shape[0] - 1):
+        _block_update(blocks[q], blocks[q + 1], user_ptr, cw, cl, pos_w, pos_l, entry_ptr,
+                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, U, shares)
 
 
 @njit(cache=True)

@@ -28,12 +28,21 @@ up to 50 more epochs while the user's share of the objective is above its value 
 u_i, and else keeps the old u_i. ``objective`` is non-increasing by construction; an outer
 iteration whose V-step was reverted never counts as converged.
 
-Parallel schedule (``n_threads`` > 1). The U-step, fused with the rebuild of U and the
-objective, runs over users in parallel, race-free with per-user random streams (the same
-numbers for any thread count). The V-step is lock-free (Hogwild, §4.1): comparisons grouped by
-user are cut into blocks of 256, visited in a fresh random block order every epoch, each block
-sequentially, blocks dealt to threads dynamically. With ``n_threads=1`` every kernel is the
-serial one and a fit is bit-for-bit reproducible.
+Parallel schedule. Everything a fit does in O(|Ω|) or O(|E| r) runs on ``n_threads``
+threads: the checks, the counting sort by user and the entries (:func:`layout`), the warm
+start's dual join and U rebuild, and per outer iteration the V rebuild, the V-step and the
+U-step; what stays serial is O(n_users r + n_items r) (the random U, copies of U and V,
+prefix sums over users). The layout and the passes over users (U-step fused with the rebuild
+of U and the objective, warm-start rebuild) give the same numbers on any thread count: a user
+owns its comparisons, entries and row of U, and draws from its own random stream. The V
+rebuild sums v_j per contiguous range of users into one accumulator per range, so its
+rounding depends on the number of ranges (1 with one thread, up to 4 per thread; see
+:func:`v_accumulators`). The V-step is lock-free (Hogwild, §4.1): comparisons grouped by user
+are cut into blocks of 256, visited in a fresh random block order every epoch, each block
+sequentially, blocks dealt to threads dynamically; its result depends on timing. With
+``n_threads=1`` the V- and U-steps are the serial kernels and a fit is bit-for-bit
+reproducible; with more threads fits agree to the V-step's noise (the tests allow 2e-3 of
+the objective).
 
 Stopping rule: the decrease of the objective in an outer iteration, measured against the
 whole decrease from the point w = 0 (U = V = 0, b = 0, where P(0) = n L(0))::
@@ -52,68 +61,119 @@ choices: docs/solver-notes.md.)
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from scipy.optimize import minimize
-from scipy.sparse import csr_matrix
-from scipy.sparse.linalg import svds
+from scipy.sparse.linalg import LinearOperator, svds
 
 from solvers import _altsvm_kernels as K
+from solvers import _altsvm_layout as L
 
 LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGISTIC}
 MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
 MAX_FIRST_V_EPOCHS = 20  # extra epochs of a V-step that starts from V = 0, b = 0
 MAX_EXTRA_U_EPOCHS = 50
 BLOCK = 256  # comparisons per block of the V-step's block-shuffled order
-CHUNK = 4  # blocks (V-step) or users (U-step) a thread takes at a time
+CHUNK = 4  # blocks a thread takes at a time in the V- and U-steps
+BLOCK_COMPARISONS = 4096  # comparisons per block of users in the parallel passes over users
+V_PARTS_PER_THREAD = 4  # user ranges per thread in the V rebuild (each with its own V)
+V_PARTS_MIN_BYTES = 64 * 2**20  # their memory may reach max(this, 8 bytes per entry)
 
 
-# ---------------------------------------------------------------------- layout and duals
+# ---------------------------------------------------------------------- threads and layout
 
-def by_user(c: np.ndarray) -> np.ndarray:
-    """Rows of ``c`` stably sorted by user (no copy when they already are)."""
-    u = c[:, 0]
-    if (u[1:] >= u[:-1]).all():
-        return c
-    return c[np.argsort(u, kind="stable")]
+@contextmanager
+def threads(n: int):
+    """numba's parallel kernels use ``n`` threads inside the block, ``n = 1`` included (the
+    layout kernels are parallel at every thread count; with one thread they run on the
+    caller's). The previous count comes back after."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(n)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
-def layout(c: np.ndarray, n_users: int, n_items: int) -> dict:
-    """Index arrays for the kernels, from comparisons sorted by user: per-user pointers and the
-    distinct (user, item) entries, by user and by item (see :mod:`solvers._altsvm_kernels`)."""
-    cu = np.ascontiguousarray(c[:, 0], dtype=np.int32)
-    cw = np.ascontiguousarray(c[:, 1], dtype=np.int32)
-    cl = np.ascontiguousarray(c[:, 2], dtype=np.int32)
+def id_dtype(n_users: int, n_items: int):
+    """int32 ids whenever they fit (half the memory and bandwidth of int64)."""
+    return np.int32 if max(n_users, n_items) <= np.iinfo(np.int32).max else np.int64
+
+
+def user_blocks(user_ptr: np.ndarray, target: int = BLOCK_COMPARISONS) -> np.ndarray:
+    """Boundaries of blocks of whole users with about ``target`` comparisons each (block q:
+    users out[q]..out[q + 1] − 1; a user with more stays whole)."""
+    n_users, n = user_ptr.shape[0] - 1, int(user_ptr[-1])
+    k = max(1, min(n_users, n // max(target, 1)))
+    cuts = np.searchsorted(user_ptr, np.arange(1, k) * (n / k))
+    return np.unique(np.r_[0, cuts, n_users]).astype(np.int64)
+
+
+def user_parts(cost_ptr: np.ndarray, n_parts: int) -> np.ndarray:
+    """Boundaries of at most ``n_parts`` contiguous user ranges of about equal cost
+    (``cost_ptr``: a cumulative cost over users, like ``user_ptr``)."""
+    n_users = cost_ptr.shape[0] - 1
+    k = max(1, min(n_users, n_parts))
+    cuts = np.searchsorted(cost_ptr, np.arange(1, k) * (float(cost_ptr[-1]) / k))
+    return np.unique(np.r_[0, cuts, n_users]).astype(np.int64)
+
+
+def layout(c, n_users: int, n_items: int) -> dict:
+    """Index arrays for the kernels (:mod:`solvers._altsvm_layout`, all passes parallel).
+
+    ``c``: validated comparisons, an (n, 3) array of (user, winner, loser) rows or a tuple of
+    the three columns, in any order. Returns the columns stably sorted by user (``cols``, a
+    (3, n) array whose rows are ``cu``, ``cw``, ``cl``), ``user_ptr``, the distinct (user,
+    item) entries (``entry_ptr``, ``entry_item``) with each comparison's winner and loser
+    entries (``pos_w``, ``pos_l``), and ``blocks`` of users for the parallel passes.
+    """
+    users, winners, losers = (c[:, 0], c[:, 1], c[:, 2]) if isinstance(c, np.ndarray) else c
+    n = users.shape[0]
+    spans = max(1, min(numba.get_num_threads(), n))
+    counts, _ = L.count_users(users, n_users, spans)
     user_ptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(np.bincount(cu, minlength=n_users), out=user_ptr[1:])
-    pos_w, pos_l, entry_user, entry_item, entry_ptr = K.build_entries(user_ptr, cw, cl, n_items)
-    item_entry_ptr = np.zeros(n_items + 1, dtype=np.int64)
-    np.cumsum(np.bincount(entry_item, minlength=n_items), out=item_entry_ptr[1:])
-    return {"cu": cu, "cw": cw, "cl": cl, "user_ptr": user_ptr, "pos_w": pos_w, "pos_l": pos_l,
-            "entry_user": entry_user, "entry_item": entry_item, "entry_ptr": entry_ptr,
-            "item_entry_ptr": item_entry_ptr,
-            "item_entries": np.argsort(entry_item, kind="stable").astype(np.int64),
-            "n_entries": entry_item.shape[0]}
+    np.cumsum(L.user_totals(counts), out=user_ptr[1:])
+    cols = np.empty((3, n), dtype=id_dtype(n_users, n_items))
+    L.scatter_by_user(users, winners, losers, counts, user_ptr, cols[0], cols[1], cols[2])
+    del counts
+    blocks = user_blocks(user_ptr)
+    pos = np.empty((2, n), dtype=np.int32 if 2 * n <= np.iinfo(np.int32).max else np.int64)
+    n_entries = np.empty(n_users, dtype=np.int64)
+    L.count_entries(blocks, user_ptr, cols[1], cols[2], n_items, pos[0], pos[1], n_entries)
+    entry_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(n_entries, out=entry_ptr[1:])
+    entry_item = np.empty(int(entry_ptr[-1]), dtype=cols.dtype)
+    L.fill_entries(blocks, user_ptr, cols[1], cols[2], entry_ptr, pos[0], pos[1], entry_item)
+    return {"cols": cols, "cu": cols[0], "cw": cols[1], "cl": cols[2], "user_ptr": user_ptr,
+            "pos_w": pos[0], "pos_l": pos[1], "entry_ptr": entry_ptr, "entry_item": entry_item,
+            "n_entries": entry_item.shape[0], "n_items": n_items, "blocks": blocks}
 
 
-def join_duals(old_user, old_winner, old_loser, old_duals, lay) -> tuple[list, int]:
+def join_duals(old_user, old_winner, old_loser, old_duals, lay, clip_to=np.nan
+               ) -> tuple[list, int]:
     """Carry two dual vectors keyed by (user, winner, loser) onto the comparisons of layout
-    ``lay`` (:func:`solvers._altsvm_kernels.join_duals`). Returns ([alpha, beta], matched)."""
+    ``lay`` (:func:`solvers._altsvm_kernels.join_duals`), clipped into [0, clip_to] unless
+    ``clip_to`` is NaN. Returns ([alpha, beta], matched)."""
     old_duals = [np.ascontiguousarray(d, dtype=np.float64) for d in old_duals]
-    if (old_user[1:] < old_user[:-1]).any():  # warm_state() keeps them sorted by user
+    n_users = lay["user_ptr"].shape[0] - 1
+    spans = max(1, min(numba.get_num_threads(), old_user.shape[0]))
+    counts, ordered = L.count_users(old_user, n_users, spans)
+    if not ordered:  # warm_state() keeps them sorted by user; anything else is sorted here
         order = np.argsort(old_user, kind="stable")
         old_user, old_winner, old_loser = old_user[order], old_winner[order], old_loser[order]
         old_duals = [d[order] for d in old_duals]
-    n_users = lay["user_ptr"].shape[0] - 1
     old_ptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(np.bincount(old_user[old_user < n_users], minlength=n_users), out=old_ptr[1:])
+    np.cumsum(L.user_totals(counts), out=old_ptr[1:])
     n = lay["cw"].shape[0]
     out_a, out_b = np.empty(n), np.empty(n)
-    matched = K.join_duals(old_ptr, np.ascontiguousarray(old_winner, dtype=np.int64),
-                           np.ascontiguousarray(old_loser, dtype=np.int64),
-                           old_duals[0], old_duals[1], lay["user_ptr"], lay["pos_w"],
-                           lay["pos_l"], lay["entry_ptr"], lay["entry_item"], out_a, out_b)
+    parts = user_parts(lay["user_ptr"] + old_ptr, numba.get_num_threads())
+    matched = K.join_duals(parts, old_ptr, np.ascontiguousarray(old_winner),
+                           np.ascontiguousarray(old_loser), old_duals[0], old_duals[1],
+                           lay["user_ptr"], lay["pos_w"], lay["pos_l"], lay["entry_ptr"],
+                           lay["entry_item"], lay["n_items"], float(clip_to), out_a, out_b)
     return [out_a, out_b], int(matched)
 
 
@@ -126,7 +186,7 @@ def map_duals(old_triples, old_duals, new_triples) -> tuple[list, int]:
     order = np.argsort(new_triples[:, 0], kind="stable")
     n_users = int(max(old_triples[:, 0].max(initial=-1), new_triples[:, 0].max(initial=-1))) + 1
     n_items = int(max(old_triples[:, 1:].max(initial=-1), new_triples[:, 1:].max(initial=-1))) + 1
-    lay = layout(new_triples[order], n_users, n_items)
+    lay = layout(new_triples, n_users, n_items)
     (a, b), matched = join_duals(old_triples[:, 0], old_triples[:, 1], old_triples[:, 2],
                                  old_duals, lay)
     out_a, out_b = np.empty_like(a), np.empty_like(b)
@@ -164,18 +224,16 @@ def warm_start(lay: dict, state: dict, n_users: int, n_items: int, rank: int, lo
     and b from the state (zero rows for new items); U rebuilt exactly from alpha with that V,
     u_i = (1/reg) Σ alpha_c (v_j − v_k) (LIBLINEAR's setup loop); new users start at 0."""
     (alpha, beta), matched = join_duals(state["user"], state["winner"], state["loser"],
-                                        (state["alpha"], state["beta"]), lay)
-    hi = np.inf if loss == "squared_hinge" else 1.0
-    np.clip(alpha, 0.0, hi, out=alpha)
-    np.clip(beta, 0.0, hi, out=beta)
+                                        (state["alpha"], state["beta"]), lay,
+                                        clip_to=np.inf if loss == "squared_hinge" else 1.0)
     U = np.zeros((n_users, rank))
     V = np.zeros((n_items, rank))
     b = np.zeros(n_items)
     V[: state["V"].shape[0]] = state["V"]
     if fit_bias:
         b[: state["b"].shape[0]] = state["b"]
-    K.users_from_duals(lay["user_ptr"], lay["pos_w"], lay["pos_l"], lay["entry_ptr"],
-                       lay["entry_item"], alpha, V, reg, np.empty(lay["n_entries"]), U)
+    K.users_from_duals(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                       lay["entry_ptr"], lay["entry_item"], alpha, V, reg, U)
     return Start(U, V, b, alpha, beta, warm=True, n_matched=matched)
 
 
@@ -199,6 +257,36 @@ class Result:
     n_v_reverts: int
 
 
+def accumulator_parts(cost_ptr: np.ndarray, n_threads: int, n_entries: int,
+                      part_bytes: int) -> np.ndarray:
+    """User ranges for a pass that sums per item with one accumulator (``part_bytes``) per
+    range: one range on one thread, else up to ``V_PARTS_PER_THREAD`` per thread, as many as
+    fit in max(``V_PARTS_MIN_BYTES``, 8 bytes per entry)."""
+    if n_threads <= 1:
+        return np.array([0, cost_ptr.shape[0] - 1], dtype=np.int64)
+    budget = max(V_PARTS_MIN_BYTES, 8 * n_entries)
+    n_parts = min(V_PARTS_PER_THREAD * n_threads, budget // max(1, part_bytes))
+    return user_parts(cost_ptr, max(1, n_parts))
+
+
+def v_accumulators(lay: dict, V: np.ndarray, b: np.ndarray, n_threads: int) -> tuple:
+    """User ranges and accumulators for the V rebuild (:func:`_altsvm_kernels.items_from_duals`).
+
+    One thread: one range that adds straight into V and b. More: up to
+    ``V_PARTS_PER_THREAD`` ranges per thread (balanced by comparisons + rank x entries), as
+    many as fit in max(``V_PARTS_MIN_BYTES``, 8 bytes per entry) of accumulators, each a copy
+    of (V, b): their sum costs parts x items x (rank + 1), small beside the rebuild's
+    entries x rank when the memory bound holds.
+    """
+    n_items, r = V.shape
+    parts = accumulator_parts(lay["user_ptr"] + max(r, 1) * lay["entry_ptr"], n_threads,
+                              lay["n_entries"], 8 * n_items * (r + 1))
+    if parts.shape[0] == 2:
+        return parts, V[None], b[None]
+    return parts, np.empty((parts.shape[0] - 1, n_items, r)), np.empty((parts.shape[0] - 1,
+                                                                         n_items))
+
+
 def _seed(rng) -> np.uint64:
     """The next kernel seed (drawn as a 1-element array: the stream fits keep reproducing)."""
     return rng.integers(0, 2**63, size=1, dtype=np.int64).astype(np.uint64)[0]
@@ -216,16 +304,16 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     vstep = K.vstep_hogwild if parallel else K.vstep_serial
     user_ptr, cw, cl = lay["user_ptr"], lay["cw"], lay["cl"]
     pos_w, pos_l = lay["pos_w"], lay["pos_l"]
-    entry_ptr, entry_item = lay["entry_ptr"], lay["entry_item"]
+    entry_ptr, entry_item, users = lay["entry_ptr"], lay["entry_item"], lay["blocks"]
     block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
     blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
-    B, A, x = (np.empty(lay["n_entries"]) for _ in range(3))
+    parts, acc_V, acc_b = v_accumulators(lay, V, b, numba.get_num_threads() if parallel else 1)
     shares = np.empty((n_users, 2))
     U_old = U.copy()
 
     def objective_of_u() -> float:
-        K.user_shares(user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss_code,
-                      x, shares[:, 0])
+        K.user_shares(users, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg,
+                      loss_code, shares[:, 0])
         return float(shares[:, 0].sum()) + 0.5 * reg * K.sum_squares(V, b)
 
     def u_step() -> tuple[float, float]:
@@ -233,8 +321,8 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
         if r == 0:
             f = objective_of_u()
             return f, f
-        ustep(user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b, reg,
-              loss_code, MAX_EXTRA_U_EPOCHS, _seed(rng), A, x, U, shares)
+        ustep(users, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
+              reg, loss_code, MAX_EXTRA_U_EPOCHS, _seed(rng), U, shares)
         vb = 0.5 * reg * K.sum_squares(V, b)
         return float(shares[:, 0].sum()) + vb, float(shares[:, 1].sum()) + vb
 
@@ -255,9 +343,8 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
         extra = MAX_FIRST_V_EPOCHS if from_zero else MAX_EXTRA_V_EPOCHS
         reverted = False
         # V-step: V, b rebuilt from beta with the current U (Alg. 1 line 3), then CD
-        K.scatter_duals(pos_w, pos_l, beta, B)
-        K.items_from_duals(lay["item_entry_ptr"], lay["item_entries"], lay["entry_user"], B,
-                           U_old, reg, V, b, fit_bias)
+        K.items_from_duals(parts, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U_old,
+                           reg, fit_bias, acc_V, acc_b, V, b)
         for attempt in range(extra + 2):
             if attempt <= extra:
                 vstep(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
@@ -317,36 +404,54 @@ class Threshold:
     hinge has a kink where many margins sit at the optimum, so there the fit is AltSVM at rank
     0 by the same dual coordinate descent, whose duals are the slopes (a subgradient; the
     hinge's dual optimum need not be unique, and σ_max follows the one the solver reaches).
-    G's sparsity pattern is found once.
+    G's sparsity pattern is the layout's entries (CSR rows in order of first appearance).
     """
 
-    def __init__(self, c: np.ndarray, n_users: int, n_items: int, loss: str):
+    def __init__(self, c, n_users: int, n_items: int, loss: str, lay: dict | None = None):
+        """``c``: comparisons as :func:`layout` takes them, or None with a ready ``lay``."""
         self.loss = loss
-        self.lay = lay = layout(by_user(c), n_users, n_items)
-        # the entries (distinct (user, item) pairs) in CSR order, and G's pattern
-        self.order = np.lexsort((lay["entry_item"], lay["entry_user"]))
-        ptr = np.zeros(n_users + 1, dtype=np.int64)
-        np.cumsum(np.bincount(lay["entry_user"], minlength=n_users), out=ptr[1:])
-        self.G = csr_matrix((np.ones(lay["n_entries"]), lay["entry_item"][self.order], ptr),
-                            shape=(n_users, n_items))
-        pairs, count = np.unique(lay["cw"] * np.int64(n_items) + lay["cl"], return_counts=True)
-        self.pw, self.pl, self.count = pairs // n_items, pairs % n_items, count.astype(float)
+        self.lay = lay = layout(c, n_users, n_items) if lay is None else lay
+        self.shape = (lay["user_ptr"].shape[0] - 1, lay["n_items"])
+        self.data = np.empty(lay["n_entries"])  # G's values, one per entry
+        self.parts = accumulator_parts(lay["entry_ptr"], numba.get_num_threads(),
+                                       lay["n_entries"], 8 * lay["n_items"])
+        self.acc = np.empty((self.parts.shape[0] - 1, lay["n_items"]))
         self.v0 = None
+        self._pairs = None
+
+    def operator(self) -> LinearOperator:
+        """G as a linear operator with parallel products (:func:`_altsvm_kernels.entries_matvec`
+        and ``entries_rmatvec``; scipy's sparse products run on one core)."""
+        lay, data, acc, parts = self.lay, self.data, self.acc, self.parts
+
+        def matvec(x):
+            out = np.empty(self.shape[0])
+            K.entries_matvec(lay["blocks"], lay["entry_ptr"], lay["entry_item"], data,
+                             np.ascontiguousarray(x, dtype=np.float64).ravel(), out)
+            return out
+
+        def rmatvec(y):
+            out = np.empty(self.shape[1])
+            K.entries_rmatvec(parts, lay["entry_ptr"], lay["entry_item"], data,
+                              np.ascontiguousarray(y, dtype=np.float64).ravel(), acc, out)
+            return out
+
+        return LinearOperator(self.shape, matvec=matvec, rmatvec=rmatvec, dtype=np.float64)
 
     def sigma(self, slopes: np.ndarray) -> float:
-        """σ_max(G_a) for the slopes a of the comparisons in by-user order (``by_user(c)``)."""
-        lay, n = self.lay, self.lay["n_entries"]
-        G = self.G.copy()
-        G.data = (np.bincount(lay["pos_w"], slopes, n) - np.bincount(lay["pos_l"], slopes, n)
-                  )[self.order]
-        if not G.data.any():
+        """σ_max(G_a) for the slopes a of the comparisons in the layout's order (by user, then
+        as given)."""
+        lay, data = self.lay, self.data
+        K.scatter_duals(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                        lay["entry_ptr"], np.ascontiguousarray(slopes, dtype=np.float64), data)
+        if not data.any():
             return 0.0
-        if min(G.shape) == 1:
-            return float(np.sqrt((G.data ** 2).sum()))
-        u, sv, vt = svds(G, k=1, tol=1e-6, v0=self.v0, random_state=0)
+        if min(self.shape) == 1:
+            return float(np.sqrt((data ** 2).sum()))
+        u, sv, vt = svds(self.operator(), k=1, tol=1e-6, v0=self.v0, random_state=0)
         # ARPACK iterates on the Gram matrix of the shorter side: start it from the last
         # singular vector of that side (G moves little between the secant steps)
-        self.v0 = u[:, 0] if G.shape[0] <= G.shape[1] else vt[0]
+        self.v0 = u[:, 0] if self.shape[0] <= self.shape[1] else vt[0]
         return float(sv[0])
 
     def bias_slopes(self, reg: float, start: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -354,7 +459,7 @@ class Threshold:
         call from (``start`` is None the first time): b for a smooth loss, the duals for the
         hinge."""
         lay, loss = self.lay, self.loss
-        n_users, n_items = lay["user_ptr"].shape[0] - 1, lay["item_entry_ptr"].shape[0] - 1
+        n_users, n_items = lay["user_ptr"].shape[0] - 1, lay["n_items"]
         if loss == "hinge":
             beta = np.zeros(lay["cu"].shape[0]) if start is None else start.copy()
             start = Start(np.zeros((n_users, 0)), np.zeros((n_items, 0)), np.zeros(n_items),
@@ -362,7 +467,11 @@ class Threshold:
             beta = solve(lay, start, reg=reg, loss=loss, fit_bias=True, max_iter=200,
                          tol=1e-7, rng=np.random.default_rng(0), parallel=False).beta
             return beta, beta
-        w, lo, count = self.pw, self.pl, self.count
+        if self._pairs is None:  # the distinct (winner, loser) pairs and their counts
+            pairs, count = np.unique(lay["cw"] * np.int64(n_items) + lay["cl"],
+                                     return_counts=True)
+            self._pairs = pairs // n_items, pairs % n_items, count.astype(float)
+        w, lo, count = self._pairs
 
         def objective(b):
             z = b[w] - b[lo]
@@ -378,7 +487,7 @@ class Threshold:
 
     def reg_max(self, item_bias: bool) -> float:
         n = self.lay["cu"].shape[0]
-        reg = self.sigma(-loss_slope(self.loss, np.zeros(n)))
+        reg = self.sigma(np.full(n, -loss_slope(self.loss, np.zeros(1))[0]))
         if not item_bias or reg == 0.0:
             return reg
         slopes, state = self.bias_slopes(reg, None)

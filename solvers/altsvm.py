@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import warnings
 
+import numba
 import numpy as np
 
+from solvers import _altsvm_layout as L
 from solvers import _altsvm_solver as S
 from solvers._base import (
     CollapseWarning,
@@ -38,34 +40,44 @@ __all__ = ["AltSVM", "CollapseWarning"]
 
 
 def _check_comparisons(comparisons, n_users, n_items):
-    """Validate (n, 3) user/winner/loser ids; return (int64 array, n_users, n_items)."""
+    """Validate (n, 3) user/winner/loser ids; return (ids array, n_users, n_items).
+
+    int32 and int64 arrays are checked in one parallel pass (:func:`_altsvm_layout.check_ids`)
+    and used as they are (no copy); other dtypes go through :func:`solvers.pairs.as_ids`
+    first. A failed check is redone in numpy to name the first offending row.
+    """
     c = np.asarray(comparisons)
     if c.ndim != 2 or c.shape[1] != 3:
         raise ValueError(f"comparisons has shape {c.shape}, expected (n, 3): user, winner, loser")
     if c.shape[0] == 0:
         raise ValueError("comparisons is empty; expected at least one (user, winner, loser) row")
-    c = as_ids("comparisons", c, ndim=2)
-    same = c[:, 1] == c[:, 2]
-    if same.any():
-        p = int(np.flatnonzero(same)[0])
-        raise ValueError(f"comparisons[{p}] has winner == loser == {c[p, 1]}; "
+    if c.dtype not in (np.int32, np.int64):
+        c = as_ids("comparisons", c, ndim=2)
+    spans = max(1, min(numba.get_num_threads(), c.shape[0]))
+    low, same, top_user, top_item = L.check_ids(c[:, 0], c[:, 1], c[:, 2], spans)
+    if low < 0:
+        as_ids("comparisons", c, ndim=2)  # raises, naming the first negative id
+    if same >= 0:
+        raise ValueError(f"comparisons[{same}] has winner == loser == {c[same, 1]}; "
                          "a comparison needs two different items")
-    n_users = _check_bound("n_users", n_users, c[:, 0], lambda p, v: f"comparisons[{p}, 0] is "
-                           f"user {v}")
-    items = c[:, 1:]
-    n_items = _check_bound("n_items", n_items, items.ravel(), lambda p, v: f"comparisons"
-                           f"[{p // 2}, {1 + p % 2}] is item {v}")
+    n_users = _check_bound("n_users", n_users, int(top_user), lambda: c[:, 0],
+                           lambda p, v: f"comparisons[{p}, 0] is user {v}")
+    n_items = _check_bound("n_items", n_items, int(top_item), lambda: c[:, 1:].ravel(),
+                           lambda p, v: f"comparisons[{p // 2}, {1 + p % 2}] is item {v}")
     return c, n_users, n_items
 
 
-def _check_bound(name, given, ids, where):
-    top = int(ids.max()) + 1
+def _check_bound(name, given, top, ids, where):
+    """The id-space size: ``given``, checked against the largest id ``top``, or top + 1.
+    ``ids()`` (called only when the check fails) gives the ids to locate the first one out of
+    range in."""
     if given is None:
-        return top
+        return top + 1
     if int(given) != given or given < 1:
         raise ValueError(f"{name} is {given!r}, expected an integer >= 1 or None")
     given = int(given)
-    if top > given:
+    if top >= given:
+        ids = ids()
         p = int(np.flatnonzero(ids >= given)[0])
         raise ValueError(f"{where(p, int(ids[p]))}, but {name}={given}; ids must be < {name}")
     return given
@@ -100,8 +112,9 @@ class AltSVM(Estimator):
         Stop when the decrease of the objective in an outer iteration is at most tol times
         its decrease from U = V = 0, b = 0 (P(0) − P); see :mod:`solvers._altsvm_solver`.
     n_threads : int or None, default None
-        Threads for the numba kernels; None uses all. ``n_threads=1`` with an integer
-        ``random_state`` gives bit-for-bit reproducible fits.
+        Threads for the numba kernels; None uses all. Every pass of a fit over the comparisons
+        runs on them (checks, sort by user, layout, reg_max, rebuilds, V- and U-steps).
+        ``n_threads=1`` with an integer ``random_state`` gives bit-for-bit reproducible fits.
     random_state : int, numpy.random.Generator or None
         Seed for the initial U and the coordinate orders.
     verbose : bool, default False
@@ -206,48 +219,49 @@ class AltSVM(Estimator):
         """
         n_threads = self._validate_params()
         given = {"n_users": n_users, "n_items": n_items}
-        c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
-        state = None if warm_start is None else self._check_warm_state(warm_start)
-        if state is not None:
-            sizes = {"n_users": state["U"].shape[0], "n_items": state["V"].shape[0]}
-            for name, size in sizes.items():
-                if given[name] is not None and given[name] < size:
-                    raise ValueError(f"{name}={given[name]}, but warm_start has {size}; ids "
-                                     "never shrink across warm starts")
-            n_users = max(n_users, sizes["n_users"])
-            n_items = max(n_items, sizes["n_items"])
-        self._reg_max = None
-        if self.reg is None:
-            self._reg_max = self._threshold(c, n_users, n_items)
-            reg = float(self.reg_ratio) * self._reg_max
-            if self.reg_ratio >= 1.0:
-                warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
-                              f"{self._reg_max:.4g}, where U = V = 0 is the optimum; use a "
-                              "reg_ratio below 1 (or fit_path to choose one)", CollapseWarning,
-                              stacklevel=2)
-            if reg <= 0:
-                raise ValueError("reg_max of these comparisons is 0 (every user's wins and "
-                                 "losses cancel out), so reg_ratio gives λ = 0; give reg")
-        else:
-            reg = float(self.reg)
-        self.reg_ = reg
-        rng = rng_of(self.random_state)
-        c = S.by_user(c)  # internal order: by user, then as given
-        if np.shares_memory(c, np.asarray(comparisons)):
-            c = c.copy()  # the model keeps its comparisons; never alias the caller's array
-        lay = S.layout(c, n_users, n_items)
-        if state is None:
-            start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
-        else:
-            start = S.warm_start(lay, state, n_users, n_items, int(self.rank), self.loss,
-                                 reg, bool(self.item_bias))
-        with numba_threads(n_threads, chunksize=S.CHUNK):
-            res = S.solve(lay, start, reg=reg, loss=self.loss,
-                          fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
-                          tol=float(self.tol), rng=rng, parallel=n_threads > 1,
-                          verbose=bool(self.verbose))
+        with S.threads(n_threads):  # every pass below is parallel, on n_threads threads
+            c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
+            state = None if warm_start is None else self._check_warm_state(warm_start)
+            if state is not None:
+                sizes = {"n_users": state["U"].shape[0], "n_items": state["V"].shape[0]}
+                for name, size in sizes.items():
+                    if given[name] is not None and given[name] < size:
+                        raise ValueError(f"{name}={given[name]}, but warm_start has {size}; "
+                                         "ids never shrink across warm starts")
+                n_users = max(n_users, sizes["n_users"])
+                n_items = max(n_items, sizes["n_items"])
+            # internal order: by user, then as given; the model keeps these columns
+            lay = S.layout(c, n_users, n_items)
+            del c
+            self._reg_max = None
+            if self.reg is None:
+                self._reg_max = S.Threshold(None, n_users, n_items, self.loss,
+                                            lay=lay).reg_max(self.item_bias)
+                reg = float(self.reg_ratio) * self._reg_max
+                if self.reg_ratio >= 1.0:
+                    warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
+                                  f"{self._reg_max:.4g}, where U = V = 0 is the optimum; use a "
+                                  "reg_ratio below 1 (or fit_path to choose one)",
+                                  CollapseWarning, stacklevel=2)
+                if reg <= 0:
+                    raise ValueError("reg_max of these comparisons is 0 (every user's wins and "
+                                     "losses cancel out), so reg_ratio gives λ = 0; give reg")
+            else:
+                reg = float(self.reg)
+            self.reg_ = reg
+            rng = rng_of(self.random_state)
+            if state is None:
+                start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
+            else:
+                start = S.warm_start(lay, state, n_users, n_items, int(self.rank), self.loss,
+                                     reg, bool(self.item_bias))
+            with numba_threads(n_threads, chunksize=S.CHUNK):
+                res = S.solve(lay, start, reg=reg, loss=self.loss,
+                              fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
+                              tol=float(self.tol), rng=rng, parallel=n_threads > 1,
+                              verbose=bool(self.verbose))
         self.user_factors_, self.item_factors_, self.item_bias_ = res.U, res.V, res.b
-        self._comparisons, self._alpha, self._beta = c, res.alpha, res.beta
+        self._comparisons, self._alpha, self._beta = lay["cols"], res.alpha, res.beta
         self.objective_, self.objective_init_ = res.objective, res.objective_init
         self.n_iter_, self.converged_ = res.n_iter, res.converged
         self.n_warm_matched_ = start.n_matched
@@ -295,20 +309,23 @@ class AltSVM(Estimator):
         >>> AltSVM(loss="hinge").reg_max(c)   # G = [[-2, 1, 1], [-1, -1, 2]]: GGᵀ has eigenvalue 9
         3.0
         """
-        self._validate_params()
-        c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
-        return self._threshold(c, n_users, n_items)
+        n_threads = self._validate_params()
+        with S.threads(n_threads):
+            c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
+            return self._threshold(c, n_users, n_items)
 
     def _threshold(self, c, n_users, n_items) -> float:
+        """reg_max of comparisons ``c`` as :func:`_altsvm_solver.layout` takes them."""
         return S.Threshold(c, n_users, n_items, self.loss).reg_max(self.item_bias)
 
     @property
     def reg_max_(self) -> float:
         self._check_fitted()
         if getattr(self, "_reg_max", None) is None:
-            c = self._comparisons
-            self._reg_max = self._threshold(c, self.user_factors_.shape[0],
-                                            self.item_factors_.shape[0])
+            with S.threads(check_threads(self.n_threads)):
+                self._reg_max = self._threshold(tuple(self._comparisons),
+                                                self.user_factors_.shape[0],
+                                                self.item_factors_.shape[0])
         return self._reg_max
 
     def fit_path(self, comparisons, n_users=None, n_items=None, *, score, ratios=None,
@@ -354,9 +371,10 @@ class AltSVM(Estimator):
         """
         import time
 
-        self._validate_params()
-        c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
-        reg_max = self._threshold(c, n_users, n_items)
+        n_threads = self._validate_params()
+        with S.threads(n_threads):
+            c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
+            reg_max = self._threshold(c, n_users, n_items)
         ratios = np.geomspace(0.8, 0.01, 10) if ratios is None else np.asarray(ratios, float)
         if reg_max <= 0:
             raise ValueError("reg_max of these comparisons is 0; no path to follow")
@@ -400,10 +418,10 @@ class AltSVM(Estimator):
     def _warm_arrays(self) -> dict:
         """``U``, ``V``, ``b``, the comparison keys ``user``/``winner``/``loser`` (int64) and
         their duals ``alpha`` (U-step, eq. 7) and ``beta`` (V-step, eq. 9)."""
-        c = self._comparisons
+        c = self._comparisons  # (3, n), int32 while the ids fit
         return {"U": self.user_factors_, "V": self.item_factors_, "b": self.item_bias_,
-                "user": c[:, 0], "winner": c[:, 1], "loser": c[:, 2], "alpha": self._alpha,
-                "beta": self._beta}
+                "user": c[0].astype(np.int64), "winner": c[1].astype(np.int64),
+                "loser": c[2].astype(np.int64), "alpha": self._alpha, "beta": self._beta}
 
     def _check_warm_state(self, state) -> dict:
         s = super()._check_warm_state(state)
@@ -584,8 +602,8 @@ class AltSVM(Estimator):
     def _from_state(self, arrays: dict) -> None:
         self.user_factors_, self.item_factors_ = arrays["U"], arrays["V"]
         self.item_bias_ = arrays["b"]
-        self._comparisons = np.column_stack([arrays["user"], arrays["winner"],
-                                             arrays["loser"]]).astype(np.int64)
+        self._comparisons = np.stack([arrays["user"], arrays["winner"], arrays["loser"]]).astype(
+            S.id_dtype(arrays["U"].shape[0], arrays["V"].shape[0]))
         self._alpha, self._beta = arrays["alpha"], arrays["beta"]
         self.objective_ = arrays["objective"]
         self.n_iter_, self.converged_ = int(arrays["n_iter"]), bool(arrays["converged"])
@@ -620,6 +638,7 @@ class AltSVM(Estimator):
                         c, warm_start=m.warm_state())
             m.fold_in(c[:5, 1:], max_epochs=10)
             m.recommend([0, 1], k=3)
+            _ = m.reg_max_  # the layout kernels on the model's own int32 columns
         ratings = rng.integers(1, 6, 40).astype(float)
         for cap, strategy in ((None, "random"), (3, "random"), (3, "largest_gap")):
             pairs_from_ratings(np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4), ratings,

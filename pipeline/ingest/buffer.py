@@ -21,6 +21,8 @@ Counter({'rating': 1})
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -36,6 +38,9 @@ from pipeline.ingest.store import OverlapError
 from pipeline.ingest.validate import Limits, resolve_kind, show, validate_columns, validate_rows
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
+_MSGPACK_MAP_FIRST_BYTES = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+log = logging.getLogger(__name__)
+_fast_failures = 0
 
 
 @dataclass
@@ -118,8 +123,9 @@ class PartitionBuffer:
         Atomic: when this returns, every message is in the buffer as events or dead letters and
         the buffer's span covers exactly them; when it raises, the buffer is as it was. The
         batch is validated column-wise in one go; if that raises (an input no check foresaw),
-        the messages are taken one at a time, and one that still raises becomes a dead letter
-        naming the error, so that no message can stop its partition for good.
+        the messages are taken one at a time by the general path (never the compact-batch fast
+        path), and one that still raises becomes a dead letter naming the error, so that no
+        message can stop its partition for good.
         """
         if not values:
             return
@@ -131,7 +137,7 @@ class PartitionBuffer:
             for value, offset in zip(values, offsets):
                 one = self._mark()
                 try:
-                    self._add_messages([value], [offset])
+                    self._add_messages([value], [offset], fast_path=False)
                 except Exception as err:
                     self._restore(one)
                     self.dead.add(offset, -1, f"could not be processed: "
@@ -141,9 +147,11 @@ class PartitionBuffer:
             raise
         self._span(offsets[0], offsets[-1])
 
-    def _add_messages(self, values, offsets) -> None:
-        rows, row_offsets, row_source = [], [], []    # source: (message position, index)
+    def _add_messages(self, values, offsets, fast_path: bool = True) -> None:
+        rows, row_offsets = [], []
+        row_pos, row_index = [], []    # where a row came from: message position, index in it
         formats = {}
+        fast = None                    # the fast path's reader of column batches
         for pos, value in enumerate(values):
             offset = offsets[pos]
             if value is None:
@@ -154,6 +162,11 @@ class PartitionBuffer:
                 self.dead.add(offset, -1, f"message is {len(value)} bytes, over the limit of "
                               f"{self.max_message_bytes}", value)
                 continue
+            if fast_path and value and value[0] in _MSGPACK_MAP_FIRST_BYTES:
+                if fast is None:
+                    fast = _fast_reader(self.default_kind, self.limits, values)
+                if fast is not None and _read_fast(fast, value, offset):
+                    continue
             try:
                 obj, fmt = decode(value)
             except DecodeError as err:
@@ -161,26 +174,35 @@ class PartitionBuffer:
                 continue
             if type(obj) is dict:
                 if is_batch(obj):
+                    self._keep_fast(fast)     # batches are kept in message order
                     self._add_batch(obj, fmt, offset, value)
                     continue
                 rows.append(obj)
                 row_offsets.append(offset)
-                row_source.append((pos, -1))
+                row_pos.append(pos)
+                row_index.append(-1)
             elif type(obj) is list and obj:
                 rows.extend(obj)
                 row_offsets.extend([offset] * len(obj))
-                row_source.extend((pos, i) for i in range(len(obj)))
+                row_pos.extend([pos] * len(obj))
+                row_index.extend(range(len(obj)))
                 formats[pos] = fmt
             else:
                 what = "an empty array" if type(obj) is list else show(obj)
                 self.dead.add(offset, -1, f"message is {what}, expected an event object or an "
                               "array of events", value)
+        self._keep_fast(fast)
         if rows:
             def raw_of(i):
-                pos, index = row_source[i]
-                return values[pos] if index < 0 else reencode(rows[i], formats[pos],
-                                                              whole=values[pos])
-            self._validate(rows, row_offsets, [s[1] for s in row_source], raw_of)
+                pos = row_pos[i]
+                return values[pos] if row_index[i] < 0 else reencode(rows[i], formats[pos],
+                                                                     whole=values[pos])
+            self._validate(rows, row_offsets, row_index, raw_of)
+
+    def _keep_fast(self, fast) -> None:
+        """Keep what the fast path's reader read so far (and empty it)."""
+        if fast:
+            self._keep(fast.take())
 
     def add_rows(self, rows: list, offsets: Sequence[int],
                  raw_of: Callable[[int], bytes] | None = None) -> None:
@@ -238,23 +260,137 @@ class PartitionBuffer:
         :class:`pipeline.ingest.store.OverlapError`: the store already holds these offsets, so
         the buffer is dropped.
         """
-        done = Flushed()
         if self.empty:
-            return done
-        tables = {kind: pa.concat_tables(parts) for kind, parts in self.tables.items()}
-        dead = self.dead.table(self.topic, self.partition) if len(self.dead) else None
-        if dead is not None and publisher is not None:
-            publisher.publish(dead)
+            return Flushed()
+        group = self._group()
         try:
-            done.files = len(store.write(self.topic, self.partition, self.first, self.last,
-                                         tables, dead))
+            done = group.write(store, publisher)
         except OverlapError:
             self._clear()
             raise
-        done.events = Counter({kind: t.num_rows for kind, t in tables.items()})
-        done.dead_letters = self.dead.counts()
         self._clear()
         return done
+
+    def detach(self) -> SegmentGroup | None:
+        """What is buffered, as a :class:`SegmentGroup` to write (e.g. in another thread), and
+        start afresh; ``None`` if the buffer is empty. The caller owns the group: if writing it
+        fails, its messages are not stored, and whoever reads the partition next must start
+        from the store's end (``EventStore.next_offset``), not from after this group."""
+        if self.empty:
+            return None
+        group = self._group()
+        self._clear()
+        return group
+
+    def _group(self) -> SegmentGroup:
+        return SegmentGroup(
+            self.topic, self.partition, self.first, self.last,
+            {kind: pa.concat_tables(parts) for kind, parts in self.tables.items()},
+            self.dead.table(self.topic, self.partition) if len(self.dead) else None,
+            self.dead.counts())
+
+
+@dataclass
+class SegmentGroup:
+    """The events and dead letters of messages ``first..last`` of one partition, ready to be
+    written as one segment group (:meth:`write`)."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    tables: dict[str, pa.Table]
+    dead: pa.Table | None
+    dead_counts: Counter
+
+    def write(self, store, publisher=None) -> Flushed:
+        """Send the dead letters to the dead-letter topic (if a publisher is given), then write
+        the group durably to the store (:meth:`pipeline.ingest.store.EventStore.write`, which
+        raises ``OverlapError`` if the store already holds these offsets)."""
+        if self.dead is not None and publisher is not None:
+            publisher.publish(self.dead)
+        files = store.write(self.topic, self.partition, self.first, self.last, self.tables,
+                            self.dead)
+        return Flushed(Counter({kind: t.num_rows for kind, t in self.tables.items()}),
+                       Counter(self.dead_counts), len(files))
+
+
+def _fast_reader(default_kind: str | None, limits: Limits, values: Sequence):
+    """A :class:`pipeline.ingest.fast_batch.BatchReader` sized for ``values``, or ``None``
+    while the fast path's kernels are not loaded."""
+    fast = _FAST_PATH.get()
+    if fast is None:
+        return None
+    return fast.BatchReader(default_kind, limits.max_ts(), sum(map(len, filter(None, values))))
+
+
+def _read_fast(reader, value: bytes, offset: int) -> bool:
+    """Whether the fast path took the message (a column batch whose events are all valid);
+    if not, the general path takes it. The fast path can only ever cost speed: should it raise
+    (a bug), the general path takes the message and the error is logged (the first few
+    times)."""
+    global _fast_failures
+    try:
+        return reader.add(value, offset)
+    except Exception as err:
+        _fast_failures += 1
+        if _fast_failures <= 3:
+            log.warning("fast column-batch path failed on a message (%s: %s); "
+                        "the general path takes it", type(err).__name__, err)
+        return False
+
+
+class _FastPath:
+    """:mod:`pipeline.ingest.fast_batch`, loaded by a background thread on first need.
+
+    Its jitted kernels take about a second to load from numba's cache, and tens of seconds to
+    compile the first time after an install; ingestion does not wait for either: compact
+    batches take the general path (same results, slower) until the kernels are ready.
+    """
+
+    def __init__(self):
+        self.module = None
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def get(self):
+        """The module if its kernels are loaded, else ``None`` (and start loading them)."""
+        if self.module is None:
+            self._start()
+        return self.module
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Load the kernels now (or wait for the loading thread); whether they are ready."""
+        self._start()
+        self.thread.join(timeout)
+        return self.module is not None
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._load, name="rankstream-jit",
+                                               daemon=True)
+                self.thread.start()
+
+    def _load(self) -> None:
+        try:
+            from pipeline.ingest import fast_batch
+
+            fast_batch.warm_up()
+            self.module = fast_batch
+        except Exception as err:       # no numba, a compile error: the general path it is
+            log.warning("compact-batch fast path unavailable (%s: %s); compact batches take "
+                        "the general path", type(err).__name__, err)
+
+
+_FAST_PATH = _FastPath()
+
+
+def load_fast_path(timeout: float | None = None) -> bool:
+    """Load the compact-batch kernels now instead of in the background on first need (for
+    benchmarks and tests, whose first batches should not run without them); whether they are
+    ready."""
+    return _FAST_PATH.wait(timeout)
 
 
 @dataclass

@@ -36,11 +36,17 @@ import json
 from collections.abc import Iterable, Iterator
 
 import msgpack
+import msgspec
 
 BATCH_VERSION = 1
 _MSGPACK_FIRST_BYTES = frozenset(range(0x80, 0xA0)) | {0xDC, 0xDD, 0xDE, 0xDF}
 _loads = json.loads
 _unpackb = msgpack.unpackb
+# msgspec's JSON decoder: ~4x faster than json.loads per message (bench/ingest_throughput.py),
+# and the same objects whenever it accepts a text. It refuses more than json.loads (NaN and
+# Infinity, numbers out of double range, lone surrogate escapes, over 4,300 digits); those texts
+# go to json.loads, which keeps the final word and the reasons.
+_fast_loads = msgspec.json.Decoder().decode
 
 
 class DecodeError(ValueError):
@@ -114,6 +120,10 @@ def decode(value: bytes) -> tuple[object, str]:
             raise DecodeError(f"bad UTF-8 in msgpack string: {err.reason}") from None
         except Exception as err:  # msgpack raises several types (ExtraData, FormatError, ...)
             raise DecodeError(f"bad msgpack: {type(err).__name__}: {err}") from None
+    try:
+        return _fast_loads(value), "json"
+    except Exception:   # msgspec.DecodeError, UnicodeDecodeError, RecursionError, ...
+        pass
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -8,6 +8,14 @@ for lag monitoring only: on every partition assignment the consumer seeks to the
 next offset, which makes the store's contents exactly-once however the process stops. Before a
 rebalance takes partitions away, their buffers are flushed.
 
+A flush is written by one background thread while the consumer goes on polling and decoding
+(Parquet encoding, compression and fsync release the GIL): at most one segment group per
+partition is in flight, its offsets are committed by the main thread once the group is
+durable, and a partition that has a group in flight waits for it before the next one. If the
+store refuses a group (``OverlapError``: another consumer stored those offsets), what the
+partition buffered since (and the rest of the poll's records of it) is dropped as well and the
+consumer seeks back to the store's end.
+
 Two run modes: ``until_end=True`` captures the end offsets at start, drains up to them and
 returns (for Airflow tasks); otherwise it follows the topics until SIGTERM/SIGINT (or
 ``stop()``), then flushes, commits and leaves the group cleanly.
@@ -28,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from pipeline.ingest.buffer import (
@@ -44,6 +53,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "rankstream-ingest"
 FETCH_CONFIG = {"fetch_max_bytes": 64 << 20, "max_partition_fetch_bytes": 16 << 20}
+CHUNK_BYTES = 4 << 20      # a poll's records are decoded this many message bytes at a time
+# A member learns that the group is rebalancing (another consumer joined) from its next
+# heartbeat: at kafka-python's default of one per 3 s, a consumer that joins a busy group
+# waits up to 3 s before it gets partitions, longer than an --until-end run of a million
+# events takes. Four heartbeats a second are still nothing for a broker.
+GROUP_CONFIG = {"heartbeat_interval_ms": 250}
 
 
 def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str | None = None,
@@ -114,7 +129,7 @@ def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str 
     with _stop_on_signals(run.stop_event), member_slot(group_id, instance_id) as member:
         log.info("consumer group %s, static member id %s", group_id, member)
         config = {"group_instance_id": member, "check_crcs": check_crcs,
-                  "max_poll_records": max_poll_records, **FETCH_CONFIG,
+                  "max_poll_records": max_poll_records, **FETCH_CONFIG, **GROUP_CONFIG,
                   **(consumer_config or {})}
         summary = run.run(config, until_end=until_end, timeout=timeout)
         if instance_id is None:  # a clean end hands the partitions over now, not in 45 s
@@ -212,6 +227,9 @@ class _KafkaRun:
         self.pending: list = []
         self.failed = False   # after an error nothing more is flushed or committed
         self.limits = Limits.from_settings(settings)
+        self.inflight: dict = {}   # tp -> (future of SegmentGroup.write, last offset)
+        self.dropped: set = set()  # partitions sent back to the store's end during this poll
+        self.writer: ThreadPoolExecutor | None = None
 
     # -- Kafka clients
 
@@ -304,23 +322,51 @@ class _KafkaRun:
 
     # -- flushing
 
-    def flush(self, tp, blocking_commit: bool = True) -> None:
+    def flush(self, tp, blocking_commit: bool = True, wait: bool = True) -> None:
+        """Hand the partition's buffer to the writer thread (after settling the group it has in
+        flight, if any); with ``wait``, also settle this one before returning."""
+        self.settle(tp, blocking_commit)
         buf = self.buffers.get(tp)
         if buf is None or buf.empty:
             return
-        last = buf.last
-        publisher = self._publisher() if len(buf.dead) else None
+        group = buf.detach()
+        publisher = self._publisher() if group.dead is not None else None
+        self.inflight[tp] = (self.writer.submit(group.write, self.store, publisher), group.last)
+        if wait:
+            self.settle(tp, blocking_commit)
+
+    def settle(self, tp, blocking_commit: bool = True) -> None:
+        """Wait for the partition's group in flight; once it is durable, count it and commit the
+        offset after it. A group the store refused (``OverlapError``) is dropped with what the
+        partition buffered since, and the consumer resumes at the store's end. Any other error
+        is raised (the run fails; nothing after it is committed)."""
+        entry = self.inflight.pop(tp, None)
+        if entry is None:
+            return
+        future, last = entry
         try:
-            self.summary.add(buf.flush(self.store, publisher))
+            flushed = future.result()
         except OverlapError as err:
             log.warning("%s; dropping the buffer and resuming after the stored offsets", err)
+            buf = self.buffers.get(tp)
+            if buf is not None:
+                buf.detach()
+            self.dropped.add(tp)      # and the rest of this poll's records of tp
             if tp in self.consumer.assignment():
                 self.consumer.seek(tp, self.store.next_offset(tp.topic, tp.partition))
             return
+        self.summary.add(flushed)
         self._commit(tp, last + 1, blocking_commit)
         if self.bar is not None:
             self.bar.set_postfix(events=sum(self.summary.events.values()),
                                  dead=sum(self.summary.dead_letters.values()), refresh=False)
+
+    def settle_done(self) -> None:
+        """Settle the groups whose writes have finished (main thread, between polls; their
+        commits are sent without waiting: the last one of a run waits)."""
+        for tp, (future, _) in list(self.inflight.items()):
+            if future.done():
+                self.settle(tp, blocking_commit=False)
 
     def _commit(self, tp, offset: int, blocking: bool) -> None:
         """Commit for lag monitoring only: the store decides where a consumer resumes."""
@@ -346,29 +392,38 @@ class _KafkaRun:
         for tp, buf in list(self.buffers.items()):
             if not buf.empty and (len(buf) >= self.flush_events
                                   or now - buf.started >= self.flush_interval):
-                self.flush(tp)
+                self.flush(tp, blocking_commit=False, wait=False)
 
     # -- the loop
 
     def run(self, config: dict, until_end: bool, timeout: float | None) -> IngestSummary:
         started = time.monotonic()
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rankstream-flush")
         self.consumer = self._consumer(config)
         self.ends = ends = self._end_offsets() if until_end else {}
         self.bar = progress_bar(self.progress, total=None)
         try:
             self.summary.stopped = self._loop(ends, until_end, started, timeout)
             for tp in list(self.buffers):
-                self.flush(tp)
+                self.flush(tp, wait=False)
+            for tp in list(self.inflight):
+                self.settle(tp)
         except BaseException:
             # nothing more is flushed or committed: closing the consumer below revokes its
             # partitions, and a revoke must not flush buffers this error left behind
             self.failed = True
             raise
         finally:
-            self.bar.close()
-            self.consumer.close(autocommit=False)
-            if self.publisher is not None:
-                self.publisher.close()
+            try:
+                self.bar.close()
+                self.consumer.close(autocommit=False)
+            finally:
+                # a write still in flight after an error finishes (whole, or not at all) before
+                # this returns; its offsets are not committed: the store's end is where the
+                # next run resumes
+                self.writer.shutdown(wait=True)
+                if self.publisher is not None:
+                    self.publisher.close()
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
@@ -387,16 +442,23 @@ class _KafkaRun:
                 return f"timeout after {timeout:g} s"
             records = self.consumer.poll(timeout_ms=500, max_records=self.max_poll_records)
             self.apply_pending()
+            self.dropped.clear()
+            self.settle_done()
             for tp, batch in records.items():
-                buf = self.buffers.get(tp)
-                if buf is None:       # never skip records: that would leave a gap in the store
-                    buf = self.buffers[tp] = self._buffer(tp)
                 if until_end and batch[-1].offset >= ends.get(tp, 0):
                     batch = [r for r in batch if r.offset < ends.get(tp, 0)]
-                if batch:
-                    buf.add_messages([r.value for r in batch], [r.offset for r in batch])
-                    self.summary.messages += len(batch)
-                    self.bar.update(len(batch))
+                # in chunks, so that a full buffer goes to the writer thread while the rest of
+                # a large poll is decoded
+                for chunk in _chunks(batch, CHUNK_BYTES):
+                    if tp in self.dropped:   # the consumer went back: these come again
+                        break
+                    buf = self.buffers.get(tp)
+                    if buf is None:   # never skip records: that would leave a gap in the store
+                        buf = self.buffers[tp] = self._buffer(tp)
+                    buf.add_messages([r.value for r in chunk], [r.offset for r in chunk])
+                    self.summary.messages += len(chunk)
+                    self.bar.update(len(chunk))
+                    self.flush_due()
             self.flush_due()
             if until_end and self.joined and self._drained(ends):
                 return "end offsets reached"
@@ -404,6 +466,19 @@ class _KafkaRun:
     def _drained(self, ends: dict) -> bool:
         assignment = self.consumer.assignment()
         return all(self.consumer.position(tp) >= ends.get(tp, 0) for tp in assignment)
+
+
+def _chunks(records: list, max_bytes: int):
+    """``records`` in consecutive runs of about ``max_bytes`` bytes of values (at least one
+    record each)."""
+    start, size = 0, 0
+    for i, record in enumerate(records):
+        size += record.serialized_value_size
+        if size >= max_bytes:
+            yield records[start:i + 1]
+            start, size = i + 1, 0
+    if start < len(records):
+        yield records[start:]
 
 
 def _listener(run: _KafkaRun):

@@ -1,12 +1,14 @@
 """Rebalance: two ``rankstream ingest`` consumers of one group share a 4-partition topic and one
-store; one leaves (SIGTERM) mid-stream, the other takes its partitions over. Nothing may be lost
-or stored twice."""
+store; one leaves (SIGTERM) mid-stream, the other takes its partitions over. Two until-end
+consumers split a 2-partition topic between them. Nothing may be lost or stored twice."""
 
 from __future__ import annotations
 
 import json
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -17,7 +19,7 @@ from pipeline.ingest.events import KIND_NAMES
 from pipeline.ingest.kafka import new_group_id
 from pipeline.ingest.producer import EventProducer
 from pipeline.ingest.store import EventStore
-from tests.ingest.factory import cli_ingest, make_event, new_topic
+from tests.ingest.factory import REPO, cli_ingest, make_event, new_topic
 
 N_BATCHES = 60
 PER_BATCH = 300
@@ -99,12 +101,67 @@ def test_one_consumer_leaves_mid_stream(kafka_bootstrap, tmp_path):
     assert "stopped: stop requested" in (home / "b.log").read_text()
 
 
-def _end(bootstrap: str, topic: str) -> int:
+def _end(bootstrap: str, topic: str, partitions: int = 4) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
-        parts = [TopicPartition(topic, p) for p in range(4)]
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
         return sum(consumer.end_offsets(parts).values())
     finally:
         consumer.close()
+
+
+def test_two_until_end_processes_share_a_two_partition_topic_exactly_once(kafka_bootstrap,
+                                                                        tmp_path):
+    """Two ``ingest_kafka(until_end=True)`` processes of one group drain a 2-partition topic
+    (compact batches and JSON messages) into one store. The first runs as on a slow machine
+    (tests/ingest/slow_ingest.py), so it is mid-stream when the second joins and the rebalance
+    splits its partitions. Each event is stored exactly once, both processes store some, their
+    summaries add up to the topic, and the store ends at the topic's end offsets."""
+    topic = new_topic(kafka_bootstrap, partitions=2, prefix="two-until-end")
+    produced = [f"ev-{i}" for i in range(12_000)]
+    rng = random.Random(5)
+    for encoding, part in (("compact", produced[:6_000]), ("json", produced[6_000:])):
+        with EventProducer(kafka_bootstrap, encoding=encoding, batch_events=100) as producer:
+            for i, event_id in enumerate(part):
+                event = make_event("rating", i, rng, tag="x")
+                producer.send(topic, {**event, "event_id": event_id}, partition=i % 2)
+    home = tmp_path / "home"
+    home.mkdir()
+    store = EventStore(home / "store", home / "dead-letter")
+    group = new_group_id("two")
+
+    def start(delay: float, log: str) -> subprocess.Popen:
+        with open(home / log, "wb") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "tests.ingest.slow_ingest", str(delay), kafka_bootstrap,
+                 topic, str(home), group], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+    def logs():
+        return "\n".join(p.read_text()[-2000:] for p in home.glob("*.log"))
+
+    a = start(0.15, "a.log")      # > 60 polls of <= 100 messages: 9 s at least
+    b = None
+    try:
+        wait_for(lambda: a.pid in set().union(*writers(store).values() or [set()]),
+                 "the first process to store a segment", 90, logs)
+        b = start(0.0, "b.log")
+        assert a.wait(timeout=240) == 0, logs()
+        assert b.wait(timeout=240) == 0, logs()
+    finally:
+        for child in (a, b):
+            if child is not None and child.poll() is None:
+                child.kill()
+
+    stored = Counter(store.read("rating", columns=["event_id"]).column("event_id").to_pylist())
+    assert stored == Counter(produced), (
+        f"missing {len(set(produced) - set(stored))}, "
+        f"duplicated {sum(1 for c in stored.values() if c > 1)}")
+    assert sum(store.next_offsets().values()) == _end(kafka_bootstrap, topic, 2)
+    summaries = [json.loads(line) for name in ("a.log", "b.log")
+                 for line in (home / name).read_text().splitlines() if line.startswith("{")]
+    assert [s["stopped"] for s in summaries] == ["end offsets reached"] * 2, logs()
+    assert sum(s["events"] for s in summaries) == len(produced)
+    assert all(s["events"] > 0 for s in summaries), summaries
+    assert {a.pid, b.pid} <= set().union(*writers(store).values())

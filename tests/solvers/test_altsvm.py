@@ -133,9 +133,13 @@ def small_layout(seed=0, n_users=7, n_items=9, n=120):
     return c, S.layout(c, n_users, n_items), rng
 
 
+def entry_users(lay):
+    return np.repeat(np.arange(len(lay["entry_ptr"]) - 1), np.diff(lay["entry_ptr"]))
+
+
 def test_build_entries_indexes_every_comparison_end():
     c, lay, _ = small_layout()
-    eu, ei = lay["entry_user"], lay["entry_item"]
+    eu, ei = entry_users(lay), lay["entry_item"]
     assert np.array_equal(eu[lay["pos_w"]], c[:, 0]) and np.array_equal(ei[lay["pos_w"]], c[:, 1])
     assert np.array_equal(eu[lay["pos_l"]], c[:, 0]) and np.array_equal(ei[lay["pos_l"]], c[:, 2])
     pairs = set(zip(c[:, 0], c[:, 1])) | set(zip(c[:, 0], c[:, 2]))
@@ -159,19 +163,21 @@ def test_primal_rebuilds_and_shares_match_numpy(fit_bias):
     np.add.at(V_ref, c[:, 2], -beta[:, None] * U[c[:, 0]] / reg)
     np.add.at(b_ref, c[:, 1], beta / reg)
     np.add.at(b_ref, c[:, 2], -beta / reg)
-    B = np.empty(lay["n_entries"])
-    K.scatter_duals(lay["pos_w"], lay["pos_l"], beta, B)
-    V_k, b_k = np.empty_like(V), np.zeros(n_items)
-    K.items_from_duals(lay["item_entry_ptr"], lay["item_entries"], lay["entry_user"], B, U, reg,
-                       V_k, b_k, fit_bias)
-    np.testing.assert_allclose(V_k, V_ref, atol=1e-12)
-    np.testing.assert_allclose(b_k, b_ref if fit_bias else 0.0, atol=1e-12)
+    for n_threads in (1, 2, 3):  # one range adding into V, or several with accumulators
+        V_k, b_k = np.full_like(V, np.nan), np.zeros(n_items)
+        parts, acc_V, acc_b = S.v_accumulators(lay, V_k, b_k, n_threads)
+        assert (parts.size > 2) == (n_threads > 1)
+        K.items_from_duals(parts, lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                           lay["entry_ptr"], lay["entry_item"], beta, U, reg, fit_bias, acc_V,
+                           acc_b, V_k, b_k)
+        np.testing.assert_allclose(V_k, V_ref, atol=1e-12)
+        np.testing.assert_allclose(b_k, b_ref if fit_bias else 0.0, atol=1e-12)
     # U from alpha (Alg. 1 line 13)
     U_ref = np.zeros_like(U)
     np.add.at(U_ref, c[:, 0], alpha[:, None] * (V[c[:, 1]] - V[c[:, 2]]) / reg)
     U_k = np.full_like(U, np.nan)
-    K.users_from_duals(lay["user_ptr"], lay["pos_w"], lay["pos_l"], lay["entry_ptr"],
-                       lay["entry_item"], alpha, V, reg, np.empty(lay["n_entries"]), U_k)
+    K.users_from_duals(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                       lay["entry_ptr"], lay["entry_item"], alpha, V, reg, U_k)
     np.testing.assert_allclose(U_k, U_ref, atol=1e-12)
     # each user's share of P, through the entries
     z = np.einsum("ij,ij->i", U[c[:, 0]], V[c[:, 1]] - V[c[:, 2]]) + b[c[:, 1]] - b[c[:, 2]]
@@ -179,9 +185,8 @@ def test_primal_rebuilds_and_shares_match_numpy(fit_bias):
         share_ref = np.bincount(c[:, 0], weights=ref_loss(loss, z), minlength=n_users)
         share_ref += 0.5 * reg * (U**2).sum(axis=1)
         share = np.empty(n_users)
-        K.user_shares(lay["user_ptr"], lay["pos_w"], lay["pos_l"], lay["entry_ptr"],
-                      lay["entry_item"], U, V, b, reg, CODES[loss], np.empty(lay["n_entries"]),
-                      share)
+        K.user_shares(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                      lay["entry_ptr"], lay["entry_item"], U, V, b, reg, CODES[loss], share)
         np.testing.assert_allclose(share, share_ref, rtol=1e-12)
 
 
@@ -247,10 +252,9 @@ def test_ustep_kernels_match_python_replay(loss):
     out = {}
     for kernel in (K.ustep_serial, K.ustep_parallel):
         alpha, U, shares = alpha0.copy(), np.zeros((7, r)), np.empty((7, 2))
-        kernel(lay["user_ptr"], lay["cw"], lay["cl"], lay["pos_w"], lay["pos_l"],
-               lay["entry_ptr"], lay["entry_item"], alpha, U_old, V, b, reg, CODES[loss],
-               max_extra, seed, np.empty(lay["n_entries"]), np.empty(lay["n_entries"]), U,
-               shares)
+        kernel(S.user_blocks(lay["user_ptr"], 30), lay["user_ptr"], lay["cw"], lay["cl"],
+               lay["pos_w"], lay["pos_l"], lay["entry_ptr"], lay["entry_item"], alpha, U_old, V,
+               b, reg, CODES[loss], max_extra, seed, U, shares)
         out[kernel] = (alpha, U, shares)
     for x, y in zip(out[K.ustep_serial], out[K.ustep_parallel]):
         assert np.array_equal(x, y)  # per-user streams: same numbers on any thread count
