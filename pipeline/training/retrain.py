@@ -261,12 +261,14 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
     ds = _summary(read_manifest(run_dir / "dataset", fmt=DATASET_FORMAT))
     trained = read_json(run_dir / "train.json")
     client = as_client(redis_url)
+    published_artifact = run_dir / ("artifact" if gate["publishes"] == "model"
+                                    else gate["publishes"])
     already = [v for v in served_versions(settings, client, model)
                if v.trained_at == trained["trained_at"] and v.status == "complete"]
     if already:
         version, seconds = already[0].version, 0.0
     else:
-        artifact = run_dir / ("artifact" if gate["publishes"] == "model" else gate["publishes"])
+        artifact = published_artifact
         if not artifact.is_dir():    # moved into the checkpoint by an interrupted attempt
             artifact = run_dir / "checkpoint" / "artifact"
         try:
@@ -278,8 +280,10 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
             return write_json(run_dir / "published.json", {
                 "model": model, "published": False, "version": None, "reason": str(err)})
         version, seconds = result.version, result.seconds
-    if (run_dir / "artifact").is_dir():   # kept with the checkpoint: see ensure_served
-        os.replace(run_dir / "artifact", run_dir / "checkpoint" / "artifact")
+    # what was published (the model, or the trivial list the gate chose instead) is kept with
+    # the checkpoint, so that ensure_served republishes the same thing after Redis lost it
+    if published_artifact.is_dir():
+        os.replace(published_artifact, run_dir / "checkpoint" / "artifact")
     ckpt = commit_checkpoint(run_dir / "checkpoint", settings.checkpoint_dir, model,
                              ds["run_key"])
     return write_json(run_dir / "published.json", {

@@ -91,6 +91,22 @@ def test_same_window_publishes_nothing_new(settings, redis_url):
     assert run2["decision"] == "unchanged" and "train" not in run2
 
 
+def test_cli_publishes_a_run_directory_that_already_published(settings, redis_url, capsys):
+    """``rankstream publish MODEL RUN_DIR`` after the run published: its artifact now lives in
+    the checkpoint that ``published.json`` names, and publishing it again makes a new version."""
+    from pipeline.cli import main
+
+    first, _ = _ratings()
+    _ingest(first, settings, "rating", "r0")
+    run = retrain.run("movies", _models(), settings=settings, redis_url=redis_url)
+    assert run["decision"] == "published"
+    run_dir = run["dataset"]["run_dir"]
+    assert not (Path(run_dir) / "artifact").exists()
+    assert main(["publish", "movies", run_dir, "--no-progress", "--redis-url", redis_url,
+                 "--namespace", settings.namespace, "--home", str(settings.home)]) == 0
+    assert f"version {run['publish']['version'] + 1}" in capsys.readouterr().out
+
+
 def test_events_of_other_kinds_do_not_make_a_model_retrain(settings, redis_url):
     """The unchanged-window shortcut and the dataset snapshot look at the model's own event
     kinds only: new outcome events leave the ratings model's window unchanged."""
@@ -166,7 +182,7 @@ def test_gate_refuses_a_model_no_better_than_popularity(settings, redis_url):
 
 
 @pytest.mark.filterwarnings("ignore::solvers.CollapseWarning")
-def test_gate_can_publish_the_better_trivial_list_instead(settings, redis_url):
+def test_gate_can_publish_the_better_trivial_list_instead(settings, redis_url, redis_client):
     first, _ = _ratings()
     _ingest(first, settings, "rating", "r0")
     run = retrain.run("movies", _collapsed_movies("publish_trivial"), settings=settings,
@@ -174,14 +190,23 @@ def test_gate_can_publish_the_better_trivial_list_instead(settings, redis_url):
     gate = run["gate"]
     best = max(gate["trivial"], key=gate["trivial"].get)
     assert run["decision"] == "published" and gate["publishes"] == f"trivial-{best}"
-    # what is served is that trivial model's ranking, the same for every user
-    trivial = ModelArtifact.load(Path(run["dataset"]["run_dir"]) / f"trivial-{best}")
+    # what is served is that trivial model's ranking, the same for every user; the checkpoint
+    # keeps it as its artifact, so that a Redis that lost it gets the same list back
+    trivial = ModelArtifact.load(Path(run["publish"]["checkpoint"]) / "artifact")
+    assert trivial.kind == "global_list"
     top = np.argsort(-trivial.item_scores, kind="stable")[:5]
-    with TopK(redis_url, namespace=settings.namespace) as topk:
-        a = topk.recommend("movies", first[0]["user"], k=5)
-        b = topk.recommend("movies", first[-1]["user"], k=5)
-    assert a.version == run["publish"]["version"] and a.source == "global"
-    assert [i for i, _ in a.items] == [i for i, _ in b.items] == trivial.item_ids[top].tolist()
+    for expected_version in (run["publish"]["version"], 1):
+        with TopK(redis_url, namespace=settings.namespace) as topk:
+            a = topk.recommend("movies", first[0]["user"], k=5)
+            b = topk.recommend("movies", first[-1]["user"], k=5)
+        assert a.version == expected_version and a.source == "global"
+        assert [i for i, _ in a.items] == [i for i, _ in b.items] == \
+            trivial.item_ids[top].tolist()
+        for key in redis_client.scan_iter(f"*{settings.namespace}:*"):   # Redis lost it
+            redis_client.delete(key)
+        again = retrain.run("movies", _collapsed_movies("publish_trivial"), settings=settings,
+                            redis_url=redis_url)
+        assert again["decision"] == "republished", again
 
 
 def test_toppush_best_feature_baseline_on_imbalanced_binary_features():
