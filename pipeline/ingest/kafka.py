@@ -368,6 +368,15 @@ class _KafkaRun:
             if future.done():
                 self.settle(tp, blocking_commit=False)
 
+    def commit_store_ends(self) -> None:
+        """At a clean end, commit the store's end for every assigned partition, so that lag
+        monitoring is right also for a partition that got nothing new in this run while an
+        earlier run stored up to its end but failed before its commit went out."""
+        for tp in self.consumer.assignment():
+            end = self.store.next_offset(tp.topic, tp.partition)
+            if end is not None:
+                self._commit(tp, end, blocking=True)
+
     def _commit(self, tp, offset: int, blocking: bool) -> None:
         """Commit for lag monitoring only: the store decides where a consumer resumes."""
         from kafka.structs import OffsetAndMetadata
@@ -408,6 +417,7 @@ class _KafkaRun:
                 self.flush(tp, wait=False)
             for tp in list(self.inflight):
                 self.settle(tp)
+            self.commit_store_ends()
         except BaseException:
             # nothing more is flushed or committed: closing the consumer below revokes its
             # partitions, and a revoke must not flush buffers this error left behind

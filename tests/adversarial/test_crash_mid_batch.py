@@ -58,6 +58,11 @@ def test_a_failed_or_killed_run_and_its_rerun_store_every_event_once(
     survives = step == "decode" and mode == "raise"
     if not survives:
         assert first.returncode != 0, f"the fault in {step} did not fire:\n{first.stdout}"
+    # the failed run committed no offset past what it stored durably
+    stored_first = EventStore(home / "store", home / "dead-letter").next_offsets()
+    for p, offset in _committed(kafka_bootstrap, group, topic).items():
+        assert offset <= stored_first.get((topic, p), 0), (
+            f"partition {p}: committed {offset}, stored up to {stored_first.get((topic, p), 0)}")
     rerun = _ingest("none", "-", 0, kafka_bootstrap, topic, home, group)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
@@ -75,7 +80,21 @@ def test_a_failed_or_killed_run_and_its_rerun_store_every_event_once(
     assert store.segments(complete=False) == []
     if survives:  # a batch that fails to decode is retried message by message; the run goes on
         assert first.returncode == 0, first.stderr[-3000:]
-    # the committed offsets (monitoring) are the topic's end
+    # the store and the committed offsets (monitoring) both end at the topic's end
     ends = {(r.partition): r.offset + 1 for r in records}
     assert json.loads(json.dumps(store.stats()["next_offsets"])) == {
         f"{topic}/{p}": o for p, o in sorted(ends.items())}
+    assert _committed(kafka_bootstrap, group, topic) == ends
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offsets of ``topic``, per partition (none: not in the dict)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        offsets = admin.list_group_offsets({group: None}).get(group, {})
+    finally:
+        admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items()
+            if tp.topic == topic and meta.offset >= 0}

@@ -138,6 +138,7 @@ def test_an_unwritable_dead_letter_topic_stops_ingest_before_committing(kafka_bo
         assert fix in str(err.value)
     store = EventStore.from_settings(settings)
     assert _stored(store) == [] and store.next_offsets() == {}
+    assert admin.list_group_offsets({group: None}).get(group, {}) == {}, "committed offsets"
     admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, dlq,
                                         configs={"max.message.bytes": "1048576"})])
     admin.close()
