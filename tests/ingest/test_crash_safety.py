@@ -42,6 +42,9 @@ def produce(bootstrap: str, topic: str, rng: random.Random, valid: list, bad: li
                 valid.append(event["event_id"])
                 producer.send(topic, event)
             producer.flush()
+            # paced (>= 12 s in all), so that the kills land while the topic still grows: a
+            # consumer faster than the producer would otherwise catch up within one child's life
+            time.sleep(0.6)
     finally:
         json_out.close()
         compact_out.close()

@@ -278,7 +278,9 @@ def test_tron_solution_meets_the_optimality_condition_of_3_13():
     C = 2.0
     G = GramMatrix(X, KernelSpec("rbf", 0.25, 3, 1.0), cache_bytes=1e9)
     loss = PairLoss(qptr, level)
-    res = tron(KernelSpace(G), loss, C, tol=1e-8, max_iter=200)
+    # tol 1e-7: Q is float32, whose round-off floors the relative gradient norm near 1e-8
+    # (TRON then stops on "round-off", unconverged); the KKT check below asks for 1e-6
+    res = tron(KernelSpace(G), loss, C, tol=1e-7, max_iter=200)
     assert res.converged
     Q = G.dense()
     beta = res.theta
