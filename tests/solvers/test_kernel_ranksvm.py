@@ -284,9 +284,11 @@ def test_tron_solution_meets_the_optimality_condition_of_3_13():
     assert res.converged
     Q = G.dense()
     beta = res.theta
-    # KKT of (3.13): ∇F = Q(β + C ∇L(Qβ)) = 0; Q is positive definite here, so β = −C ∇L
+    # KKT of (3.13): ∇F = Q(β + C ∇L(Qβ)) = 0; Q is positive definite here, so β = −C ∇L.
+    # Checked in float64 against the solver's float32 Q: Qβ differs by ~1e-6 between the two,
+    # which moves the relative gradient norm by ~1e-6, hence 1e-5 here
     rho = beta + C * loss.evaluate(Q @ beta)[1]
-    assert np.sqrt(rho @ Q @ rho) <= 1e-6 * res.grad_norm0
+    assert np.sqrt(rho @ Q @ rho) <= 1e-5 * res.grad_norm0
     np.testing.assert_allclose(beta, -C * loss.evaluate(Q @ beta)[1], atol=1e-4)
 
     def F(b):
