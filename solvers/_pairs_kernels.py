@@ -117,10 +117,17 @@ def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf
 
     ``seen_items[seen_starts[g]:seen_starts[g+1]]`` (sorted) are the items user group g met:
     they are never sampled. ``cdf`` (increasing, ending at 1) samples by popularity; an empty
-    ``cdf`` samples uniformly.
+    ``cdf`` samples uniformly, by rejection from the next power of two >= n_items (h mod
+    n_items would move almost every sample when one item is added; with rejection, a catalog
+    that grows by a fraction f moves about a fraction f of them, until n_items passes a power
+    of two).
     """
     n_groups = starts.shape[0] - 1
     scale = 1.0 / 18446744073709551616.0
+    span = np.uint64(1)
+    while span < np.uint64(n_items):
+        span = span * np.uint64(2)
+    mask = span - np.uint64(1)
     for g in prange(n_groups):
         met = seen_items[seen_starts[g]:seen_starts[g + 1]]
         for x in range(starts[g], starts[g + 1]):
@@ -133,7 +140,9 @@ def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf
                 for t in range(MAX_TRIES):
                     _, h = next_u64(base + np.uint64(t))
                     if cdf.shape[0] == 0:
-                        j = np.int64(h % np.uint64(n_items))
+                        j = np.int64(h & mask)
+                        if j >= n_items:
+                            continue
                     else:
                         j = np.int64(np.searchsorted(cdf, h * scale, side="right"))
                         j = min(j, n_items - 1)

@@ -24,9 +24,12 @@ N_GOOD = 1500
 
 
 def _produce(bootstrap: str, topic: str) -> tuple[list[str], list[str]]:
+    """JSON messages, with every other run of 300 events sent as compact column batches of 50
+    (the fast path of ingestion), and a malformed message every 50 events."""
     rng = random.Random(7)
     good, bad = [], []
-    with EventProducer(bootstrap) as producer:
+    with EventProducer(bootstrap) as producer, \
+            EventProducer(bootstrap, encoding="compact", batch_events=50) as compact:
         for i in range(N_GOOD):
             if i % 50 == 25:
                 bad.append(f"bad-{i}")
@@ -36,7 +39,13 @@ def _produce(bootstrap: str, topic: str) -> tuple[list[str], list[str]]:
                      "user": f"u{rng.randrange(40)}", "item": f"i{rng.randrange(60)}",
                      "rating": rng.choice([1, 2, 3, 4, 5])}
             good.append(event["event_id"])
-            producer.send_raw(topic, encode_json(event), partition=i % 2)
+            if (i // 300) % 2:
+                compact.send(topic, event, partition=i % 2)
+            else:
+                producer.send_raw(topic, encode_json(event), partition=i % 2)
+            if i % 300 == 299:     # keep the runs in order on the topic
+                compact.flush()
+                producer.flush()
     return good, bad
 
 

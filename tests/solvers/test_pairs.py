@@ -168,6 +168,10 @@ def test_implicit_comparisons_sample_unmet_items_stably():
     old_rows = set(map(tuple, c.tolist()))
     still_valid = {r for r in old_rows if (r[0], r[2]) not in met_now}
     assert still_valid <= set(map(tuple, grown.tolist()))
+    # a grown catalog (120 -> 123 items, within the same power of two) keeps most samples
+    wider = implicit_comparisons(users, items, 123, per_interaction=5, random_state=7)
+    kept = len(old_rows & set(map(tuple, wider.tolist()))) / len(old_rows)
+    assert kept >= 0.9, f"only {kept:.0%} of the samples survived 3 new items"
     capped = implicit_comparisons(users, items, 120, per_interaction=5, max_per_user=7,
                                   random_state=7)
     assert np.bincount(capped[:, 0]).max() <= 7
