@@ -211,3 +211,13 @@ def test_errors_name_both_values(case):
     call, message = bad(cls(**params).fit(*args, **kwargs))
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+def test_star_import_gives_every_public_name():
+    """``from solvers import *`` imports every name of ``solvers.__all__`` (each one resolves),
+    among them every registered estimator."""
+    namespace: dict = {}
+    exec("from solvers import *", namespace)
+    missing = [name for name in solvers.__all__ if name not in namespace]
+    assert not missing, missing
+    assert set(solvers.ESTIMATORS) <= set(namespace)
