@@ -269,23 +269,29 @@ class AltSVM(Estimator):
         if not res.converged:
             self._warn_not_converged(f"last decrease / (P(0) - P) {res.last_ratio:.2e} > "
                                      f"tol={self.tol:g}")
-        self.collapsed_ = self._collapsed()
+        bound = self._factor_bound()
+        self.collapsed_ = bound < 1e-7
+        model = "the item bias alone (a global ranking)" if self.item_bias else "no model"
         if self.collapsed_:
-            model = "the item bias alone (a global ranking)" if self.item_bias else "no model"
             warnings.warn(f"AltSVM's factors ended at round-off level: λ = {reg:.4g} is at or "
                           f"above reg_max = {self.reg_max_:.4g}, where U = V = 0 is the "
                           f"optimum, so the scores are {model}. Lower reg (or use "
                           "reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
+        elif self.reg is not None and bound < 0.1 and reg >= self.reg_max_:
+            # small factors from a given reg: reg_max is worth its cost (an SVD) only here
+            warnings.warn(f"λ = {reg:.4g} is at or above reg_max = {self.reg_max_:.4g}, where "
+                          f"U = V = 0 is the optimum: the factors (every |u·v| ≤ {bound:.2g}) "
+                          f"are on their way to zero, and the scores to {model}. Lower reg (or "
+                          "use reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
         return self
 
-    def _collapsed(self) -> bool:
-        """Factors at round-off level: every |u_i·v_j| ≤ max ‖u‖ max ‖v‖ < 1e-7 (scores are
-        compared with a margin of 1)."""
+    def _factor_bound(self) -> float:
+        """max ‖u‖ · max ‖v‖, a bound on every |u_i·v_j| (scores are compared with a margin of
+        1; below 1e-7 the factors are at round-off level, the fit collapsed)."""
         if self.rank == 0:
-            return False
+            return np.inf
         U, V = self.user_factors_, self.item_factors_
-        bound = np.sqrt((U * U).sum(1).max(initial=0.0) * (V * V).sum(1).max(initial=0.0))
-        return bool(bound < 1e-7)
+        return float(np.sqrt((U * U).sum(1).max(initial=0.0) * (V * V).sum(1).max(initial=0.0)))
 
     # ---------------------------------------------------------------- reg_max and the path
 
