@@ -81,6 +81,24 @@ def test_second_run_warm_starts_and_publishes_a_new_version(settings, redis_url)
     assert rec.version == run2["publish"]["version"] and len(rec.items) == 5
 
 
+def test_default_altsvm_run_chooses_reg_on_the_path_and_reports_it(settings, redis_url):
+    """No reg or reg_ratio in the config: the trainer walks the path from reg_max down, keeps
+    the λ that scores best on validation and reports reg_max, the choice and the curve."""
+    first, fresh = _ratings()
+    _ingest(first, settings, "rating", "r0")
+    models = _models(movies={"params": {"rank": 8, "item_bias": True, "max_iter": 40,
+                                        "random_state": 0, "n_threads": 1}})
+    train = retrain.run("movies", models, settings=settings, redis_url=redis_url)["train"]
+    assert train["reg_source"] == "path" and len(train["path"]) >= 3
+    assert 0 < train["reg"] < train["reg_max"]
+    assert train["reg_ratio"] == pytest.approx(train["reg"] / train["reg_max"], rel=1e-6)
+    best = max(train["path"], key=lambda p: p["score"])
+    assert best["ratio"] == pytest.approx(train["reg_ratio"], rel=1e-3)
+    _ingest(fresh, settings, "rating", "r1")      # a warm run re-uses the path's λ
+    again = retrain.run("movies", models, settings=settings, redis_url=redis_url)["train"]
+    assert again["warm_start"] and again["reg_source"] == "last path"
+
+
 def test_same_window_publishes_nothing_new(settings, redis_url):
     first, _ = _ratings()
     _ingest(first, settings, "rating", "r0")

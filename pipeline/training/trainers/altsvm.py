@@ -99,6 +99,9 @@ class AltSVMTrainer(Trainer):
                 "collapsed": model.collapsed_}
         if self.tuning is not None:
             info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
+        reg_max = getattr(model, "_reg_max", None)   # when the fit knows it (not recomputed)
+        if reg_max is not None:
+            info["reg_max"] = float(reg_max)
         if self.path:
             info["path"] = self.path
         return info
