@@ -59,7 +59,7 @@ def main(argv):
         arrange(step, mode, int(nth))
     settings = Settings(home=home, kafka_bootstrap=bootstrap, dead_letter_topic=f"dlq-{topic}")
     summary = ingest_kafka([topic], kind="rating", settings=settings, group_id=group,
-                           until_end=True, flush_events=600, flush_interval=5.0,
+                           until_end=True, flush_events=200, flush_interval=5.0,
                            max_poll_records=250, progress=False)
     print(summary)
     return 0

@@ -71,7 +71,8 @@ class AltSVMTrainer(Trainer):
             self._path(model, arrays, warm, cfg, sizes, last.get("reg_ratio"))
             warm = model.warm_state()   # the final fit continues from the chosen point
             self.tuning = {"path_n": n, "reg_per_comparison": model.reg / n,
-                           "reg_ratio": model.reg / model.reg_max_, "reg_source": "path"}
+                           "reg_ratio": model.reg / model.reg_max_, "reg_source": "path",
+                           "reg_max": model.reg_max_}
         model.fit(arrays["comparisons"], warm_start=warm, **sizes)
 
     def _path(self, model, arrays, warm, cfg, sizes, last_ratio) -> None:
@@ -99,7 +100,8 @@ class AltSVMTrainer(Trainer):
                 "collapsed": model.collapsed_}
         if self.tuning is not None:
             info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
-        reg_max = getattr(model, "_reg_max", None)   # when the fit knows it (not recomputed)
+        # reg_max when the run computed it (the path, or reg_ratio); not recomputed for it
+        reg_max = (self.tuning or {}).get("reg_max", getattr(model, "_reg_max", None))
         if reg_max is not None:
             info["reg_max"] = float(reg_max)
         if self.path:
