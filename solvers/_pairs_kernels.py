@@ -152,3 +152,22 @@ def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf
                     out[row, 2] = j
                     ok[row] = True
                     break
+
+
+@njit(cache=True, parallel=True)
+def keep_smallest_per_group(starts, h, cap, keep):
+    """``keep[r]`` for the rows ``starts[g]:starts[g+1]`` of group g: whether ``h[r]`` is among
+    the group's ``cap`` smallest (ties by position: a stable order, as ``np.lexsort((h, g))``)."""
+    for g in prange(starts.shape[0] - 1):
+        _keep_smallest(starts[g], starts[g + 1], h, cap, keep)
+
+
+@njit(cache=True)
+def _keep_smallest(lo, hi, h, cap, keep):
+    if hi - lo <= cap:
+        keep[lo:hi] = True
+        return
+    keep[lo:hi] = False
+    order = np.argsort(h[lo:hi], kind="mergesort")
+    for t in range(cap):
+        keep[lo + order[t]] = True

@@ -191,7 +191,7 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     check_choice("sampling", sampling, ("uniform", "popularity"))
     if users.size == 0:
         return np.empty((0, 3), dtype=np.int64)
-    from solvers._pairs_kernels import fill_implicit
+    from solvers._pairs_kernels import fill_implicit, keep_smallest_per_group
 
     pairs = np.unique(np.column_stack([users, items]), axis=0)   # by user, then item
     u, i = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
@@ -207,14 +207,12 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     seed = _seed(random_state)
     fill_implicit(starts, u, i, starts, i, per, n_items, cdf, seed, out, ok)
     out = out[ok]
-    if max_per_user is not None:
-        cap = int(max_per_user)
-        h = _row_hashes(out, seed ^ 1)
-        order = np.lexsort((h, out[:, 0]))
-        grouped = out[order]
-        first = np.r_[0, np.flatnonzero(grouped[1:, 0] != grouped[:-1, 0]) + 1]
-        rank = np.arange(len(grouped)) - np.repeat(first, np.diff(np.r_[first, len(grouped)]))
-        out = out[np.sort(order[rank < cap])]
+    if max_per_user is not None:   # the rows are grouped by user: keep each user's smallest
+        user_starts = np.r_[0, np.flatnonzero(out[1:, 0] != out[:-1, 0]) + 1, len(out)]
+        keep = np.empty(len(out), np.bool_)
+        keep_smallest_per_group(user_starts.astype(np.int64), _row_hashes(out, seed ^ 1),
+                                int(max_per_user), keep)
+        out = out[keep]
     return out
 
 
