@@ -193,8 +193,11 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
         return np.empty((0, 3), dtype=np.int64)
     from solvers._pairs_kernels import fill_implicit, keep_smallest_per_group
 
-    pairs = np.unique(np.column_stack([users, items]), axis=0)   # by user, then item
-    u, i = np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1])
+    # distinct (user, item) pairs by user, then item, as one int64 key (items < n_items);
+    # sort + mask: np.unique of rows, or numpy 2.4's hashing np.unique, take 10-15x longer
+    key = np.sort(users.astype(np.int64) * n_items + items)
+    key = key[np.r_[True, key[1:] != key[:-1]]]
+    u, i = key // n_items, key % n_items
     starts = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)].astype(np.int64)
     cdf = np.zeros(0)
     if sampling == "popularity":

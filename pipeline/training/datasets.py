@@ -216,7 +216,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     train_rows = np.flatnonzero(part != TEST)
     comps, dropped = build(train_rows)
     path_comps, _ = build(np.flatnonzero(part == TRAIN))
-    in_window = np.unique(u).size
+    in_window = int(np.count_nonzero(np.bincount(u))) if len(u) else 0   # distinct users
     stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
