@@ -17,7 +17,10 @@ MODELS = {
     "movies": {"algorithm": "altsvm", "kinds": ["rating"], "window": {"last_days": 30},
                "params": {"rank": 4, "item_bias": True, "comparisons": "mixed",
                           "random_state": 0, "n_threads": 1},
-               "evaluation": {"holdout": 2}},
+               "evaluation": {"holdout": 2},
+               # these tests are about what ingest and publish do, not about quality: on 60
+               # users whether the model beats popularity is a coin toss of the sampling
+               "gate": {"tolerance": 1.0, "trivial_margin": -1.0}},
     "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"max_features": 100}},
 }
 
