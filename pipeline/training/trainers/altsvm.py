@@ -100,8 +100,10 @@ class AltSVMTrainer(Trainer):
                 "collapsed": model.collapsed_}
         if self.tuning is not None:
             info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
-        # reg_max when the run computed it (the path, or reg_ratio); not recomputed for it
-        reg_max = (self.tuning or {}).get("reg_max", getattr(model, "_reg_max", None))
+        # reg_max when the run computed it (the path, or a reg_ratio fit, whose reg_max_ is
+        # cached); a fit with a given reg does not pay an SVD for the report
+        reg_max = (self.tuning or {}).get("reg_max",
+                                          model.reg_max_ if model.reg is None else None)
         if reg_max is not None:
             info["reg_max"] = float(reg_max)
         if self.path:
