@@ -371,14 +371,32 @@ def map_by_id(old_ids: np.ndarray, old_values: np.ndarray, new_ids: np.ndarray,
         raise ValueError(f"warm_start has {old_ids.size} ids but {old_values.shape[0]} {name} "
                          "rows")
     out = np.zeros((new_ids.shape[0],) + old_values.shape[1:])
-    if old_ids.size == 0 or new_ids.size == 0:
-        return out
-    if (old_ids.dtype.kind in "US") != (new_ids.dtype.kind in "US"):
+    if (old_ids.dtype.kind in "US") != (new_ids.dtype.kind in "US") and old_ids.size \
+            and new_ids.size:
         raise ValueError(f"ids have dtype {new_ids.dtype} but the warm start's ids have dtype "
                          f"{old_ids.dtype}")
+    pos = positions_by_id(old_ids, new_ids)
+    found = pos >= 0
+    out[found] = old_values[pos[found]]
+    return out
+
+
+def positions_by_id(old_ids: np.ndarray, new_ids: np.ndarray) -> np.ndarray:
+    """For each of ``new_ids`` its position in ``old_ids`` (unique), or −1 where it is new
+    (also when one side holds strings and the other integers).
+
+    Examples
+    --------
+    >>> positions_by_id(np.array([3, 7]), np.array([7, 9, 3])).tolist()
+    [1, -1, 0]
+    """
+    out = np.full(new_ids.shape[0], -1, dtype=np.int64)
+    if old_ids.size == 0 or new_ids.size == 0 \
+            or (old_ids.dtype.kind in "US") != (new_ids.dtype.kind in "US"):
+        return out
     order = np.argsort(old_ids, kind="stable")
     old_sorted = old_ids[order]
     pos = np.minimum(np.searchsorted(old_sorted, new_ids), old_sorted.size - 1)
     found = old_sorted[pos] == new_ids
-    out[found] = old_values[order[pos[found]]]
+    out[found] = order[pos[found]]
     return out

@@ -247,6 +247,67 @@ def test_blocked_gram_products_equal_the_full_matrix(cache_rows, monkeypatch):
     np.testing.assert_allclose(G.matvec(v), full.matvec(v), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cache", [1e9, 200 * 201 * 2], ids=["block stored", "no room"])
+def test_grown_gram_reuses_kept_rows_and_equals_a_fresh_matrix(cache, monkeypatch):
+    monkeypatch.setattr("solvers._gram._MIN_BLOCK_ROWS", 1)
+    rng = np.random.default_rng(11)
+    spec = KernelSpec("rbf", 0.4, 3, 1.0)
+    X0, ids0 = rng.random((200, 7)), np.arange(200)
+    G0 = GramMatrix(X0, spec, cache_bytes=cache, ids=ids0)
+    # the next data set: 4 rows gone, 3 with changed features, 12 new ids, shuffled
+    X1, ids1 = X0[4:].copy(), ids0[4:].copy()
+    X1[:3] += 0.5
+    X1 = np.vstack([X1, rng.random((12, 7))])
+    ids1 = np.concatenate([ids1, 1000 + np.arange(12)])
+    perm = rng.permutation(len(ids1))
+    X1, ids1 = X1[perm], ids1[perm]
+    G1 = G0.grown(X1, ids1, cache_bytes=cache)
+    assert G1 is not None and G1.n_reused == 196 - 3 and G1.n == 208
+    assert (G1.n_cached == 200 + 15) == (cache == 1e9)  # the appended block stored or not
+    v = rng.normal(size=208)
+    np.testing.assert_allclose(G1.matvec(v), _rbf(X1, 0.4) @ v, rtol=1e-5, atol=1e-4)
+    # grown twice: the second block goes on top of the first
+    X2, ids2 = np.vstack([X1, rng.random((5, 7))]), np.concatenate([ids1, [2000, 2001, 2002,
+                                                                          2003, 2004]])
+    G2 = G1.grown(X2, ids2, cache_bytes=cache)
+    assert G2.n_reused == 208 and G2.n_grown == 2
+    v = rng.normal(size=213)
+    np.testing.assert_allclose(G2.matvec(v), _rbf(X2, 0.4) @ v, rtol=1e-5, atol=1e-4)
+
+
+def test_grown_gram_refuses_when_reuse_does_not_pay():
+    rng = np.random.default_rng(12)
+    spec = KernelSpec("rbf", 0.4, 3, 1.0)
+    X, ids = rng.random((100, 3)), np.arange(100)
+    G = GramMatrix(X, spec, cache_bytes=1e9, ids=ids)
+    assert G.grown(X[20:], ids[20:], 1e9) is None            # 20% of the slots dead
+    assert G.grown(X, ids + 500, 1e9) is None                # nothing in common
+    assert G.grown(X, ids.astype(str), 1e9) is None          # other kind of ids
+    assert G.grown(X[:, :2], ids, 1e9) is None               # other features
+    linear = GramMatrix(X, KernelSpec("linear", 1.0, 3, 0.0), cache_bytes=1e9, ids=ids)
+    assert linear.factored and linear.grown(X, ids, 1e9) is None
+
+
+def test_refit_of_the_same_estimator_reuses_q_and_finds_the_cold_solution(tmp_path):
+    X, y, query = _ranking_data(seed=16, n_queries=40)
+    ids = np.arange(len(y)) * 7
+    old = np.arange(len(y)) % 50 != 0  # 2% of the judgments arrive later
+    model = KernelRankSVM(C=1.0, tol=1e-5).fit(X[old], y[old], query[old], ids=ids[old])
+    n_old = model._gram.n
+    model.fit(X, y, query, ids=ids, warm_start=model.warm_state())
+    assert model._gram.n_reused == n_old and model._gram.n_grown == 1
+    cold = KernelRankSVM(C=1.0, tol=1e-5, keep_gram=False).fit(X, y, query, ids=ids)
+    assert cold._gram is None
+    np.testing.assert_allclose(model.decision_function(X), cold.decision_function(X),
+                               rtol=1e-3, atol=1e-3)
+    assert model.objective_ == pytest.approx(cold.objective_, rel=1e-4)
+    # other kernel parameters: a fresh Q; the saved model carries no Q
+    model.set_params(gamma=0.5).fit(X, y, query, ids=ids)
+    assert model._gram.n_reused == 0
+    model.save(tmp_path / "m")
+    assert getattr(KernelRankSVM.load(tmp_path / "m"), "_gram", None) is None
+
+
 def test_linear_kernel_products_are_factored_and_exact():
     rng = np.random.default_rng(6)
     X = rng.random((100, 4))
