@@ -9,7 +9,7 @@ run's artifact inside, ``artifact/``, so the last published model can be publish
 it appears whole or not at all, and it is never used as a warm start otherwise. Run ids sort by
 time. A checkpoint that cannot warm-start its model (unreadable, another model's, another
 algorithm's, or incompatible with a changed config) is set aside to ``.set-aside/`` with a
-warning, and the run trains cold.
+warning, and the run trains cold; pruning keeps the newest few of each.
 """
 
 from __future__ import annotations
@@ -116,13 +116,22 @@ def latest_checkpoint(root, model: str, *, algorithm: str | None = None) -> Chec
 
 
 def prune_checkpoints(root, model: str, keep: int = 3) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (and leftovers of interrupted writes; set
-    aside checkpoints stay); returns what was removed."""
-    removed = run_dirs(root, model)[:-keep] if keep > 0 else run_dirs(root, model)
+    """Delete all but the newest ``keep`` checkpoints, all but the newest ``keep`` set-aside
+    ones (kept for a person to look at, but a config that changes every run must not fill the
+    disk), and leftovers of interrupted writes; returns what was removed."""
     model_dir = Path(root) / model
+    removed = _all_but_newest(run_dirs(root, model), keep)
     if model_dir.is_dir():
+        aside = model_dir / ".set-aside"
+        if aside.is_dir():
+            removed += _all_but_newest(sorted(p for p in aside.iterdir() if p.is_dir()), keep)
         removed += [p for p in model_dir.iterdir()
                     if p.name.startswith(".") and p.name.endswith((".tmp", ".old"))]
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+def _all_but_newest(paths: list[Path], keep: int) -> list[Path]:
+    """``paths`` (oldest first) but the last ``keep``."""
+    return paths[:-keep] if keep > 0 else list(paths)

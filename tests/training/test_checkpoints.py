@@ -52,6 +52,18 @@ def test_checkpoint_round_trip_and_latest(tmp_path):
     assert [p.name for p in (tmp_path / "m").iterdir()] != []
 
 
+def test_pruning_also_bounds_the_set_aside_checkpoints(tmp_path):
+    aside = tmp_path / "m" / ".set-aside"
+    for i in range(5):
+        (aside / f"run{i}").mkdir(parents=True)
+    write_checkpoint(tmp_path / "m" / "run9", arrays={"x": np.ones(1)},
+                     manifest={"model": "m", "algorithm": "altsvm"})
+    removed = prune_checkpoints(tmp_path, "m", keep=2)
+    assert sorted(p.name for p in removed) == ["run0", "run1", "run2"]
+    assert sorted(p.name for p in aside.iterdir()) == ["run3", "run4"]
+    assert (tmp_path / "m" / "run9").is_dir()
+
+
 def test_corrupt_checkpoint_warns_and_falls_back(tmp_path):
     write_checkpoint(tmp_path / "m" / "run1", arrays={"x": np.ones(3)},
                      manifest={"model": "m", "algorithm": "altsvm"})
