@@ -190,6 +190,32 @@ def altsvm_path(train, n_users, n_items, p, score):
     return [(pt["ratio"], pt["score"]) for pt in m.path_]
 
 
+def shipped_movies_model() -> Model:
+    """The ``movies`` config of dags/models.toml as the pipeline trains it: its comparisons,
+    rank and item bias, λ chosen along the trainer's own path (``PATH_RATIOS`` of
+    pipeline/training/trainers/altsvm.py) on the same validation split as every model here."""
+    import tomllib
+
+    from pipeline.training.trainers.altsvm import PATH_RATIOS as TRAINER_RATIOS
+
+    cfg = tomllib.loads((REPO / "dags" / "models.toml").read_text())["models"]["movies"]
+    params = cfg["params"]
+    ratios = tuple(float(r) for r in TRAINER_RATIOS)
+    grid = {"comparisons": (params.get("comparisons", "implicit"),),
+            "rank": (int(params["rank"]),),
+            "per_interaction": (int(params.get("implicit_per_item", 10)),),
+            "sampling": (params.get("implicit_sampling", "uniform"),),
+            "max_pairs_per_user": (params.get("max_pairs_per_user"),),
+            "reg_ratio": ratios}
+
+    def path(train, n_users, n_items, p, score):
+        m = _altsvm(p).fit_path(comparisons(train, n_items, p), n_users=n_users,
+                                n_items=n_items, score=lambda model: score(_altsvm_scores(model)),
+                                ratios=ratios)
+        return [(pt["ratio"], pt["score"]) for pt in m.path_]
+    return Model("AltSVM movies cfg", altsvm_fit, grid, "reg_ratio", path)
+
+
 def topk_models() -> list[Model]:
     """The models of protocol (a) and their grids. Grid ranges come from scouting runs on split
     0's validation part (wider grids, 100-400 epochs): ALS's optimum is a ridge from (alpha 1,
@@ -226,6 +252,7 @@ def topk_models() -> list[Model]:
                   {"comparisons": ("mixed",), "rank": (10, 50), "per_interaction": (3, 10),
                    "max_pairs_per_user": (300,), "reg_ratio": PATH_RATIOS},
                   "reg_ratio", altsvm_path),
+            shipped_movies_model(),
         ]
     return models
 
