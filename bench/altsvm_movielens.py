@@ -155,13 +155,15 @@ def _implicit_path(kind, iterations):
 
 def comparisons(train, n_items, p):
     """AltSVM's input: implicit ("a rated item beats a sampled unrated one", per_interaction
-    per rating), explicit (within-user pairs of different ratings, at most max_pairs_per_user
+    per rating, or per_user per user; only ratings >= min_rating win), explicit (within-user pairs of different ratings, at most max_pairs_per_user
     per user) or both."""
     parts = []
     if p["comparisons"] in ("implicit", "mixed"):
         parts.append(pairs_module.implicit_comparisons(
             train.users, train.items, n_items, per_interaction=p["per_interaction"],
-            sampling=p.get("sampling", "uniform"), random_state=p["seed"]))
+            sampling=p.get("sampling", "uniform"), random_state=p["seed"],
+            positive=train.ratings >= p.get("min_rating", 0.0),
+            per_user=p.get("per_user") or None))
     if p["comparisons"] in ("explicit", "mixed"):
         parts.append(pairs_from_ratings(train.users, train.items, train.ratings,
                                         max_pairs_per_user=p.get("max_pairs_per_user"),
@@ -204,6 +206,8 @@ def shipped_movies_model() -> Model:
     grid = {"comparisons": (params.get("comparisons", "implicit"),),
             "rank": (int(params["rank"]),),
             "per_interaction": (int(params.get("implicit_per_item", 10)),),
+            "per_user": (int(params.get("implicit_per_user", 0)),),
+            "min_rating": (float(params.get("implicit_min_rating", 0.0)),),
             "sampling": (params.get("implicit_sampling", "uniform"),),
             "max_pairs_per_user": (params.get("max_pairs_per_user"),),
             "reg_ratio": ratios}

@@ -110,17 +110,17 @@ def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
 
 
 @njit(cache=True, parallel=True)
-def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf, seed, out,
-                  ok):
-    """Row ``(start of interaction x) * per + k`` = (user, item of x, sampled item j) for the
-    k-th comparison of interaction x of group g; ``ok`` marks the rows where a j was found.
+def fill_implicit(starts, user, item, seen_items, seen_lo, seen_hi, per, offsets, n_items, cdf,
+                  seed, out, ok):
+    """Rows ``offsets[x] + k``, k < ``per[g]``, = (user, item of x, sampled item j) for the
+    comparisons of winner x of group g (``starts[g]:starts[g+1]``); ``ok`` marks the rows where
+    a j was found.
 
-    ``seen_items[seen_starts[g]:seen_starts[g+1]]`` (sorted) are the items user group g met:
-    they are never sampled. ``cdf`` (increasing, ending at 1) samples by popularity; an empty
-    ``cdf`` samples uniformly, by rejection from the next power of two >= n_items (h mod
-    n_items would move almost every sample when one item is added; with rejection, a catalog
-    that grows by a fraction f moves about a fraction f of them, until n_items passes a power
-    of two).
+    ``seen_items[seen_lo[g]:seen_hi[g]]`` (sorted) are the items user group g met: they are
+    never sampled. ``cdf`` (increasing, ending at 1) samples by popularity; an empty ``cdf``
+    samples uniformly, by rejection from the next power of two >= n_items (h mod n_items would
+    move almost every sample when one item is added; with rejection, a catalog that grows by a
+    fraction f moves about a fraction f of them, until n_items passes a power of two).
     """
     n_groups = starts.shape[0] - 1
     scale = 1.0 / 18446744073709551616.0
@@ -129,10 +129,10 @@ def fill_implicit(starts, user, item, seen_starts, seen_items, per, n_items, cdf
         span = span * np.uint64(2)
     mask = span - np.uint64(1)
     for g in prange(n_groups):
-        met = seen_items[seen_starts[g]:seen_starts[g + 1]]
+        met = seen_items[seen_lo[g]:seen_hi[g]]
         for x in range(starts[g], starts[g + 1]):
-            for k in range(per):
-                row = x * per + k
+            for k in range(per[g]):
+                row = offsets[x] + k
                 out[row, 0] = user[x]
                 out[row, 1] = item[x]
                 ok[row] = False

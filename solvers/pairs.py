@@ -144,13 +144,15 @@ def _seed(random_state) -> int:
 
 
 def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="uniform",
-                         max_per_user=None, random_state=None) -> np.ndarray:
+                         max_per_user=None, random_state=None, *, positive=None,
+                         per_user=None) -> np.ndarray:
     """Comparisons "the user met item i, so i beats an item j the user never met".
 
-    For every interaction (u, i), ``per_interaction`` items j are sampled among the items u did
-    not meet (uniformly, or in proportion to how many users met them: ``"popularity"``, which
-    makes popular items the harder negatives). Each sample depends only on (seed, u, i, k) and
-    u's items, so the comparisons are stable as data grows (a warm start keeps their duals).
+    For every interaction (u, i) that is ``positive``, ``per_interaction`` items j are sampled
+    among the items u did not meet (uniformly, or in proportion to how many users met them:
+    ``"popularity"``, which makes popular items the harder negatives). Each sample depends only
+    on (seed, u, i, k) and u's items, so the comparisons are stable as data grows (a warm start
+    keeps their duals).
 
     Parameters
     ----------
@@ -159,11 +161,21 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     n_items : int
         Size of the item id space to sample from.
     per_interaction : int
-        Comparisons per interaction.
+        Comparisons per positive interaction (unless ``per_user`` is given).
     sampling : {"uniform", "popularity"}
     max_per_user : int or None
         Keep at most this many comparisons per user (those of smallest hash: stable too).
     random_state : int, numpy.random.Generator or None
+    positive : array-like of bool, shape (n,), optional
+        Which interactions are winners (e.g. ratings >= 4); the others are met, so never
+        sampled as losers, but win nothing. Default: all. A repeated pair is positive when
+        any of its rows is.
+    per_user : int or None
+        Give every user with a positive interaction ``per_user`` comparisons in all, spread
+        evenly over their positives (ceil(per_user / positives) samples each, then the
+        ``per_user`` of smallest hash), instead of ``per_interaction`` per positive: each user
+        weighs the same in the loss, as each weighs the same in a per-user metric. Stable as
+        data grows: a user's new positive moves only the samples whose hash crosses the cut.
 
     Returns
     -------
@@ -178,6 +190,10 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     ...                          random_state=0)
     >>> c.shape, bool((c[:, 1] != c[:, 2]).all())
     ((6, 3), True)
+    >>> c = implicit_comparisons([0, 0, 1], [0, 1, 2], n_items=5, per_user=3,
+    ...                          positive=[True, False, True], random_state=0)
+    >>> c[:, :2].tolist()
+    [[0, 0], [0, 0], [0, 0], [1, 2], [1, 2], [1, 2]]
     """
     users, items = as_ids("users", users), as_ids("items", items)
     if users.shape != items.shape:
@@ -186,35 +202,62 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     n_items = int(n_items)
     if items.size and items.max() >= n_items:
         raise ValueError(f"items holds {int(items.max())}, but n_items is {n_items}")
-    if int(per_interaction) != per_interaction or per_interaction < 1:
-        raise ValueError(f"per_interaction is {per_interaction!r}, expected an integer >= 1")
+    for name, value in (("per_interaction", per_interaction), ("per_user", per_user)):
+        if value is not None and (int(value) != value or value < 1):
+            raise ValueError(f"{name} is {value!r}, expected an integer >= 1")
     check_choice("sampling", sampling, ("uniform", "popularity"))
+    if positive is not None:
+        positive = np.asarray(positive)
+        if positive.shape != users.shape or positive.dtype != np.bool_:
+            raise ValueError(f"positive has shape {positive.shape} and dtype {positive.dtype}; "
+                             f"expected booleans of shape {users.shape}")
     if users.size == 0:
         return np.empty((0, 3), dtype=np.int64)
     from solvers._pairs_kernels import fill_implicit, keep_smallest_per_group
 
     # distinct (user, item) pairs by user, then item, as one int64 key (items < n_items);
     # sort + mask: np.unique of rows, or numpy 2.4's hashing np.unique, take 10-15x longer
-    key = np.sort(users.astype(np.int64) * n_items + items)
-    key = key[np.r_[True, key[1:] != key[:-1]]]
-    u, i = key // n_items, key % n_items
-    starts = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)].astype(np.int64)
+    key = users.astype(np.int64) * n_items + items
+    if positive is None:
+        key = np.sort(key)
+        first = np.r_[True, key[1:] != key[:-1]]
+        key, wins = key[first], np.ones(int(first.sum()), dtype=bool)
+    else:
+        order = np.argsort(key, kind="stable")
+        key, positive = key[order], positive[order]
+        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        key, wins = key[first], np.logical_or.reduceat(positive, first)
+    u, i = key // n_items, key % n_items                 # met pairs, by user then item
+    met_starts = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)].astype(np.int64)
+    met_users = u[met_starts[:-1]]
+    wu, wi = u[wins], i[wins]                             # winners, by user
+    if wu.size == 0:
+        return np.empty((0, 3), dtype=np.int64)
+    starts = np.r_[0, np.flatnonzero(wu[1:] != wu[:-1]) + 1, len(wu)].astype(np.int64)
+    group = np.searchsorted(met_users, wu[starts[:-1]])   # each winner group's met range
+    n_pos = np.diff(starts)
+    if per_user is None:
+        per = np.full(n_pos.size, int(per_interaction), dtype=np.int64)
+    else:
+        per = -(-int(per_user) // n_pos)                  # ceil(per_user / positives)
+    offsets = np.r_[0, np.cumsum(np.repeat(per, n_pos))].astype(np.int64)
     cdf = np.zeros(0)
     if sampling == "popularity":
         counts = np.bincount(i, minlength=n_items).astype(np.float64) + 1.0
         cdf = np.cumsum(counts / counts.sum())
         cdf[-1] = 1.0
-    per = int(per_interaction)
-    out = np.empty((len(u) * per, 3), np.int64)
-    ok = np.empty(len(u) * per, np.bool_)
+    out = np.empty((int(offsets[-1]), 3), np.int64)
+    ok = np.empty(int(offsets[-1]), np.bool_)
     seed = _seed(random_state)
-    fill_implicit(starts, u, i, starts, i, per, n_items, cdf, seed, out, ok)
+    fill_implicit(starts, wu, wi, i, met_starts[group], met_starts[group + 1], per, offsets,
+                  n_items, cdf, seed, out, ok)
     out = out[ok]
-    if max_per_user is not None:   # the rows are grouped by user: keep each user's smallest
+    caps = [c for c in (per_user, max_per_user) if c is not None]
+    if caps:   # the rows are grouped by user: keep each user's smallest hashes
         user_starts = np.r_[0, np.flatnonzero(out[1:, 0] != out[:-1, 0]) + 1, len(out)]
         keep = np.empty(len(out), np.bool_)
         keep_smallest_per_group(user_starts.astype(np.int64), _row_hashes(out, seed ^ 1),
-                                int(max_per_user), keep)
+                                int(min(caps)), keep)
         out = out[keep]
     return out
 

@@ -50,8 +50,9 @@ def _models():
 
     specs = {
         "movies": {"algorithm": "altsvm", "kinds": ["rating"],
-                   "params": {"rank": 10, "item_bias": True, "comparisons": "mixed",
-                              "max_pairs_per_user": 500, "random_state": 0},
+                   "params": {"rank": 10, "item_bias": True, "comparisons": "implicit",
+                              "implicit_per_user": 500, "implicit_min_rating": 4.0,
+                              "random_state": 0},
                    "evaluation": {"holdout": 5},
                    "gate": {"tolerance": 0.01}, "publish": {"top_k": 50}},
         "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},

@@ -141,6 +141,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                   items: IdMap | None = None, split: str = "per_user_last", holdout: int = 5,
                   fraction: float = 0.2, min_train: int = 5, comparisons: str = "implicit",
                   implicit_per_item: int = 10, implicit_sampling: str = "uniform",
+                  implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
                   max_pairs_per_user: int | None = None, seed: int = 0) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
@@ -153,9 +154,11 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
 
     Comparisons (``comparisons``): ``"explicit"``, within-user pairs of TRAIN ratings with
     different ratings (plus comparison events); ``"implicit"``, "the user met item i, so i
-    beats a sampled item the user never met", ``implicit_per_item`` per met row
+    beats a sampled item the user never met", ``implicit_per_item`` per met row, or
+    ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
-    popularity); ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a
+    popularity); only rows rated at least ``implicit_min_rating`` (and interactions) win, the
+    others are met and never sampled as losers; ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a
     stable hash, and the stats say how many were dropped.
     """
     from solvers.pairs import implicit_comparisons, pairs_from_ratings
@@ -206,10 +209,14 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
             dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
             made += [pairs, explicit]
         if comparisons in ("implicit", "mixed"):
+            wins = ~(r[rows] < implicit_min_rating)          # NaN (an interaction) wins
             imp = implicit_comparisons(u[rows], i[rows], max(n_items, 1), implicit_per_item,
                                        implicit_sampling, max_per_user=max_pairs_per_user,
-                                       random_state=seed)
-            dropped["implicit"] = len(rows) * implicit_per_item - len(imp)
+                                       random_state=seed, positive=wins,
+                                       per_user=implicit_per_user or None)
+            asked = (len(np.unique(u[rows][wins])) * implicit_per_user if implicit_per_user
+                     else int(wins.sum()) * implicit_per_item)
+            dropped["implicit"] = asked - len(imp)
             made.append(imp)
         return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
 

@@ -178,6 +178,38 @@ def test_implicit_comparisons_sample_unmet_items_stably():
     assert set(map(tuple, capped.tolist())) <= set(map(tuple, c.tolist()))
 
 
+def test_implicit_comparisons_per_user_budget_and_positives():
+    rng = np.random.default_rng(4)
+    users = np.r_[np.zeros(3, int), np.ones(40, int), np.full(8, 2)]
+    items = np.r_[rng.choice(200, 3, replace=False), rng.choice(200, 40, replace=False),
+                  rng.choice(200, 8, replace=False)]
+    positive = np.ones(len(users), bool)
+    positive[users == 2] = False            # user 2 met items but likes none
+    positive[np.flatnonzero(users == 1)[:10]] = False
+    c = implicit_comparisons(users, items, 200, per_user=30, positive=positive,
+                             random_state=3)
+    # every user with a positive gets the same budget, however many positives they have
+    assert np.bincount(c[:, 0], minlength=3).tolist() == [30, 30, 0]
+    met = set(zip(users.tolist(), items.tolist()))
+    pos = set(zip(users[positive].tolist(), items[positive].tolist()))
+    assert all((u, w) in pos for u, w, _ in c.tolist())           # winners: positives only
+    assert not any((u, j) in met for u, _, j in c.tolist())       # losers: never met
+    # user 0's 3 positives share its 30 evenly; user 1's 30 spread over its 30 positives
+    assert np.bincount(np.unique(c[c[:, 0] == 0, 1], return_inverse=True)[1]).min() == 10
+    assert len(np.unique(c[c[:, 0] == 1, 1])) >= 15
+    # a new positive for user 1 keeps most of its comparisons (stable hashes)
+    new_item = np.setdiff1d(np.arange(200), items)[0]
+    grown = implicit_comparisons(np.r_[users, 1], np.r_[items, new_item], 200, per_user=30,
+                                 positive=np.r_[positive, True], random_state=3)
+    old1 = set(map(tuple, c[c[:, 0] == 1].tolist()))
+    new1 = set(map(tuple, grown[grown[:, 0] == 1].tolist()))
+    assert len(old1 & new1) >= 0.8 * len(old1)
+    with pytest.raises(ValueError, match="positive has shape"):
+        implicit_comparisons(users, items, 200, positive=positive[:-1])
+    with pytest.raises(ValueError, match="per_user is 0"):
+        implicit_comparisons(users, items, 200, per_user=0)
+
+
 def test_popularity_sampling_prefers_popular_items():
     rng = np.random.default_rng(5)
     items = np.minimum(rng.zipf(1.6, 5000), 300) - 1

@@ -38,6 +38,8 @@ class AltSVMTrainer(Trainer):
             fraction=float(ev["fraction"]), min_train=int(ev["min_train"]),
             comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
             implicit_sampling=param("implicit_sampling"),
+            implicit_per_user=int(param("implicit_per_user")),
+            implicit_min_rating=float(param("implicit_min_rating")),
             max_pairs_per_user=param("max_pairs_per_user") or None, seed=int(ev["seed"]))
         arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
                   "comparisons": data.comparisons, "path_comparisons": data.path_comparisons,
