@@ -5,8 +5,8 @@ each user's test items, gains 2^r - 1); the other ratings arrive in time order. 
 first 90% of them, then add 2% at a time for 5 rounds; each round fits cold and warm-started
 from the previous round's warm fit, on the same comparisons, and prints time, iterations,
 objective and NDCG@10 of both. The comparisons and parameters are the shipped ``movies``
-config's (implicit comparisons, item bias, λ per comparison kept from the first round, as the
-trainer does on warm runs), or with ``--altsvm explicit`` all within-user pairs at reg 1000.
+config's, read from dags/models.toml (implicit comparisons, rank, item bias; λ per comparison
+kept from the first round, as the trainer does on warm runs), or with ``--altsvm explicit`` all within-user pairs at reg 1000.
 TopPush, w8a: train on 90% of the training split, then add 2% chunks of instances; cold vs
 warm, Pos@Top on the test split.
 
@@ -49,10 +49,25 @@ def timed(fit, repeats):
     return statistics.median(times), model
 
 
-def altsvm_stream(repeats, params, implicit=False, reg_ratio=0.3):
-    """With ``implicit``, the shipped ``movies`` config: implicit comparisons (each rated item
-    beats 10 sampled unrated ones), item bias, and λ per comparison fixed at the first round
-    (``reg_ratio`` · reg_max there), as the trainer keeps the last path's λ on warm runs."""
+def shipped_movies() -> tuple[dict, dict]:
+    """The ``movies`` config of dags/models.toml: (AltSVM params, implicit comparison params)."""
+    import tomllib
+
+    params = dict(tomllib.loads((REPO / "dags" / "models.toml").read_text())
+                  ["models"]["movies"]["params"])
+    implicit = {"per_interaction": int(params.pop("implicit_per_item", 10)),
+                "per_user": int(params.pop("implicit_per_user", 0)) or None,
+                "min_rating": float(params.pop("implicit_min_rating", 0.0))}
+    for key in ("comparisons", "implicit_sampling", "max_pairs_per_user", "reg_path"):
+        params.pop(key, None)
+    return params, implicit
+
+
+def altsvm_stream(repeats, params, implicit=None, reg_ratio=0.3):
+    """With ``implicit`` (``shipped_movies()``'s comparison params), the shipped ``movies``
+    config: implicit comparisons, its rank and item bias, and λ per comparison fixed at the
+    first round (``reg_ratio`` · reg_max there), as the trainer keeps the last path's λ on warm
+    runs."""
     d = np.loadtxt(DATA / "movielens-100k" / "u.data", dtype=np.int64)
     users, items, ratings, ts = d[:, 0] - 1, d[:, 1] - 1, d[:, 2].astype(float), d[:, 3]
     n_users, n_items = users.max() + 1, items.max() + 1
@@ -63,7 +78,7 @@ def altsvm_stream(repeats, params, implicit=False, reg_ratio=0.3):
     def ndcg(model):
         return ndcg_at_k(tu, tr, model.predict(tu, ti), k=10)
 
-    what = (f"implicit comparisons, 10 per rating, λ = {reg_ratio} reg_max of round 0 per "
+    what = (f"implicit comparisons {implicit}, λ = {reg_ratio} reg_max of round 0 per "
             f"comparison, {params}" if implicit else f"all within-user pairs, {params}")
     print(f"\nAltSVM on MovieLens 100K as a stream ({what}); medians of {repeats} fits. "
           f"Cold fits use random_state 0..{repeats - 1}: 'ndcg c' is their mean and 'sd' their "
@@ -77,7 +92,10 @@ def altsvm_stream(repeats, params, implicit=False, reg_ratio=0.3):
     for rnd, frac in enumerate([0.90, 0.92, 0.94, 0.96, 0.98, 1.00]):
         rows = stream[:int(len(stream) * frac)]
         if implicit:
-            comps = implicit_comparisons(users[rows], items[rows], n_items, per_interaction=10,
+            comps = implicit_comparisons(users[rows], items[rows], n_items,
+                                         per_interaction=implicit["per_interaction"],
+                                         per_user=implicit["per_user"],
+                                         positive=ratings[rows] >= implicit["min_rating"],
                                          random_state=0)
             if rnd == 0:
                 reg_per = reg_ratio * AltSVM(**params).reg_max(comps, n_users, n_items) \
@@ -186,8 +204,8 @@ def main():
     print(f"machine: {os.cpu_count()} cores, load average {load1:.2f} (1 min) {load5:.2f} (5 min)")
     AltSVM(rank=2, max_iter=1).fit(np.array([[0, 0, 1]]))   # JIT outside the timings
     if args.altsvm in ("shipped", "both"):
-        altsvm_stream(args.repeats, dict(rank=10, item_bias=True, max_iter=50, random_state=0),
-                      implicit=True)
+        params, implicit = shipped_movies()
+        altsvm_stream(args.repeats, params, implicit=implicit)
     if args.altsvm in ("explicit", "both"):
         altsvm_stream(args.repeats, dict(rank=10, reg=1000.0, random_state=0))
     toppush_stream(args.repeats)

@@ -128,6 +128,35 @@ def loss_value(loss, z):
 
 
 @njit(cache=True)
+def loss_slope(loss, z):
+    """L'(z) (≤ 0) for loss code ``loss`` (the hinge's subgradient −1 below 1)."""
+    if loss == SQUARED_HINGE:
+        m = 1.0 - z
+        return -2.0 * m if m > 0.0 else 0.0
+    if loss == HINGE:
+        return -1.0 if z < 1.0 else 0.0
+    return -_sigmoid(-z)
+
+
+@njit(cache=True, fastmath=_FAST)
+def bias_objective(b, winner, loser, count, loss, reg, grad):
+    """Σ_p count_p L(b_w − b_l) + reg/2 ‖b‖² over distinct (winner, loser) pairs p; its
+    gradient goes to ``grad`` (one pass; numpy's gather, bincount and temporaries took 10x)."""
+    value = 0.0
+    for j in range(b.shape[0]):
+        grad[j] = reg * b[j]
+        value += 0.5 * reg * b[j] * b[j]
+    for p in range(winner.shape[0]):
+        w, lo = winner[p], loser[p]
+        z = b[w] - b[lo]
+        value += count[p] * loss_value(loss, z)
+        d = count[p] * loss_slope(loss, z)
+        grad[w] += d
+        grad[lo] -= d
+    return value
+
+
+@njit(cache=True)
 def _sigmoid(t):
     if t >= 0.0:
         return 1.0 / (1.0 + math.exp(-t))
