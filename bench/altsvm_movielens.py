@@ -155,8 +155,8 @@ def _implicit_path(kind, iterations):
 
 def comparisons(train, n_items, p):
     """AltSVM's input: implicit ("a rated item beats a sampled unrated one", per_interaction
-    per rating, or per_user per user; only ratings >= min_rating win), explicit (within-user pairs of different ratings, at most max_pairs_per_user
-    per user) or both."""
+    per rating, or per_user per user; only ratings >= min_rating win), explicit (within-user
+    pairs of different ratings, at most max_pairs_per_user per user) or both."""
     parts = []
     if p["comparisons"] in ("implicit", "mixed"):
         parts.append(pairs_module.implicit_comparisons(

@@ -6,7 +6,8 @@ first 90% of them, then add 2% at a time for 5 rounds; each round fits cold and 
 from the previous round's warm fit, on the same comparisons, and prints time, iterations,
 objective and NDCG@10 of both. The comparisons and parameters are the shipped ``movies``
 config's, read from dags/models.toml (implicit comparisons, rank, item bias; λ per comparison
-kept from the first round, as the trainer does on warm runs), or with ``--altsvm explicit`` all within-user pairs at reg 1000.
+kept from the first round, as the trainer does on warm runs), or with ``--altsvm explicit``
+all within-user pairs at reg 1000.
 TopPush, w8a: train on 90% of the training split, then add 2% chunks of instances; cold vs
 warm, Pos@Top on the test split.
 

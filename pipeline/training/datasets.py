@@ -158,8 +158,8 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
     popularity); only rows rated at least ``implicit_min_rating`` (and interactions) win, the
-    others are met and never sampled as losers; ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a
-    stable hash, and the stats say how many were dropped.
+    others are met and never sampled as losers; ``"mixed"``, both. ``max_pairs_per_user``
+    caps each kind per user, by a stable hash, and the stats say how many were dropped.
     """
     from solvers.pairs import implicit_comparisons, pairs_from_ratings
 
