@@ -33,7 +33,7 @@ from solvers._base import (
     numba_threads,
     rng_of,
 )
-from solvers.pairs import as_ids, pairs_from_ratings
+from solvers.pairs import as_ids, implicit_comparisons, pairs_from_ratings
 from solvers.topk import user_topk_blocks
 
 __all__ = ["AltSVM", "CollapseWarning"]
@@ -620,9 +620,10 @@ class AltSVM(Estimator):
     @classmethod
     def warm_up(cls, n_threads=None) -> float:
         """Compile, or load from numba's disk cache, every AltSVM kernel (serial and parallel,
-        the warm start's dual join, fold-in, top-K and the pair kernels of
-        :func:`solvers.pairs_from_ratings`); returns the seconds. Call it at service start so
-        the first real fit does not pay the compile.
+        the warm start's dual join, fold-in, top-K, reg_max and the pair kernels of
+        :func:`solvers.pairs_from_ratings` and :func:`solvers.pairs.implicit_comparisons`);
+        returns the seconds. Call it at service start so the first real fit does not pay the
+        compile.
 
         Examples
         --------
@@ -645,8 +646,13 @@ class AltSVM(Estimator):
             m.fold_in(c[:5, 1:], max_epochs=10)
             m.recommend([0, 1], k=3)
             _ = m.reg_max_  # the layout kernels on the model's own int32 columns
+            for loss in ("squared_hinge", "logistic"):  # the bias-only fit of reg_max
+                cls(item_bias=True, loss=loss, n_threads=t).reg_max(c)
         ratings = rng.integers(1, 6, 40).astype(float)
+        users, items = np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4)
         for cap, strategy in ((None, "random"), (3, "random"), (3, "largest_gap")):
-            pairs_from_ratings(np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4), ratings,
-                               max_pairs_per_user=cap, strategy=strategy, random_state=0)
+            pairs_from_ratings(users, items, ratings, max_pairs_per_user=cap, strategy=strategy,
+                               random_state=0)
+        implicit_comparisons(users, items, 12, per_user=5, positive=ratings >= 3,
+                             max_per_user=4, random_state=0)
         return time.perf_counter() - t0
