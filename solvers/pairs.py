@@ -68,6 +68,13 @@ def _group_starts(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, starts[run_of]
 
 
+def _run_bounds(sorted_keys: np.ndarray) -> np.ndarray:
+    """Boundaries of the runs of equal values in a sorted array: run g is
+    ``bounds[g]:bounds[g + 1]`` (int64, ending with the length)."""
+    n = sorted_keys.shape[0]
+    return np.r_[0, np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1, n].astype(np.int64)
+
+
 def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy="random",
                        random_state=None) -> np.ndarray:
     """Within-user comparisons (user, winner, loser) from explicit ratings.
@@ -129,7 +136,7 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
 
     order = np.argsort(users, kind="stable")  # by user, then input position
     u_s, i_s, r_s = users[order], items[order], ratings[order]
-    starts = np.r_[0, np.flatnonzero(u_s[1:] != u_s[:-1]) + 1, n].astype(np.int64)
+    starts = _run_bounds(u_s)
     counts = count_pairs(starts, r_s)
     cap = -1 if max_pairs_per_user is None else max_pairs_per_user
     size = int(counts.sum() if cap < 0 else np.minimum(counts, cap).sum())
@@ -218,22 +225,19 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     # distinct (user, item) pairs by user, then item, as one int64 key (items < n_items);
     # sort + mask: np.unique of rows, or numpy 2.4's hashing np.unique, take 10-15x longer
     key = users.astype(np.int64) * n_items + items
-    if positive is None:
-        key = np.sort(key)
-        first = np.r_[True, key[1:] != key[:-1]]
-        key, wins = key[first], np.ones(int(first.sum()), dtype=bool)
-    else:
-        order = np.argsort(key, kind="stable")
-        key, positive = key[order], positive[order]
-        first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        key, wins = key[first], np.logical_or.reduceat(positive, first)
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = _run_bounds(key)[:-1]
+    wins = (np.ones(first.size, dtype=bool) if positive is None
+            else np.logical_or.reduceat(positive[order], first))
+    key = key[first]
     u, i = key // n_items, key % n_items                 # met pairs, by user then item
-    met_starts = np.r_[0, np.flatnonzero(u[1:] != u[:-1]) + 1, len(u)].astype(np.int64)
+    met_starts = _run_bounds(u)
     met_users = u[met_starts[:-1]]
     wu, wi = u[wins], i[wins]                             # winners, by user
     if wu.size == 0:
         return np.empty((0, 3), dtype=np.int64)
-    starts = np.r_[0, np.flatnonzero(wu[1:] != wu[:-1]) + 1, len(wu)].astype(np.int64)
+    starts = _run_bounds(wu)
     group = np.searchsorted(met_users, wu[starts[:-1]])   # each winner group's met range
     n_pos = np.diff(starts)
     if per_user is None:
@@ -254,9 +258,8 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     out = out[ok]
     caps = [c for c in (per_user, max_per_user) if c is not None]
     if caps:   # the rows are grouped by user: keep each user's smallest hashes
-        user_starts = np.r_[0, np.flatnonzero(out[1:, 0] != out[:-1, 0]) + 1, len(out)]
         keep = np.empty(len(out), np.bool_)
-        keep_smallest_per_group(user_starts.astype(np.int64), _row_hashes(out, seed ^ 1),
+        keep_smallest_per_group(_run_bounds(out[:, 0]), _row_hashes(out, seed ^ 1),
                                 int(min(caps)), keep)
         out = out[keep]
     return out

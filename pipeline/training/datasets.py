@@ -214,8 +214,8 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                                        implicit_sampling, max_per_user=max_pairs_per_user,
                                        random_state=seed, positive=wins,
                                        per_user=implicit_per_user or None)
-            asked = (len(np.unique(u[rows][wins])) * implicit_per_user if implicit_per_user
-                     else int(wins.sum()) * implicit_per_item)
+            asked = (np.count_nonzero(np.bincount(u[rows][wins])) * implicit_per_user
+                     if implicit_per_user else int(wins.sum()) * implicit_per_item)
             dropped["implicit"] = asked - len(imp)
             made.append(imp)
         return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
