@@ -71,6 +71,7 @@ from scipy.sparse.linalg import LinearOperator, svds
 
 from solvers import _altsvm_kernels as K
 from solvers import _altsvm_layout as L
+from solvers.pairs import _run_bounds
 
 LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGISTIC}
 MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
@@ -106,10 +107,7 @@ def id_dtype(n_users: int, n_items: int):
 def user_blocks(user_ptr: np.ndarray, target: int = BLOCK_COMPARISONS) -> np.ndarray:
     """Boundaries of blocks of whole users with about ``target`` comparisons each (block q:
     users out[q]..out[q + 1] − 1; a user with more stays whole)."""
-    n_users, n = user_ptr.shape[0] - 1, int(user_ptr[-1])
-    k = max(1, min(n_users, n // max(target, 1)))
-    cuts = np.searchsorted(user_ptr, np.arange(1, k) * (n / k))
-    return np.unique(np.r_[0, cuts, n_users]).astype(np.int64)
+    return user_parts(user_ptr, int(user_ptr[-1]) // max(target, 1))
 
 
 def user_parts(cost_ptr: np.ndarray, n_parts: int) -> np.ndarray:
@@ -468,10 +466,10 @@ class Threshold:
                          tol=1e-7, rng=np.random.default_rng(0), parallel=False).beta
             return beta, beta
         if self._pairs is None:  # the distinct (winner, loser) pairs and their counts
-            key = np.sort(lay["cw"] * np.int64(n_items) + lay["cl"])  # sort + mask: numpy
-            first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])  # 2.4's np.unique is
-            count = np.diff(np.r_[first, key.size]).astype(float)      # 10x slower
-            self._pairs = key[first] // n_items, key[first] % n_items, count
+            key = np.sort(lay["cw"] * np.int64(n_items) + lay["cl"])  # numpy 2.4's np.unique
+            bounds = _run_bounds(key)                                   # is 10x slower
+            key = key[bounds[:-1]]
+            self._pairs = key // n_items, key % n_items, np.diff(bounds).astype(float)
         w, lo, count = self._pairs
         code = LOSSES[loss]
 

@@ -290,8 +290,9 @@ class GramMatrix:
         if self.factored:
             with blas_limit(1):
                 return self.X @ (self.X.T @ v)
-        v32 = np.asarray(v, dtype=np.float32)
-        if self.slot is not None:  # rows to slots; slots of rows no longer present get 0
+        if self.slot is None:
+            v32 = np.asarray(v, dtype=np.float32)
+        else:  # rows to slots; slots of rows no longer present get 0
             v32 = np.zeros(self.n_slots, dtype=np.float32)
             v32[self.slot] = v
         y = np.zeros(self.n_slots, dtype=np.float32)

@@ -217,6 +217,11 @@ class AltSVM(Estimator):
         -------
         self : AltSVM
         """
+        return self._fit(comparisons, n_users, n_items, warm_start, reg_max=None)
+
+    def _fit(self, comparisons, n_users, n_items, warm_start, reg_max):
+        """:meth:`fit`, with ``reg_max`` of these comparisons when the caller knows it
+        (:meth:`fit_path`), else None."""
         n_threads = self._validate_params()
         given = {"n_users": n_users, "n_items": n_items}
         with S.threads(n_threads):  # every pass below is parallel, on n_threads threads
@@ -233,10 +238,11 @@ class AltSVM(Estimator):
             # internal order: by user, then as given; the model keeps these columns
             lay = S.layout(c, n_users, n_items)
             del c
-            self._reg_max = None
+            self._reg_max = reg_max
             if self.reg is None:
-                self._reg_max = S.Threshold(None, n_users, n_items, self.loss,
-                                            lay=lay).reg_max(self.item_bias)
+                if self._reg_max is None:
+                    self._reg_max = S.Threshold(None, n_users, n_items, self.loss,
+                                                lay=lay).reg_max(self.item_bias)
                 reg = float(self.reg_ratio) * self._reg_max
                 if self.reg_ratio >= 1.0:
                     warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
@@ -391,7 +397,9 @@ class AltSVM(Estimator):
             with warnings.catch_warnings():   # said once, for the chosen point, below
                 warnings.simplefilter("ignore", CollapseWarning)
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                model.fit(c, n_users, n_items, warm_start=state)
+                # reg_max given: the small-factor check of the path's high ratios would
+                # otherwise recompute it (an SVD, and bias-only fits) at every point
+                model._fit(c, n_users, n_items, state, reg_max)
             value = float(score(model))
             path.append({"ratio": float(ratio), "reg": model.reg_, "score": value,
                          "n_iter": int(model.n_iter_), "converged": model.converged_,

@@ -25,15 +25,14 @@ def add_arguments(parser) -> None:
 def artifact_dir(path) -> Path:
     """The artifact to publish: ``path`` itself, or a run directory's ``artifact/``; once a run
     has published, its artifact lives in the checkpoint that ``published.json`` names."""
-    import json
+    from solvers.persist import read_json
 
     path = Path(path)
     if (path / "artifact").is_dir():
         return path / "artifact"
-    if (path / "published.json").is_file():
-        checkpoint = json.loads((path / "published.json").read_text()).get("checkpoint")
-        if checkpoint and (Path(checkpoint) / "artifact").is_dir():
-            return Path(checkpoint) / "artifact"
+    checkpoint = (read_json(path / "published.json") or {}).get("checkpoint")
+    if checkpoint and (Path(checkpoint) / "artifact").is_dir():
+        return Path(checkpoint) / "artifact"
     return path
 
 

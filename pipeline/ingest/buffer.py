@@ -151,7 +151,7 @@ class PartitionBuffer:
         rows, row_offsets = [], []
         row_pos, row_index = [], []    # where a row came from: message position, index in it
         formats = {}
-        fast = None                    # the fast path's reader of column batches
+        fast, tried_fast = None, False  # the fast path's reader of column batches
         for pos, value in enumerate(values):
             offset = offsets[pos]
             if value is None:
@@ -163,8 +163,8 @@ class PartitionBuffer:
                               f"{self.max_message_bytes}", value)
                 continue
             if fast_path and value and value[0] in _MSGPACK_MAP_FIRST_BYTES:
-                if fast is None:
-                    fast = _fast_reader(self.default_kind, self.limits, values)
+                if not tried_fast:  # once per call: None while the kernels load
+                    fast, tried_fast = _fast_reader(self.default_kind, self.limits, values), True
                 if fast is not None and _read_fast(fast, value, offset):
                     continue
             try:

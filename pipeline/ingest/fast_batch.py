@@ -68,11 +68,11 @@ from pipeline.ingest.events import (
     ORDINAL,
     TEXT,
 )
+from pipeline.ingest.validate import LABEL_RANGE  # the same ranges as the general path
 
 MAX_COLUMNS = 64                 # a batch with more columns takes the general path
 FAST_KINDS = frozenset(k for k, spec in KINDS.items()
                        if not any(f.check == FEATURES for f in spec.fields))
-_LABEL_RANGE = {GRADE: (0, 2**31 - 1), ORDINAL: (1, 2**31 - 1), BINARY: (0, 1)}
 _BAD_ID = K.EMPTY_STR | K.CONTROL_CHAR | K.LONG_STR
 _NUMBER_TYPES = K.INT | K.FLOAT
 _TEXT_TYPES = K.STR | K.NIL
@@ -253,7 +253,7 @@ class BatchReader:
             return None if flags & _BAD_ID else K.STR_FROM_STR
         if mask == K.INT and check in (ID, *_INT_CHECKS):
             low, high = ((0, self.max_ts) if check == _TS
-                         else _LABEL_RANGE.get(check, (None, None)))
+                         else LABEL_RANGE.get(check, (None, None)))
             if low is not None and not (low <= row[K.C_INT_MIN] and row[K.C_INT_MAX] <= high):
                 return None
             return K.STR_FROM_INT if check == ID else K.INT64

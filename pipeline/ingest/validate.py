@@ -68,7 +68,7 @@ MISSING = _Missing()      # a field the event does not have
 _MISSING_TYPES = (type(MISSING), type(None))
 _INT32_MAX = 2**31 - 1
 _KIND_LIST = ", ".join(KIND_NAMES[:-1]) + " or " + KIND_NAMES[-1]
-_LABEL_RANGE = {GRADE: (0, _INT32_MAX), ORDINAL: (1, _INT32_MAX), BINARY: (0, 1)}
+LABEL_RANGE = {GRADE: (0, _INT32_MAX), ORDINAL: (1, _INT32_MAX), BINARY: (0, 1)}
 _CONTROL = re.compile("[\x00-\x1f\x7f]")  # C0 controls and DEL: never in an id
 _EXPECTED = {ID: "a string or an integer", NUMBER: "a number", TEXT: "a string",
              GRADE: "an integer >= 0", ORDINAL: "an integer >= 1", BINARY: "0 or 1"}
@@ -204,7 +204,7 @@ def check_number(kind: str, name: str, value) -> float:
 def check_label(kind: str, name: str, value, check: str) -> int:
     if type(value) is not int:
         raise _field_error(kind, name, value, "0 or 1" if check == BINARY else "an integer")
-    low, high = _LABEL_RANGE[check]
+    low, high = LABEL_RANGE[check]
     if value < low or value > high:
         expected = _EXPECTED[check] if value < low or check == BINARY else f"an integer <= {high}"
         raise Invalid(f"{kind}: field '{name}' is {show(value)}, expected {expected}")
@@ -469,7 +469,7 @@ def _numbers(kind: str, name: str, values: list, bad: dict) -> pa.Array:
 
 
 def _labels(kind: str, name: str, values: list, check: str, bad: dict) -> pa.Array:
-    low, high = _LABEL_RANGE[check]
+    low, high = LABEL_RANGE[check]
     if set(map(type, values)) == {int}:
         try:
             labels = np.array(values, dtype=np.int64)
