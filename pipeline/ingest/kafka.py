@@ -356,7 +356,7 @@ class _KafkaRun:
                 self.consumer.seek(tp, self.store.next_offset(tp.topic, tp.partition))
             return
         self.summary.add(flushed)
-        self._commit(tp, last + 1, blocking_commit)
+        self._commit({tp: last + 1}, blocking_commit)
         if self.bar is not None:
             self.bar.set_postfix(events=sum(self.summary.events.values()),
                                  dead=sum(self.summary.dead_letters.values()), refresh=False)
@@ -372,26 +372,29 @@ class _KafkaRun:
         """At a clean end, commit the store's end for every assigned partition, so that lag
         monitoring is right also for a partition that got nothing new in this run while an
         earlier run stored up to its end but failed before its commit went out."""
-        for tp in self.consumer.assignment():
-            end = self.store.next_offset(tp.topic, tp.partition)
-            if end is not None:
-                self._commit(tp, end, blocking=True)
+        assigned = self.consumer.assignment()
+        ends = self.store.next_offsets({tp.topic for tp in assigned})   # one listing
+        offsets = {tp: ends[(tp.topic, tp.partition)] for tp in assigned
+                   if (tp.topic, tp.partition) in ends}
+        if offsets:
+            self._commit(offsets, blocking=True)
 
-    def _commit(self, tp, offset: int, blocking: bool) -> None:
-        """Commit for lag monitoring only: the store decides where a consumer resumes."""
+    def _commit(self, offsets: dict, blocking: bool) -> None:
+        """Commit ``{partition: offset}`` for lag monitoring only: the store decides where a
+        consumer resumes."""
         from kafka.structs import OffsetAndMetadata
 
         def failed(err):
-            log.warning("offset commit of %s/%s at %d failed: %s",
-                        tp.topic, tp.partition, offset, err)
+            log.warning("offset commit of %s failed: %s", ", ".join(
+                f"{tp.topic}/{tp.partition} at {offset}" for tp, offset in offsets.items()), err)
 
-        offsets = {tp: OffsetAndMetadata(offset, "", -1)}
+        committed = {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()}
         try:
             if blocking:
-                self.consumer.commit(offsets)
+                self.consumer.commit(committed)
             else:
                 self.consumer.commit_async(
-                    offsets, callback=lambda _, result: failed(result)
+                    committed, callback=lambda _, result: failed(result)
                     if isinstance(result, Exception) else None)
         except Exception as err:
             failed(err)
@@ -416,7 +419,7 @@ class _KafkaRun:
             for tp in list(self.buffers):
                 self.flush(tp, wait=False)
             for tp in list(self.inflight):
-                self.settle(tp)
+                self.settle(tp, blocking_commit=False)   # commit_store_ends waits for all
             self.commit_store_ends()
         except BaseException:
             # nothing more is flushed or committed: closing the consumer below revokes its
