@@ -9,13 +9,14 @@ Kernels (``KernelSpec``), for rows a, b:
 
 Q = K(X, X) (:class:`GramMatrix`). Row i of its lower triangle (entries 0..i) is stored
 row-major packed in float32, for the first ``n_cached`` rows that fit in ``cache_bytes``
-(n(n+1)/2 · 4 bytes for n rows, half of the full matrix). A product Q v is then BLAS ``sspmv``
-on the cached triangle (it reads each stored entry once, and uses every entry for both Q_ij v_j
-and Q_ji v_i) plus, for the rows that did not fit, their lower-triangle blocks recomputed by
-``sgemm`` and the in-place kernel transform, each block used once as it is and once transposed.
-So with a cache of c rows a product recomputes (l² − c²)/2 kernel entries and a full cache
-recomputes none. For ``kernel="linear"`` with fewer features than rows, Q v = X (Xᵀ v) and Q is
-never formed.
+(n(n+1)/2 · 4 bytes for n rows, half of the full matrix). A product Q v is then one pass
+over the cached triangle (:func:`solvers._ranksvm_kernels.packed_symv`: it reads each stored
+entry once, uses it for both Q_ij v_j and Q_ji v_i, splits the rows among the numba threads and
+serves several vectors in the same pass) plus, for the rows that did not fit, their
+lower-triangle blocks recomputed by ``sgemm`` and the in-place kernel transform, each block used
+once as it is and once transposed. So with a cache of c rows a product recomputes (l² − c²)/2
+kernel entries and a full cache recomputes none. For ``kernel="linear"`` with fewer features
+than rows, Q v = X (Xᵀ v) and Q is never formed.
 
 Spaces (what the TRON and Frank-Wolfe drivers need from the problem's geometry). The solvers
 minimise over a function w in a Hilbert space H with scores f = Φ w at the l training rows:
@@ -23,8 +24,9 @@ minimise over a function w in a Hilbert space H with scores f = Φ w at the l tr
     KernelSpace   w = Σ β_i φ(x_i), coordinates β ∈ R^l:  f = Qβ, ⟨a, b⟩_H = aᵀQb, Φ*u = u
     FeatureSpace  w ∈ R^m with explicit features Z (l × m):  f = Z w, ⟨a, b⟩ = aᵀb, Φ*u = Zᵀu
 
-``riesz(x)`` is the vector R x with ⟨x, y⟩_H = (R x)ᵀ y (Q x, or x), ``forward(x, Rx)`` the
-scores Φ x (for KernelSpace they are R x, already known) and ``adjoint(u)`` Φ* u.
+``riesz(x)`` is the vector R x with ⟨x, y⟩_H = (R x)ᵀ y (Q x, or x), ``known_riesz(x)`` the same
+where it costs no full product (else None), ``forward(x, Rx)`` the scores Φ x (for KernelSpace
+they are R x, already known) and ``adjoint(u)`` Φ* u.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numba
 import numpy as np
-from scipy.linalg import blas
 from threadpoolctl import ThreadpoolController
 
 from solvers import _ranksvm_kernels as _k
@@ -57,8 +59,8 @@ _CONTROLLER = None
 def blas_limit(n_threads: int):
     """Context in which BLAS uses at most ``n_threads`` threads (about 20 µs to enter).
 
-    Products with Q or Z (BLAS level 2) run on one thread: they are bound by memory
-    bandwidth, and OpenBLAS's threaded gemv is 10-20x slower than one thread when the
+    BLAS products with blocks of Q or with Z (level 2) run on one thread: they are bound by
+    memory bandwidth, and OpenBLAS's threaded gemv is 10-20x slower than one thread when the
     machine's cores are busy with other processes. Blocks of Q (level 3, ``sgemm``) use
     ``n_threads``."""
     global _CONTROLLER
@@ -186,6 +188,10 @@ class GramMatrix:
         Products computed so far (:meth:`matvec` calls).
     n_reused : int
         Rows whose stored entries came from a previous matrix (0 for a fresh one).
+    known : tuple or None
+        A vector and its product (v, Q v) by slot, kept by :meth:`remember` so that a grown
+        matrix can give Q v' for a v' that differs from v in few rows without a full product
+        (:meth:`product_from_known`).
     """
 
     def __init__(self, X, spec: KernelSpec, cache_bytes: float, n_threads: int = 1, ids=None):
@@ -199,6 +205,7 @@ class GramMatrix:
         self.n_reused = 0
         self.n_grown = 0  # blocks appended by grown()
         self.blocks = []
+        self.known = None  # (v, Q v) by slot, from remember()
         self.factored = spec.kernel == "linear" and X.shape[1] < X.shape[0] // 2
         if self.factored:
             self.X = np.ascontiguousarray(X, dtype=np.float64)
@@ -285,33 +292,102 @@ class GramMatrix:
         return g
 
     def matvec(self, v: np.ndarray) -> np.ndarray:
-        """Q v in float64 (float32 arithmetic inside, exact-ish to 1e-6 relative)."""
+        """Q v in float64 (float32 arithmetic inside, to about 1e-5 of max |Q v|). ``v`` may be
+        one vector (l,) or k of them as rows (k, l): they share one pass over the stored
+        entries, so k products cost about one (the pass is bound by memory bandwidth)."""
         self.n_products += 1
+        V = np.atleast_2d(v)
         if self.factored:
             with blas_limit(1):
-                return self.X @ (self.X.T @ v)
+                return ((V @ self.X) @ self.X.T).reshape(np.shape(v))
+        k = V.shape[0]
         if self.slot is None:
-            v32 = np.asarray(v, dtype=np.float32)
+            V32 = np.ascontiguousarray(V, dtype=np.float32)
         else:  # rows to slots; slots of rows no longer present get 0
-            v32 = np.zeros(self.n_slots, dtype=np.float32)
-            v32[self.slot] = v
-        y = np.zeros(self.n_slots, dtype=np.float32)
+            V32 = np.zeros((k, self.n_slots), dtype=np.float32)
+            V32[:, self.slot] = V
+        Y = np.zeros((k, self.n_slots), dtype=np.float32)
         c = self.n_packed
         if c > 0:
+            cuts = _k.packed_row_cuts(c, numba.get_num_threads())
+            parts = np.empty((cuts.size - 1, k, c), dtype=np.float32)
+            Yc = np.empty((k, c), dtype=np.float32)
+            _k.packed_symv(self.packed, np.ascontiguousarray(V32[:, :c]), cuts, parts, Yc)
+            Y[:, :c] = Yc
+        self._block_products(V32, Y)
+        if self.slot is not None:
+            Y = Y[:, self.slot]
+        return Y.astype(np.float64).reshape(np.shape(v))
+
+    def remember(self, v: np.ndarray, qv: np.ndarray) -> None:
+        """Keep v and Q v (by row) for :meth:`product_from_known` on a matrix grown from this one
+        (a solver's final coefficients and scores: the next warm start begins there)."""
+        vs, qs = np.zeros(self.n_slots), np.zeros(self.n_slots)
+        slots = np.arange(self.n) if self.slot is None else self.slot
+        vs[slots], qs[slots] = v, qv
+        self.known = (vs, qs)
+
+    def product_from_known(self, v: np.ndarray, max_changed: float = 0.02):
+        """Q v from the remembered (u, Q u) without a pass over the stored triangle, or None
+        where that does not pay. With k the slots Q u was known for (those past k were appended
+        by :meth:`grown` since) and D the slots below k where v and u differ (changed
+        coefficients, rows no longer present whose coefficient was not 0):
+
+            (Q v)_i = (Q u)_i + Σ_{j∈D} Q_ij (v − u)_j + Σ_{j≥k} Q_ij v_j     i < k
+            (Q v)_i = Σ_j Q_ij v_j                                           i ≥ k
+
+        the appended row blocks plus one kernel block of |D| columns, used when
+        |D| ≤ ``max_changed`` · l. A warm start after a few new judgments starts the new rows
+        at 0 and keeps the others' coefficients, so D is empty: 2% new rows cost about 2% of a
+        product."""
+        if self.known is None or self.factored:
+            return None
+        u, qu = self.known
+        k = u.shape[0]
+        vs = np.zeros((1, self.n_slots))
+        vs[0, np.arange(self.n) if self.slot is None else self.slot] = v
+        diff = vs[0, :k] - u
+        changed = np.flatnonzero(diff)
+        if changed.size > max_changed * self.n:
+            return None
+        y = np.zeros((1, self.n_slots))
+        y[0, :k] = qu
+        self._block_products(vs.astype(np.float32), y, first_slot=k)
+        if changed.size:
+            Xc = self.X[changed]
+            block = kernel_block(self.X[:k], Xc, self.sq[:k], self.sq[changed], self.spec)
             with blas_limit(1):
-                y[:c] = blas.sspmv(c, 1.0, self.packed, v32[:c], lower=0)
+                y[0, :k] += block @ diff[changed].astype(np.float32)
+        y = y[0]
+        return y if self.slot is None else y[self.slot]
+
+    def sparse_quadratic(self, rows, values) -> float:
+        """xᵀQx for x zero outside ``rows`` (x_rows = ``values``), from K(X_rows, X_rows)."""
+        if len(rows) == 0:
+            return 0.0
+        Xr = self.X[rows if self.slot is None else self.slot[rows]]
+        if self.factored:
+            a = Xr.T @ values
+            return float(a @ a)
+        sq = row_norms(Xr)
+        block = kernel_block(Xr, Xr, sq, sq, self.spec).astype(np.float64)
+        return float(values @ block @ values)
+
+    def _block_products(self, V32, Y, first_slot=0):
+        """Y += the products of the row blocks past the packed triangle (those starting at
+        ``first_slot`` or later) with the rows of V32: each block K(X[a:b], X[:b]) once as it
+        is (rows a..b) and once transposed (rows below a)."""
         for a, b, block in self.blocks:
+            if a < first_slot:
+                continue
             if block is None:
                 with blas_limit(self.n_threads):
                     block = kernel_block(self.X[a:b], self.X[:b], self.sq[a:b], self.sq[:b],
                                          self.spec)
             with blas_limit(1):
-                y[a:b] += block @ v32[:b]
+                Y[:, a:b] += V32[:, :b] @ block.T
                 if a > 0:
-                    y[:a] += block[:, :a].T @ v32[a:b]
-        if self.slot is not None:
-            y = y[self.slot]
-        return y.astype(np.float64)
+                    Y[:, :a] += V32[:, a:b] @ block[:, :a]
 
     def dense(self) -> np.ndarray:
         """Q as a dense float64 array (tests and small problems only)."""
@@ -332,6 +408,14 @@ class KernelSpace:
     def riesz(self, x):
         return self.gram.matvec(x)
 
+    def known_riesz(self, x):
+        """Q x without a full product when Q remembers a nearby vector's, else None."""
+        return self.gram.product_from_known(x)
+
+    def sparse_quadratic(self, idx, values) -> float:
+        """xᵀQx for x zero outside the rows ``idx`` (|idx|² kernel entries)."""
+        return self.gram.sparse_quadratic(idx, values)
+
     def forward(self, x, rx):
         return rx
 
@@ -349,6 +433,9 @@ class FeatureSpace:
         self.n_products = 0
 
     def riesz(self, x):
+        return x
+
+    def known_riesz(self, x):
         return x
 
     def forward(self, x, rx):

@@ -320,3 +320,62 @@ def rbf_pack_lower_f32(G, sq_rows, sq_cols, gamma, first_row, packed):
             bits[j] = (np.int32(k) + np.int32(127)) << np.int32(23)
         for j in range(m):
             out[j] *= scale[j]
+
+
+# --------------------------------------------------------------------------------------------
+# products with the packed triangle
+# --------------------------------------------------------------------------------------------
+
+
+def packed_row_cuts(n: int, n_parts: int) -> np.ndarray:
+    """Row bounds 0 = c₀ < … < c_T = n splitting a packed triangle of n rows into T parts of
+    about equal entries (rows 0..i hold (i+1)(i+2)/2 entries)."""
+    n_parts = max(1, min(int(n_parts), n))
+    total = n * (n + 1) / 2.0
+    targets = np.arange(1, n_parts) * (total / n_parts)
+    cuts = np.floor((np.sqrt(1.0 + 8.0 * targets) - 1.0) / 2.0).astype(np.int64)
+    return np.unique(np.concatenate([[0], np.clip(cuts, 0, n), [n]])).astype(np.int64)
+
+
+@njit(fastmath=True, cache=True)
+def _packed_rows_symv(packed, V, lo, hi, Y):
+    # rows lo..hi−1 of the packed lower triangle, each entry used twice (Q_ij = Q_ji):
+    #   Y[c, i] += Σ_{j≤i} Q_ij V[c, j]        Y[c, j] += Q_ij V[c, i] for j < i
+    # (the row is read once from memory and stays in cache for every column c)
+    for i in range(lo, hi):
+        start = i * (i + 1) // 2
+        row = packed[start:start + i]
+        diag = packed[start + i]
+        for c in range(V.shape[0]):
+            v = V[c, :i]
+            y = Y[c, :i]
+            vi = V[c, i]
+            acc = np.float32(0.0)
+            for j in range(i):
+                q = row[j]
+                acc += q * v[j]
+                y[j] += q * vi
+            Y[c, i] += acc + diag * vi
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def packed_symv(packed, V, cuts, parts, out):
+    """out[c] = Q V[c] for every row c of V (k × n, float32), Q symmetric with its lower
+    triangle packed row by row (row i at i(i+1)/2). Part t of ``cuts`` (:func:`packed_row_cuts`)
+    accumulates into ``parts[t]`` (T × k × n scratch) on its own thread, then the parts are
+    summed. Memory bound: one pass over the triangle whatever k is, n(n+1)/2 · 4 bytes."""
+    n_parts = cuts.shape[0] - 1
+    k, n = V.shape
+    for t in prange(n_parts):
+        parts[t] = 0.0
+        _packed_rows_symv(packed, V, cuts[t], cuts[t + 1], parts[t])
+    n_cols = 8 * n_parts
+    for b in prange(n_cols):
+        lo = b * n // n_cols
+        hi = (b + 1) * n // n_cols
+        for c in range(k):
+            for j in range(lo, hi):
+                s = np.float32(0.0)
+                for t in range(n_parts):
+                    s += parts[t, c, j]
+                out[c, j] = s

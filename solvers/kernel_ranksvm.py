@@ -288,6 +288,8 @@ class KernelRankSVM(Estimator):
             solved = self._solve(space, qptr, level, n_pairs, theta0, n_threads)
         theta, f, n_iter, n_cg, converged, objective, detail = solved
         self._gram = space.gram if self.keep_gram and isinstance(space, KernelSpace) else None
+        if self._gram is not None:
+            self._gram.remember(theta, f)  # the next refit's warm start: Qθ without a product
 
         # learned attributes
         if self.approximation == "nystroem":
@@ -346,7 +348,8 @@ class KernelRankSVM(Estimator):
         if self.solver == "frank_wolfe":
             f_warm = None
             if theta0 is not None and np.any(theta0):
-                f_warm = space.forward(theta0, space.riesz(theta0))
+                known = space.known_riesz(theta0)
+                f_warm = space.forward(theta0, space.riesz(theta0) if known is None else known)
             res = frank_wolfe(space, PairLoss(qptr, level, n_threads=n_threads), C, n_pairs,
                               f_warm, tol=tol, max_iter=self.max_iter, verbose=self.verbose)
             detail = (f"duality gap {res.gap / res.gap0:.2e} of C|P| > tol={self.tol:g}")

@@ -275,6 +275,77 @@ def test_grown_gram_reuses_kept_rows_and_equals_a_fresh_matrix(cache, monkeypatc
     np.testing.assert_allclose(G2.matvec(v), _rbf(X2, 0.4) @ v, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_packed_products_of_several_vectors_on_several_threads(n_threads):
+    import numba
+
+    rng = np.random.default_rng(21)
+    X = rng.random((157, 6))
+    G = GramMatrix(X, KernelSpec("rbf", 0.3, 3, 1.0), cache_bytes=1e9)
+    Q = _rbf(X, 0.3)
+    V = rng.normal(size=(3, 157))
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(n_threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        cuts = _k.packed_row_cuts(157, n_threads)
+        assert cuts[0] == 0 and cuts[-1] == 157 and np.all(np.diff(cuts) > 0)
+        np.testing.assert_allclose(G.matvec(V), V @ Q, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(G.matvec(V[1]), Q @ V[1], rtol=1e-5, atol=1e-5)
+    finally:
+        numba.set_num_threads(previous)
+
+
+def test_product_from_known_equals_a_full_product(monkeypatch):
+    monkeypatch.setattr("solvers._gram._MIN_BLOCK_ROWS", 1)
+    rng = np.random.default_rng(22)
+    spec = KernelSpec("rbf", 0.4, 3, 1.0)
+    X0, ids0 = rng.random((300, 5)), np.arange(300)
+    G0 = GramMatrix(X0, spec, cache_bytes=1e9, ids=ids0)
+    assert G0.product_from_known(np.ones(300)) is None      # nothing remembered
+    u = rng.normal(size=300)
+    G0.remember(u, G0.matvec(u))
+    np.testing.assert_allclose(G0.product_from_known(u), G0.matvec(u), rtol=1e-12)
+    # 2 rows gone (one with a coefficient), 6 new rows, shuffled
+    X1 = np.vstack([X0[2:], rng.random((6, 5))])
+    ids1 = np.concatenate([ids0[2:], 1000 + np.arange(6)])
+    perm = rng.permutation(len(ids1))
+    X1, ids1 = X1[perm], ids1[perm]
+    G1 = G0.grown(X1, ids1, cache_bytes=1e9)
+    Q1 = _rbf(X1, 0.4)
+    v = np.zeros(len(ids1))
+    kept = ids1 < 1000
+    v[kept] = u[ids1[kept]]                                  # the warm start: new rows at 0
+    np.testing.assert_allclose(G1.product_from_known(v), Q1 @ v, rtol=1e-5, atol=1e-4)
+    v[~kept] = rng.normal(size=6)                            # new rows' coefficients
+    v[np.flatnonzero(kept)[:3]] += 1.0                       # and 3 changed ones
+    np.testing.assert_allclose(G1.product_from_known(v), Q1 @ v, rtol=1e-5, atol=1e-4)
+    assert G1.product_from_known(rng.normal(size=len(ids1))) is None  # all changed: no gain
+
+
+def test_gradient_norm_from_the_cg_residual_equals_the_exact_norm():
+    from solvers._ranksvm_tron import _gradient_norm_from_residual, _trcg
+
+    X, y, query = _ranking_data(seed=23, n_queries=20)
+    rows, qptr, level, _, _ = _pair_layout(y, query)
+    spec = KernelSpec("rbf", 0.5, 3, 1.0)
+    space = KernelSpace(GramMatrix(X[rows], spec, cache_bytes=1e9))
+    C = 0.7
+    for mu in (None, 0.1):
+        loss = PairLoss(qptr, level, mu)
+        beta = np.random.default_rng(1).normal(size=space.dim) * 0.01
+        f = space.riesz(beta)
+        _, dL, state = loss.evaluate(f)
+        rho = beta + C * dL
+        s, Rs, Fs, r, Rr, _, _ = _trcg(space, loss, state, f, C, rho, space.riesz(rho), 10.0,
+                                       0.1, 50)
+        _, dL_new, _ = loss.evaluate(f + Fs)
+        rho_new = beta + s + C * dL_new
+        exact = np.sqrt(rho_new @ space.riesz(rho_new))
+        got = _gradient_norm_from_residual(space, loss, state, f, Fs, dL, dL_new, r, Rr, C)
+        assert got == pytest.approx(exact, rel=1e-4)
+        assert np.any(np.abs(dL_new - dL - loss.hess_apply(state, f, Fs)) > 1e-9)  # pairs moved
+
+
 def test_grown_gram_refuses_when_reuse_does_not_pay():
     rng = np.random.default_rng(12)
     spec = KernelSpec("rbf", 0.4, 3, 1.0)
