@@ -61,7 +61,6 @@ choices: docs/solver-notes.md.)
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numba
@@ -84,20 +83,7 @@ V_PARTS_PER_THREAD = 4  # user ranges per thread in the V rebuild (each with its
 V_PARTS_MIN_BYTES = 64 * 2**20  # their memory may reach max(this, 8 bytes per entry)
 
 
-# ---------------------------------------------------------------------- threads and layout
-
-@contextmanager
-def threads(n: int):
-    """numba's parallel kernels use ``n`` threads inside the block, ``n = 1`` included (the
-    layout kernels are parallel at every thread count; with one thread they run on the
-    caller's). The previous count comes back after."""
-    previous = numba.get_num_threads()
-    numba.set_num_threads(n)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(previous)
-
+# ---------------------------------------------------------------------- layout
 
 def id_dtype(n_users: int, n_items: int):
     """int32 ids whenever they fit (half the memory and bandwidth of int64)."""

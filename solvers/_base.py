@@ -247,11 +247,9 @@ def check_threads(n_threads) -> int:
 
 @contextmanager
 def numba_threads(n_threads: int, chunksize: int | None = None):
-    """Within the block numba's parallel kernels use ``n_threads`` threads (and hand out
-    ``chunksize`` iterations at a time, when given); the previous settings come back after."""
-    if n_threads <= 1:
-        yield
-        return
+    """Within the block numba's parallel kernels use ``n_threads`` threads, one included (a
+    parallel kernel then runs on the caller's thread), and hand out ``chunksize`` iterations
+    at a time when given; the previous settings come back after."""
     import numba
 
     previous = numba.get_num_threads(), numba.get_parallel_chunksize()

@@ -224,7 +224,7 @@ class AltSVM(Estimator):
         (:meth:`fit_path`), else None."""
         n_threads = self._validate_params()
         given = {"n_users": n_users, "n_items": n_items}
-        with S.threads(n_threads):  # every pass below is parallel, on n_threads threads
+        with numba_threads(n_threads):  # every pass below is parallel, on n_threads threads
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             state = None if warm_start is None else self._check_warm_state(warm_start)
             if state is not None:
@@ -322,7 +322,7 @@ class AltSVM(Estimator):
         3.0
         """
         n_threads = self._validate_params()
-        with S.threads(n_threads):
+        with numba_threads(n_threads):
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             return self._threshold(c, n_users, n_items)
 
@@ -334,7 +334,7 @@ class AltSVM(Estimator):
     def reg_max_(self) -> float:
         self._check_fitted()
         if getattr(self, "_reg_max", None) is None:
-            with S.threads(check_threads(self.n_threads)):
+            with numba_threads(check_threads(self.n_threads)):
                 self._reg_max = self._threshold(tuple(self._comparisons),
                                                 self.user_factors_.shape[0],
                                                 self.item_factors_.shape[0])
@@ -384,7 +384,7 @@ class AltSVM(Estimator):
         import time
 
         n_threads = self._validate_params()
-        with S.threads(n_threads):
+        with numba_threads(n_threads):
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             reg_max = self._threshold(c, n_users, n_items)
         ratios = np.geomspace(0.8, 0.01, 10) if ratios is None else np.asarray(ratios, float)

@@ -13,6 +13,7 @@ from solvers import AltSVM
 from solvers import _altsvm_kernels as K
 from solvers import _altsvm_layout as L
 from solvers import _altsvm_solver as S
+from solvers._base import numba_threads
 from solvers.altsvm import _check_comparisons
 
 TWO_THREADS = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
@@ -158,7 +159,7 @@ def test_layout_is_the_same_on_any_thread_count():
     c = comparisons(4, n=5000)
     lays = []
     for n_threads in (1, 2):
-        with S.threads(n_threads):
+        with numba_threads(n_threads):
             assert numba.get_num_threads() == n_threads
             lays.append(S.layout(c, 52, 31))
     for key, value in lays[0].items():
@@ -167,7 +168,7 @@ def test_layout_is_the_same_on_any_thread_count():
 
 def test_threads_context_restores_the_count():
     before = numba.get_num_threads()
-    with S.threads(1):
+    with numba_threads(1):
         assert numba.get_num_threads() == 1
     assert numba.get_num_threads() == before
 
@@ -206,7 +207,7 @@ def test_v_rebuild_depends_on_the_parts_not_on_the_threads(fit_bias):
             parts = S.user_parts(lay["user_ptr"], n_parts)
             acc_V, acc_b = ((V[None], b[None]) if n_parts == 1 else
                             (np.empty((len(parts) - 1, 30, 4)), np.empty((len(parts) - 1, 30))))
-            with S.threads(n_threads):
+            with numba_threads(n_threads):
                 K.items_from_duals(parts, lay["user_ptr"], lay["pos_w"], lay["pos_l"],
                                    lay["entry_ptr"], lay["entry_item"], beta, U, 2.0, fit_bias,
                                    acc_V, acc_b, V, b)
