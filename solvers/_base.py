@@ -265,6 +265,22 @@ def numba_threads(n_threads: int, chunksize: int | None = None):
 
 # ---------------------------------------------------------------------- input checks
 
+def check_aligned(**arrays: np.ndarray) -> None:
+    """Every array is 1-D and all have one length (the metrics' inputs, row by row); the error
+    names each array with its shape or length."""
+    def listed(words):
+        return ", ".join(words[:-1]) + " and " + words[-1]
+
+    shapes = [a.shape for a in arrays.values()]
+    if any(len(shape) != 1 for shape in shapes):
+        raise ValueError(f"{listed(list(arrays))} must be 1-D; got shapes "
+                         f"{', '.join(map(str, shapes))}")
+    lengths = [str(shape[0]) for shape in shapes]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"{listed(list(arrays))} have lengths {listed(lengths)}; expected "
+                         "equal lengths")
+
+
 def check_finite(name: str, a: np.ndarray) -> None:
     """Raise ``ValueError`` naming the first NaN/inf entry of ``a`` and its position."""
     bad = ~np.isfinite(a)

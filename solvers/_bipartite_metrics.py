@@ -20,18 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from solvers._base import check_aligned
+
 __all__ = ["pos_at_top", "average_precision", "ndcg", "auc"]
 
 
 def _check(y_true, y_score):
     y_true = np.asarray(y_true)
     y_score = np.asarray(y_score, dtype=np.float64)
-    if y_true.ndim != 1 or y_score.ndim != 1:
-        raise ValueError(f"y_true and y_score must be 1-D, got shapes {y_true.shape} and "
-                         f"{y_score.shape}")
-    if y_true.shape[0] != y_score.shape[0]:
-        raise ValueError(f"y_true has {y_true.shape[0]} labels but y_score has "
-                         f"{y_score.shape[0]} scores")
+    check_aligned(y_true=y_true, y_score=y_score)
     labels = np.unique(y_true)
     if not (np.isin(labels, [0, 1]).all() or np.isin(labels, [-1, 1]).all()):
         raise ValueError(f"y_true contains the labels {labels[:5].tolist()}; expected labels in "

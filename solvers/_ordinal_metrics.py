@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from solvers._base import check_aligned
+
 __all__ = ["mae", "mse", "accuracy", "rating_ndcg"]
 
 
 def _pair(y_true, y_pred, what="y_pred"):
     y_true = np.asarray(y_true, dtype=np.float64)
     y_pred = np.asarray(y_pred, dtype=np.float64)
-    if y_true.ndim != 1 or y_pred.ndim != 1:
-        raise ValueError(f"y_true and {what} must be 1-D, got shapes {y_true.shape} and "
-                         f"{y_pred.shape}")
-    if y_true.shape[0] != y_pred.shape[0]:
-        raise ValueError(f"y_true has {y_true.shape[0]} entries but {what} has "
-                         f"{y_pred.shape[0]}")
+    check_aligned(y_true=y_true, **{what: y_pred})
     if y_true.shape[0] == 0:
         raise ValueError("y_true is empty")
     for name, a in (("y_true", y_true), (what, y_pred)):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers._base import check_choice
+from solvers._base import check_aligned, check_choice
 
 __all__ = ["query_ndcg", "query_average_precision", "query_pairwise_accuracy"]
 
@@ -45,12 +45,7 @@ def _check(query, labels, scores):
     query = np.asarray(query)
     labels = np.asarray(labels, dtype=np.float64)
     scores = np.asarray(scores, dtype=np.float64)
-    if not (query.ndim == labels.ndim == scores.ndim == 1):
-        raise ValueError(f"query, labels and scores must be 1-D; got shapes {query.shape}, "
-                         f"{labels.shape}, {scores.shape}")
-    if not (query.shape[0] == labels.shape[0] == scores.shape[0]):
-        raise ValueError(f"query, labels and scores have lengths {query.shape[0]}, "
-                         f"{labels.shape[0]} and {scores.shape[0]}; expected equal lengths")
+    check_aligned(query=query, labels=labels, scores=scores)
     if query.shape[0] == 0:
         raise ValueError("no rows given; expected at least one (query, document) row")
     for name, a in (("labels", labels), ("scores", scores)):

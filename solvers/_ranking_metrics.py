@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers._base import check_finite
+from solvers._base import check_aligned, check_finite
 
 __all__ = ["ndcg_at_k", "precision_at_k", "pairwise_accuracy", "topk_hit_metrics"]
 
@@ -22,12 +22,7 @@ def _check(users, values, scores, k, values_name):
     users = np.asarray(users)
     values = np.asarray(values, dtype=np.float64)
     scores = np.asarray(scores, dtype=np.float64)
-    if not (users.ndim == values.ndim == scores.ndim == 1):
-        raise ValueError(f"users, {values_name} and scores must be 1-D; got shapes "
-                         f"{users.shape}, {values.shape}, {scores.shape}")
-    if not (users.shape[0] == values.shape[0] == scores.shape[0]):
-        raise ValueError(f"users, {values_name} and scores have lengths {users.shape[0]}, "
-                         f"{values.shape[0]} and {scores.shape[0]}; expected equal lengths")
+    check_aligned(users=users, **{values_name: values}, scores=scores)
     if users.shape[0] == 0:
         raise ValueError("no (user, item) rows given; expected at least one")
     if int(k) != k or k < 1:

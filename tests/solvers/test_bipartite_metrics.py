@@ -96,7 +96,7 @@ def test_known_values_and_tie_conventions():
     ([1, 1, 1], [0.1, 0.2, 0.3], r"only one class \(3 labels, 3 positive\)"),
     ([0, 0], [0.1, 0.2], r"only one class \(2 labels, 0 positive\)"),
     ([1, 0, 2], [0.1, 0.2, 0.3], r"labels \[0, 1, 2\]"),
-    ([1, 0, 1], [0.1, 0.2], r"y_true has 3 labels but y_score has 2 scores"),
+    ([1, 0, 1], [0.1, 0.2], r"y_true and y_score have lengths 3 and 2"),
     ([1, 0], [0.1, np.nan], r"y_score contains .*nan.* at position 1"),
     ([[1, 0]], [[0.1, 0.2]], r"must be 1-D"),
 ])

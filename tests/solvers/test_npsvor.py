@@ -453,7 +453,7 @@ def test_ordinal_metrics_against_direct_definitions():
     for k in (None, 10, 50):
         assert rating_ndcg(y, score, k=k) == pytest.approx(ndcg_score([y], [score], k=k))
     assert rating_ndcg(y, y) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="y_true has 300 entries but y_pred has 299"):
+    with pytest.raises(ValueError, match="y_true and y_pred have lengths 300 and 299"):
         mae(y, pred[1:])
 
 
