@@ -118,11 +118,11 @@ class KernelRankSVM(Estimator):
         Q's cost, the part of a warm refit that a warm start of β cannot save; it also serves a
         grid over C. False frees Q when ``fit`` returns. Never saved with the model.
     n_threads : int or None, default=None
-        Threads of the parallel numba kernels (kernel values of Q's blocks; the pair sums
-        from 10⁵ rows on) and of BLAS for the blocks of Q recomputed at every product
-        (None: all numba threads). Products with the stored part of Q and LAPACK calls run
-        on one thread: they are bound by memory bandwidth, and OpenBLAS's threaded gemv and
-        eigh were 10-20x slower than one thread on a machine busy with other processes.
+        Threads of the parallel numba kernels (kernel values of Q's blocks, products with
+        the stored part of Q, the pair sums from 10⁵ rows on) and of BLAS for the blocks of
+        Q recomputed at every product (None: all numba threads). BLAS products with blocks
+        and LAPACK calls run on one thread: OpenBLAS's threaded gemv and eigh were 10-20x
+        slower than one thread on a machine busy with other processes.
     random_state : int, numpy.random.Generator or None, default=None
         Draws the Nyström landmarks; the exact solvers do not use it.
     verbose : bool, default=False
