@@ -384,10 +384,10 @@ class GramMatrix:
                 with blas_limit(self.n_threads):
                     block = kernel_block(self.X[a:b], self.X[:b], self.sq[a:b], self.sq[:b],
                                          self.spec)
-            with blas_limit(1):
-                Y[:, a:b] += V32[:, :b] @ block.T
+            with blas_limit(1):  # as gemv/gemm on the block's own layout (no copies)
+                Y[:, a:b] += (block @ V32[:, :b].T).T
                 if a > 0:
-                    Y[:, :a] += V32[:, a:b] @ block[:, :a]
+                    Y[:, :a] += (block[:, :a].T @ V32[:, a:b].T).T
 
     def dense(self) -> np.ndarray:
         """Q as a dense float64 array (tests and small problems only)."""
