@@ -113,6 +113,9 @@ class Scorer:
         """Feature rows of candidates, each a features list or ``{index: value}`` map (as in
         events), a text (str), or ``{"features": ..., "text": ...}``; a bad one raises
         ``ValueError`` naming it."""
+        dense = self._dense_rows(candidates)
+        if dense is not None:
+            return dense
         indices, values, texts = [], [], []
         for n, c in enumerate(candidates):
             features, text = c, None
@@ -128,6 +131,23 @@ class Scorer:
             texts.append(text)
         return feature_rows(indices, values, self.params["n_features"], texts,
                             self.params["text_features"])[0]
+
+    def _dense_rows(self, candidates):
+        """The rows at once when every candidate is a features list (or 1-D array) of finite
+        numbers, all of one length ≤ n_features (a search stack's re-ranking call), else None
+        (each candidate then goes through :meth:`_features`)."""
+        if not candidates or self.params["text_features"] or not all(
+                isinstance(c, (list, np.ndarray)) for c in candidates):
+            return None
+        try:
+            X = np.asarray(candidates, dtype=np.float32)
+        except (TypeError, ValueError):
+            return None
+        if X.ndim != 2 or X.shape[1] > self.params["n_features"] or not np.isfinite(X).all():
+            return None
+        X = sp.csr_matrix(X)
+        X.resize((X.shape[0], self.params["n_features"]))
+        return X
 
     def _features(self, n: int, features):
         """(indices, values) of one candidate's features; a dense list or array of finite

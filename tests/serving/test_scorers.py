@@ -64,6 +64,25 @@ def test_kernel_scorer_matches_decision_function(ranker):
                                rtol=1e-4, atol=1e-4)
 
 
+def test_dense_list_candidates_take_one_conversion_and_give_the_same_rows(ranker):
+    model, X = ranker
+    scorer = Scorer.kernel(model)
+    maps = scorer.rows([{str(j): v for j, v in enumerate(x)} for x in X[:30].tolist()])
+    assert scorer._dense_rows(X[:30].tolist()) is not None
+    dense = scorer.rows(X[:30].tolist())
+    assert dense.shape == maps.shape and abs(dense - maps).max() == 0
+    short = scorer.rows([x[:2] for x in X[:5].tolist()])          # padded to n_features
+    assert short.shape == (5, 4) and abs(short[:, 2:]).max() == 0
+    # anything else goes candidate by candidate, with the same answers and errors
+    for odd in ([X[0].tolist(), X[1, :3].tolist()], [X[0].tolist(), {"0": 1.0}],
+                [[1.0, float("nan")]], [[1.0] * 5]):
+        assert scorer._dense_rows(odd) is None
+    np.testing.assert_array_equal(scorer.rows([X[0].tolist(), X[1, :3].tolist()]).toarray(),
+                                  np.vstack([X[0], np.r_[X[1, :3], 0.0]]).astype(np.float32))
+    with pytest.raises(ValueError, match="candidate 0: features: value at position 1 is nan"):
+        scorer.rows([[1.0, float("nan")]])
+
+
 def test_bad_candidates_and_bytes_are_named(reviews, ranker):
     model, *_ = reviews
     ordinal = Scorer.ordinal(model, 3, 2**12)

@@ -230,6 +230,22 @@ def test_kernel_block_matches_direct_formula(kernel):
     np.testing.assert_allclose(got32, want, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("shift", [0.0, 10.0], ids=["factored", "direct"])
+def test_kernel_dot_matches_the_direct_formula(shift):
+    """Near the origin the factored form; shifted by 10 (γ(‖x‖² + ‖s‖²) ≈ 900, where
+    exp(2γxᵀs) would overflow) the direct one, with kernel values of order 1 in both."""
+    from solvers._gram import kernel_dot
+
+    rng = np.random.default_rng(24)
+    X, S = rng.random((40, 6)) + shift, rng.random((70, 6)) + shift
+    coef = rng.normal(size=70)
+    gamma = 0.7
+    want = np.exp(-gamma * ((X[:, None, :] - S[None]) ** 2).sum(-1)) @ coef
+    assert np.abs(want).max() > 1.0
+    got = kernel_dot(X, S, coef, KernelSpec("rbf", gamma, 3, 1.0))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("cache_rows", [0, 1, 57, 130, 200])
 def test_blocked_gram_products_equal_the_full_matrix(cache_rows, monkeypatch):
     rng = np.random.default_rng(5)
