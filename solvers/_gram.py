@@ -224,6 +224,7 @@ class GramMatrix:
         self.n_grown = 0  # blocks appended by grown()
         self.blocks = []
         self.known = None  # (v, Q v) by slot, from remember()
+        self.cuts = {}  # thread count -> packed_row_cuts of the stored triangle
         self.factored = spec.kernel == "linear" and X.shape[1] < X.shape[0] // 2
         if self.factored:
             self.X = np.ascontiguousarray(X, dtype=np.float64)
@@ -327,7 +328,7 @@ class GramMatrix:
         Y = np.zeros((k, self.n_slots), dtype=np.float32)
         c = self.n_packed
         if c > 0:
-            cuts = _k.packed_row_cuts(c, numba.get_num_threads())
+            cuts = self._row_cuts(numba.get_num_threads())
             parts = np.empty((cuts.size - 1, k, c), dtype=np.float32)
             Yc = np.empty((k, c), dtype=np.float32)
             _k.packed_symv(self.packed, np.ascontiguousarray(V32[:, :c]), cuts, parts, Yc)
@@ -336,6 +337,13 @@ class GramMatrix:
         if self.slot is not None:
             Y = Y[:, self.slot]
         return Y.astype(np.float64).reshape(np.shape(v))
+
+    def _row_cuts(self, n_threads: int) -> np.ndarray:
+        """The stored triangle's rows split among ``n_threads`` (once per thread count: a
+        grown matrix shares the triangle, and these cuts, with the one it came from)."""
+        if n_threads not in self.cuts:
+            self.cuts[n_threads] = _k.packed_row_cuts(self.n_packed, n_threads)
+        return self.cuts[n_threads]
 
     def remember(self, v: np.ndarray, qv: np.ndarray) -> None:
         """Keep v and Q v (by row) for :meth:`product_from_known` on a matrix grown from this one
