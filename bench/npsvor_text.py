@@ -22,6 +22,14 @@ method gets the same C grid and the same folds:
   squared loss) and LogisticAT (alpha = 1/C), predictions clipped to the rank range. LogisticAT
   is skipped on a data set where one fit takes longer than ``--logistic-budget`` seconds.
 
+The row "challenger (gate)" is the gate's ``"linear_ordinal"`` challenger as the retrain loop
+trains it (``pipeline.training.trainers.npsvor.TunedLinearOrdinal``): the same two peers,
+LinearSVR rounded and LogisticAT, but with the gate's effort, not this protocol's: C in
+``ORDINAL_C`` (3 values, LogisticAT alpha = 1/C), chosen by MAE on one validation fifth of the
+training part, then refitted on all of it; its "CV MAE" cell is that validation MAE and its fit
+time includes the tuning. LogisticAT is left out of it as the gate leaves it out (above
+``LOGISTIC_AT_MAX_NNZ`` training non-zeros), whatever ``--skip-logistic`` says.
+
 Fit time is the median of ``--repeats`` fits of the final model after a first call, timed in
 rounds that fit every method once in turn; the ratio to NPSVOR is the median over rounds of
 the ratio within a round (the machine is shared: a change of load then hits every method
@@ -63,6 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 DATA = Path(os.environ.get("RANKSTREAM_DATA", REPO.parent / "shared" / "data"))
 C_GRID = [2.0 ** e for e in range(-5, 6)]
+CHALLENGER = "challenger (gate)"
 
 
 # ---------------------------------------------------------------------------------- data
@@ -133,6 +142,11 @@ def peers(lo, hi):
         "mord OrdinalRidge": lambda C: clipped(mord.OrdinalRidge(alpha=1 / (2 * C)), lo, hi),
         "mord LogisticAT": lambda C: clipped(mord.LogisticAT(alpha=1 / C), lo, hi),
     }
+
+
+def _power_of_2(C):
+    e = np.log2(C)
+    return f"2^{int(e)}" if e == int(e) else f"{C:g}"
 
 
 def npsvor(C, **kw):
@@ -246,6 +260,24 @@ def run_dataset(name, X, y, Xt, yt, repeats, logistic_budget, skip_logistic):
         methods[label] = (lambda make=make, C=C: make(C).fit(X, y), C, cv[(None, C)],
                           scores(yt, model.predict(Xt), score), first)
 
+    # --- the gate's challenger (as the gate trains it): its own validation split and grid
+    from pipeline.training.trainers.npsvor import TunedLinearOrdinal
+
+    def challenger():
+        return TunedLinearOrdinal(metric="mae", higher_is_better=False).fit(X, y)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, first = timed(challenger)
+    chosen = [t["validation"] for t in model.tried_ if t["params"] == model.best_]
+    methods[CHALLENGER] = (challenger, model.best_["C"], chosen[0] if chosen else np.nan,
+                           scores(yt, model.predict(Xt), model.predict_score(Xt)), first)
+    print(f"   challenger (as the gate trains it): {model.best_} by validation MAE; tried "
+          + ", ".join(f"{t['params']['estimator']} C={t['params']['C']:g}: "
+                      + (f"{t['validation']:.3f} ({t['seconds']:.2f} s)"
+                         if t["validation"] is not None else f"skipped ({t['skipped']})")
+                      for t in model.tried_), flush=True)
+
     # --- timing rounds
     times = {label: [] for label in methods}
     rank_seconds = []
@@ -269,12 +301,18 @@ def run_dataset(name, X, y, Xt, yt, repeats, logistic_budget, skip_logistic):
     for label, (_, C, cvm, (a, s, acc, nd, nd100), first) in methods.items():
         t = float(np.median(times[label]))
         ratio = float(np.median(times[label] / ours))  # per round, same load
-        print(f"   {label:<24} {'2^%d' % int(np.log2(C)):>7} {cvm:7.3f} {a:6.3f} {s:6.3f} "
+        print(f"   {label:<24} {_power_of_2(C):>7} {cvm:7.3f} {a:6.3f} {s:6.3f} "
               f"{acc:6.3f} {nd:6.3f} {nd100:6.3f} {t:8.4f} {first:8.3f} {ratio:6.2f}")
         rows.append((label, C, cvm, a, s, acc, nd, nd100, t, first))
     new, old = methods["NPSVOR r_new"][3], methods["NPSVOR r_old"][3]
     print(f"   (fit s: median of {repeats} rounds; /ours: median over rounds of the time over "
-          f"NPSVOR r_new's in the same round)")
+          f"NPSVOR r_new's in the same round; {CHALLENGER}: CV MAE is its validation MAE, fit "
+          "s includes its tuning)")
+    ch, ours_mae = methods[CHALLENGER][3], methods["NPSVOR r_new"][3][0]
+    print(f"   challenger (as the gate trains it) vs NPSVOR r_new: test MAE {ch[0]:.3f} vs "
+          f"{ours_mae:.3f}, NDCG {ch[3]:.3f} vs {methods['NPSVOR r_new'][3][3]:.3f}; fit "
+          f"{np.median(times[CHALLENGER]):.3f} s vs {np.median(ours):.3f} s (ratio "
+          f"{np.median(times[CHALLENGER] / ours):.1f})", flush=True)
     print(f"   r_new vs r_old: test MAE {new[0]:.3f} vs {old[0]:.3f}, MSE {new[1]:.3f} vs "
           f"{old[1]:.3f}: r_new {'no worse' if new[0] <= old[0] else 'WORSE'} on MAE",
           flush=True)

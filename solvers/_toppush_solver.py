@@ -23,8 +23,9 @@ LOSSES = {
     "logistic": _k.LOGISTIC,
     "exponential": _k.EXPONENTIAL,
 }
-# P(0) = ℓ(0), eq. 6 at w = 0 (TopPush warns when w = 0 itself meets the stopping rule)
+# P(0) = ℓ(0), eq. 6 at w = 0 (a primal candidate of the stopping rule, see solve), and ℓ'(0)
 LOSS_AT_ZERO = {"truncated_quadratic": 1.0, "logistic": float(np.log(2.0)), "exponential": 1.0}
+SLOPE_AT_ZERO = {_k.TRUNCATED_QUADRATIC: 2.0, _k.LOGISTIC: 0.5, _k.EXPONENTIAL: 1.0}
 # each line search starts from max(L_SHRINK · L, the curvature measured along the previous
 # accepted step) (L_SHRINK = 1 is the paper's rule: L never decreases)
 L_SHRINK = 0.5
@@ -40,6 +41,15 @@ UNSHRINK_PARTIAL = 3
 # CSR input: solve over one row per group of equal negatives (see distinct_rows); dense input
 # is used as it is (comparing dense rows costs more than it saves on the data measured)
 DISTINCT_NEGATIVES = True
+# nearest point of the negatives' hull to the positives' mean (see hull_projection): at most
+# HULL_MAX_ITER pairwise Frank-Wolfe steps; "inside" once the distance is below HULL_INSIDE
+# times the largest (column-scaled) row norm, "outside" once certified with a Frank-Wolfe gap
+# below HULL_REL_GAP times the objective (the distance then known to about 13 %)
+HULL_MAX_ITER = 3000
+HULL_INSIDE = 1e-9
+HULL_REL_GAP = 0.25
+# P(w) counts as above P(0) beyond this relative round-off
+PRIMAL_ROUNDOFF = 1e-12
 
 
 def make_feasible(gam, m, loss, rng_state):
@@ -111,7 +121,7 @@ def _scores(X, vec, vec_dtype):
     return np.asarray(X @ v, dtype=np.float64)
 
 
-def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose):
+def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose, p_zero):
     """Algorithm 1: minimize the dual (7) over Ξ (8) from the feasible start ``gam``.
 
     Nesterov's method with t_{k+1} = (1 + sqrt(1 + 4 t_k²))/2 and ω_k = (t_{k−1} − 1)/t_k;
@@ -142,17 +152,25 @@ def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose):
       back; the next time every removed negative does and shrinking is switched off, so the
       loop ends like the unshrunk one.
 
-    Stopping rule: the relative duality gap at the iterate x_{k+1}. Every feasible (α, β)
-    gives a lower bound D = −g(α, β)/m on min P and every w an upper bound P(w); with w from
-    (9) of the same iterate, stop after the first iteration with
+    Stopping rule: the relative duality gap at the iterate x_{k+1}, measured for the better of
+    two primal points, w from (9) of the iterate and w = 0. Every feasible (α, β) gives a lower
+    bound D = −g(α, β)/m on min P and every w an upper bound P(w); P(0) = ℓ(0) = ``p_zero``
+    exactly. Stop after the first iteration with
 
-        P(w) − D(α, β) ≤ tol · D(α, β)          (min P > 0 for all three losses)
+        min(P(w), P(0)) − D(α, β) ≤ tol · D(α, β)          (min P > 0 for all three losses)
 
     (or when the accepted step is exactly zero: s is then a fixed point of the projected
     gradient map, hence optimal). Both sides depend only on the iterate, not on where the
     iterations started, so a warm start near the optimum stops at once and a warm start far
-    from it does not stop early; on return P(coef_) ≤ (1 + tol) · D ≤ (1 + tol) · min P,
-    i.e. P(coef_)/min P − 1 ≤ tol, the suboptimality the benchmark measures. P needs the
+    from it does not stop early; on return the better point has P ≤ (1 + tol) · D ≤
+    (1 + tol) · min P, i.e. P/min P − 1 ≤ tol, the suboptimality the benchmark measures.
+    w = 0 can only win when it is itself within tol of the optimum (a degenerate fit: then
+    P(0) − min P ≤ tol · min P, and the w of (9) at which the w-only rule fires has
+    P(w) ≈ (1 + tol) · D > P(0), because P is not smooth at the top negative and P(w) − min P
+    is first order in ‖w − w*‖ while the dual error is second order); the rule then stops as
+    soon as D certifies it and the caller decides what to return (TopPush: eq. 9's w if
+    P(w) ≤ P(0), else a point on the steepest-descent ray from 0, see descent_from_zero). P
+    needs the
     maximum score over all negatives; the working rows' scores give it while nothing is
     shrunk, and the removed negatives are scored when the rule is about to fire. The gap
     closes more slowly than the dual objective: P is not smooth in w at the top negative, so
@@ -165,8 +183,9 @@ def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose):
     (docs/solver-notes.md).
 
     Returns (γ over all N rows, ν, n_iter, converged, last relative gap, final L, g, P(w)):
-    g and P at the returned iterate, so −g/m ≤ min P ≤ P(w) (P exact over all negatives when
-    converged).
+    g and P at the returned iterate, so −g/m ≤ min P ≤ P(w) (P over the working negatives only
+    when the rule fired for w = 0 with negatives shrunk; the caller evaluates P(w) exactly).
+    The gap is that of the better of w and 0.
     """
     n_total = gam.shape[0]
     vec_dtype = np.float32 if X.dtype == np.float32 else np.float64
@@ -220,7 +239,8 @@ def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose):
         f_old = f_new
         primal = _k.primal_objective(z_x, nu, m, reg, loss)  # exact unless negatives are shrunk
         lower = -f_new / m  # D ≤ min P
-        gap = (primal - lower) / lower if lower > 0.0 else np.inf
+        gap = (min(primal, p_zero) - lower) / lower if lower > 0.0 else np.inf
+        zero_meets_rule = lower > 0.0 and p_zero - lower <= tol * lower  # exact: P(0) = ℓ(0)
         if verbose and (n_iter <= 5 or n_iter % 25 == 0):
             print(f"TopPush iter {n_iter:5d}  dual objective {f_new: .8e}  "
                   f"relative gap {gap:.2e}  L {big_l:.3e}  line-search trials {trials}  "
@@ -228,7 +248,7 @@ def solve(X, m, gam, reg, loss, tol, max_iter, l_init, rng_state, verbose):
         tau = -gamma * lm * big_l  # a negative with s_j = 0 gets β > 0 iff its score > τ
 
         if dd == 0.0 or gap <= tol:
-            if n_act == n_total:
+            if n_act == n_total or zero_meets_rule:
                 converged = True
                 break
             # score the removed negatives once: does any of them want β > 0 or hold the top?
@@ -291,3 +311,269 @@ def _expand(gam, rows, n_total):
     full = np.zeros(n_total)
     full[rows] = gam
     return full
+
+
+# --------------------------------------------------------------------------------------------
+# the primal objective in numpy, and what eq. 6 can gain over w = 0
+# --------------------------------------------------------------------------------------------
+
+
+def loss_values(z, loss):
+    """ℓ(z) elementwise, float64 (logistic without overflow; exponential may be inf)."""
+    z = np.asarray(z, dtype=np.float64)
+    if loss == _k.TRUNCATED_QUADRATIC:
+        return np.maximum(1.0 + z, 0.0) ** 2
+    if loss == _k.LOGISTIC:
+        return np.logaddexp(0.0, z)
+    with np.errstate(over="ignore"):
+        return np.exp(z)
+
+
+def loss_slopes(z, loss):
+    """ℓ'(z) elementwise, float64 (the exponential's capped at e⁷⁰⁰ to stay finite)."""
+    z = np.asarray(z, dtype=np.float64)
+    if loss == _k.TRUNCATED_QUADRATIC:
+        return 2.0 * np.maximum(1.0 + z, 0.0)
+    if loss == _k.LOGISTIC:
+        return 0.5 * (1.0 + np.tanh(0.5 * z))  # σ(z)
+    return np.exp(np.minimum(z, 700.0))
+
+
+def scores64(X, w, chunk=8192):
+    """X w in float64 for a CSR or dense X of any float dtype (dense float32 X is converted a
+    block of rows at a time, so no float64 copy of X is made)."""
+    w = np.asarray(w, dtype=np.float64)
+    if sp.issparse(X) or X.dtype == np.float64:
+        return np.asarray(X @ w, dtype=np.float64).ravel()
+    return np.concatenate([X[i:i + chunk].astype(np.float64) @ w
+                           for i in range(0, X.shape[0], chunk)])
+
+
+def primal_value(X, m, w, reg, loss):
+    """P(w) of eq. 6, exactly, in float64; rows 0..m−1 of X positive, the rest negative::
+
+        P(w) = λ/2 ‖w‖² + 1/m Σ_{i<m} ℓ(max_{j≥m} wᵀx_j − wᵀx_i)
+
+    P(0) = ℓ(0) (``LOSS_AT_ZERO``). This is the number TopPush compares with P(0) and stores
+    as ``objective_``; the solver's kernel computes the same value from ν = λm·w.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    s = scores64(X, w)
+    return float(0.5 * reg * (w @ w) + loss_values(s[m:].max() - s[:m], loss).mean())
+
+
+def _column_scale(X):
+    """1/(max − min) of each column over all rows (1 where a column is constant)."""
+    if sp.issparse(X):
+        span = (X.max(axis=0).toarray() - X.min(axis=0).toarray()).ravel()
+    else:
+        span = X.max(axis=0) - X.min(axis=0)
+    span = np.asarray(span, dtype=np.float64)
+    return np.where(span > 0.0, 1.0 / np.where(span > 0.0, span, 1.0), 1.0)
+
+
+def hull_projection(X, m, scale=None, beta0=None, max_iter=None):
+    """Nearest point of the negatives' convex hull to the positives' mean (pairwise
+    Frank-Wolfe, Lacoste-Julien & Jaggi 2015); rows 0..m−1 of X positive, the rest negative.
+
+    Why: the subdifferential of eq. 6 at w = 0 is ℓ'(0)·(conv{x⁻_j} − x̄⁺) (λw vanishes there),
+    so w = 0 is the optimum at every λ iff x̄⁺ lies in the hull, and otherwise the steepest
+    descent direction of P at 0 is x̄⁺ − p, p the nearest hull point, with slope −ℓ'(0)·δ,
+    δ = ‖x̄⁺ − p‖. Problem, in coordinates scaled by S = diag(``scale``) (default: 1/column
+    range; the hull test is affine-invariant, the scaling only conditions the iterations)::
+
+        min_{β ≥ 0, 1ᵀβ = 1}  f(β) = ½ ‖S (X⁻ᵀβ − x̄⁺)‖²
+
+    from ``beta0`` (default: the vertex nearest to x̄⁺). Each step moves weight from the away
+    vertex (largest gradient among β_j > 0) to the Frank-Wolfe vertex (smallest gradient) with
+    an exact line search. The Frank-Wolfe gap G = Σ_j β_j ∇_j f − min_j ∇_j f bounds
+    f − min f, so f − G > 0 certifies that x̄⁺ is outside the hull, and then
+    u = −S²(X⁻ᵀβ − x̄⁺) separates: max_j uᵀx⁻_j < uᵀx̄⁺. Stops "inside" when
+    √(2f) ≤ ``HULL_INSIDE`` · max_j ‖S x⁻_j‖, "outside" when f − G > 0 and
+    G ≤ ``HULL_REL_GAP`` · f, "undecided" after ``max_iter`` (``HULL_MAX_ITER``) steps.
+
+    Returns (β over the negatives, status, S, steps).
+    """
+    max_iter = HULL_MAX_ITER if max_iter is None else max_iter
+    scale = _column_scale(X) if scale is None else np.asarray(scale, dtype=np.float64)
+    target = np.asarray(X[:m].mean(axis=0), dtype=np.float64).ravel() * scale
+    sparse = sp.issparse(X)
+    if sparse:
+        neg = (X[m:].astype(np.float64) @ sp.diags(scale)).tocsr()
+        sq = np.asarray(neg.multiply(neg).sum(axis=1)).ravel()
+    else:
+        neg = np.asarray(X[m:], dtype=np.float64) * scale
+        sq = np.einsum("ij,ij->i", neg, neg)
+    n, d = neg.shape
+
+    def row(j):
+        if sparse:
+            lo, hi = neg.indptr[j], neg.indptr[j + 1]
+            return neg.indices[lo:hi], neg.data[lo:hi]
+        return slice(None), neg[j]
+
+    if beta0 is None:
+        beta = np.zeros(n)
+        beta[int(np.argmin(sq - 2.0 * np.asarray(neg @ target).ravel()))] = 1.0  # nearest
+    else:
+        beta = np.array(beta0, dtype=np.float64)
+    r = np.asarray(neg.T @ beta).ravel() - target  # residual S(X⁻ᵀβ − x̄⁺)
+    inside_at = HULL_INSIDE * np.sqrt(sq.max()) if n else 0.0
+    buf = np.zeros(d)
+    status, step = "undecided", 0
+    for step in range(1, max_iter + 1):
+        if step % 100 == 0:  # drop the round-off of the incremental updates
+            r = np.asarray(neg.T @ beta).ravel() - target
+        f = 0.5 * (r @ r)
+        if np.sqrt(2.0 * f) <= inside_at:
+            status = "inside"
+            break
+        grad = np.asarray(neg @ r).ravel()
+        s = int(np.argmin(grad))
+        active = np.flatnonzero(beta)
+        a = int(active[np.argmax(grad[active])])
+        fw_gap = beta[active] @ grad[active] - grad[s]
+        if f - fw_gap > 0.0 and fw_gap <= HULL_REL_GAP * f:
+            status = "outside"
+            break
+        if s == a or fw_gap <= 0.0:  # a minimizer: f = min f > inside_at²/2
+            status = "outside"
+            break
+        idx_s, val_s = row(s)
+        idx_a, val_a = row(a)
+        buf[idx_s] = val_s
+        cross = buf[idx_a] @ val_a
+        buf[idx_s] = 0.0
+        dist2 = sq[s] + sq[a] - 2.0 * cross
+        if not dist2 > 0.0:
+            break
+        g = min((grad[a] - grad[s]) / dist2, beta[a])
+        beta[s] += g
+        beta[a] -= g
+        r[idx_s] += g * val_s
+        r[idx_a] -= g * val_a
+    return beta, status, scale, step
+
+
+def ray_minimum(c, sq_norm, reg, loss):
+    """min_{t ≥ 0} h(t) = λ t² ‖u‖²/2 + 1/m Σ_i ℓ(t c_i): eq. 6 along the ray w = t u, with
+    c_i = max_j uᵀx⁻_j − uᵀx⁺_i (for t > 0 the top negative does not depend on t).
+
+    h is convex; h'(t) = λ t ‖u‖² + mean ℓ'(t c_i) c_i is non-decreasing, h'(0) = ℓ'(0)·mean c.
+    If h'(0) ≥ 0, t = 0; else h'(T) > 0 is bracketed by doubling and the root found by
+    bisection to relative width 1e-15. Returns (t, h(t)).
+    """
+    c = np.asarray(c, dtype=np.float64)
+    value = float(loss_values(0.0, loss))
+
+    def slope(t):
+        return reg * t * sq_norm + float(np.mean(loss_slopes(t * c, loss) * c))
+
+    if not slope(0.0) < 0.0 or not np.abs(c).max() > 0.0:
+        return 0.0, value
+    lo, hi = 0.0, 1.0 / np.abs(c).max()
+    for _ in range(2100):
+        if slope(hi) >= 0.0:
+            break
+        lo, hi = hi, 2.0 * hi
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if slope(mid) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    t = 0.5 * (lo + hi)
+    return t, float(0.5 * reg * t * t * sq_norm + loss_values(t * c, loss).mean())
+
+
+def largest_reg_below(c, sq_norm, loss, level, extra_t=()):
+    """The largest λ found for which some point t·u of the ray has eq. 6 below ``level``:
+
+        λ(t) = 2 (level − mean ℓ(t c)) / (t² ‖u‖²),   maximized over t on a grid
+
+    (481 log-spaced t across 12 decades around 1/max|c|, plus ``extra_t``). For every λ' ≤ the
+    returned λ, min P ≤ P(t u) < ``level`` (certified by that point). 0.0 if no t qualifies.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    top = np.abs(c).max()
+    if not top > 0.0 or not sq_norm > 0.0:
+        return 0.0
+    ts = np.r_[np.geomspace(1e-6, 1e6, 481) / top, [t for t in extra_t if t > 0.0]]
+    best = 0.0
+    for t in ts:
+        lam = 2.0 * (level - loss_values(t * c, loss).mean()) / (t * t * sq_norm)
+        best = max(best, lam)
+    return float(best)
+
+
+def zero_analysis(X, m, reg, loss, tol):
+    """What eq. 6 can gain over w = 0, at this λ and at any other (rows 0..m−1 positive).
+
+    With β from :func:`hull_projection` (column-scaled; unless that finds x̄⁺ inside the hull,
+    continued in the original coordinates, those of eq. 6) and r = X⁻ᵀβ − x̄⁺, δ̂ = ‖r‖ ≥ δ.
+    The dual point α = ℓ'(0)·1, β' = ℓ'(0)·m·β is feasible for (7) at every λ' and gives
+    (with ℓ*(ℓ'(0)) = −ℓ(0))
+
+        min P(λ') ≥ ℓ(0) − ℓ'(0)² δ̂² / (2λ'),
+
+    so w = 0 meets the stopping rule at every λ' ≥ ``reg_no`` = ℓ'(0)² δ̂² (1 + tol) /
+    (2 ℓ(0) tol) (at exact convergence; λ' this large is degenerate). Conversely each candidate
+    direction u (u = −S²r with the scaling S of the last Frank-Wolfe run, and u = −r)
+    that separates x̄⁺ from the negatives (max_j uᵀx⁻_j < uᵀx̄⁺, i.e. P decreases from 0 along
+    it) gives ``reg_yes``: below it a point t·u has P < ℓ(0)/(1 + tol), so w = 0 no longer
+    meets the rule (:func:`largest_reg_below`). The best separating direction at ``reg`` is
+    returned with its ray minimum (:func:`ray_minimum`).
+
+    Returns a dict: status ("inside", "outside", "undecided"), delta (δ̂), reg_no, reg_yes
+    (0.0 if none), direction (u or None), t and value (of the ray minimum at ``reg``;
+    value = ℓ(0) when no direction separates), steps (Frank-Wolfe steps), beta (β).
+    """
+    beta, status, scale, steps = hull_projection(X, m)
+    if status != "inside":  # refine in the coordinates of eq. 6 (its steepest descent, its δ)
+        beta, status_orig, _, more = hull_projection(X, m, scale=np.ones(X.shape[1]),
+                                                     beta0=beta)
+        steps += more
+        status = status_orig if status == "undecided" else status
+        scale = np.ones(X.shape[1])
+    mean_pos = np.asarray(X[:m].mean(axis=0), dtype=np.float64).ravel()
+    r = np.asarray(X[m:].T @ beta, dtype=np.float64).ravel() - mean_pos
+    delta = float(np.sqrt(r @ r))
+    p_zero = float(loss_values(0.0, loss))
+    slope0 = SLOPE_AT_ZERO[loss]
+    if delta == 0.0:
+        reg_no = 0.0
+    elif tol > 0.0:
+        reg_no = slope0 ** 2 * delta ** 2 * (1.0 + tol) / (2.0 * p_zero * tol)
+    else:
+        reg_no = np.inf
+    out = {"status": status, "delta": delta, "reg_no": float(reg_no), "reg_yes": 0.0,
+           "direction": None, "t": 0.0, "value": p_zero, "steps": steps, "beta": beta}
+    level = p_zero / (1.0 + tol)
+    directions = [-r] if np.all(scale == 1.0) else [-(scale * scale) * r, -r]
+    for u in directions:
+        s = scores64(X, u)
+        c = s[m:].max() - s[:m]
+        if not c.mean() < 0.0:  # P does not decrease from 0 along u
+            continue
+        sq_norm = float(u @ u)
+        t, value = ray_minimum(c, sq_norm, reg, loss)
+        out["reg_yes"] = max(out["reg_yes"],
+                             largest_reg_below(c, sq_norm, loss, level, extra_t=(t,)))
+        if value < out["value"]:
+            out.update(direction=u, t=t, value=value)
+    return out
+
+
+def hull_duals(X, m, beta_hull, reg, loss):
+    """The dual point of the hull projection: α = ℓ'(0)·1, β = ℓ'(0)·m·β_hull (feasible for
+    (7): 1ᵀα = 1ᵀβ = ℓ'(0)·m; ℓ'(0) ≤ 1 for the logistic loss) and its g (7), evaluated
+    exactly from ν = αᵀX⁺ − βᵀX⁻. At a δ̂ of nearly 0 this is about −m·ℓ(0), i.e. it certifies
+    that w = 0 is optimal. Returns (γ = [α; β], g)."""
+    slope0 = SLOPE_AT_ZERO[loss]
+    gam = np.r_[np.full(m, slope0), slope0 * m * np.asarray(beta_hull, dtype=np.float64)]
+    signs = np.r_[np.ones(m), -np.ones(gam.size - m)]
+    nu = np.asarray(X.T @ (signs * gam), dtype=np.float64).ravel()
+    conj = m * _k.conj_value(slope0, loss)
+    return gam, float(nu @ nu / (2.0 * reg * m) + conj)

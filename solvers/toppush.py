@@ -54,8 +54,18 @@ class TopPush(Estimator):
     When the mean of the positives lies in the convex hull of the negatives, w = 0 minimizes
     eq. 6 at every ``reg`` (every w scores some negative at least as high as that mean, and ℓ
     is non-decreasing); more generally eq. 6 may prefer the best w only slightly to w = 0. Such
-    a fit warns (:class:`DegenerateFitWarning`): its ranking is set by where the iterations
-    stopped, not by the objective.
+    a fit warns (:class:`DegenerateFitWarning`), and its advice is checked against the data:
+    the distance of the positives' mean to the negatives' hull (Frank-Wolfe) says whether any
+    reg can help, and a point on the steepest-descent ray from w = 0 certifies down to which
+    reg the fit stays degenerate (:func:`solvers._toppush_solver.zero_analysis`).
+
+    ``coef_`` is never worse than w = 0: after the solver stops, P(w) of eq. 9's w is computed
+    exactly; if it exceeds P(0) = ℓ(0) (which happens on degenerate data: P is not smooth at the
+    top negative, so the w recovered from an approximate dual is first-order worse than the
+    optimum while the dual bound is second-order close), ``coef_`` is instead the minimizer of
+    eq. 6 along the steepest-descent direction of P at w = 0 (x̄⁺ minus the nearest point of
+    the negatives' hull), or w = 0 itself when no direction descends (the hull case, where 0 is
+    the optimum). ``coef_source_`` says which, and the warning says so.
 
     Parameters
     ----------
@@ -65,13 +75,14 @@ class TopPush(Estimator):
     loss : {"truncated_quadratic", "logistic", "exponential"}, default="truncated_quadratic"
         ℓ(z) = [1 + z]₊² (the paper's), log(1 + eᶻ) or eᶻ, each used through its conjugate.
     tol : float, default=2e-2
-        Relative duality gap at which to stop: the first iterate (α, β) whose w (eq. 9)
-        satisfies P(w) − D(α, β) ≤ ``tol``·D(α, β), with P the primal objective (eq. 6) and
-        D = −g(α, β)/m the dual value, a lower bound on min P. So on return
-        P(coef_) ≤ (1 + ``tol``)·min P, whether the fit started cold or warm. The default, 2%,
-        costs about LogisticRegression's fit time on w8a (docs/solver-notes.md). If w = 0 itself
-        meets the same rule (P(0) = ℓ(0) ≤ (1 + ``tol``)·D), the objective hardly prefers the
-        fit to a constant score, and the fit warns (:class:`DegenerateFitWarning`).
+        Relative duality gap at which to stop: the first iterate (α, β) at which the better of
+        its w (eq. 9) and w = 0 satisfies min(P(w), P(0)) − D(α, β) ≤ ``tol``·D(α, β), with P
+        the primal objective (eq. 6), P(0) = ℓ(0) and D = −g(α, β)/m the dual value, a lower
+        bound on min P. So on return P(coef_) ≤ min(P(0), (1 + ``tol``)·min P), whether the
+        fit started cold or warm. The default, 2%, costs about LogisticRegression's fit time
+        on w8a (docs/solver-notes.md). If w = 0 itself meets the rule (P(0) ≤ (1 + ``tol``)·D),
+        the objective hardly prefers any ranking to a constant score, and the fit warns
+        (:class:`DegenerateFitWarning`).
     max_iter : int, default=10000
         Iteration cap; reaching it raises a :class:`~solvers.ConvergenceWarning`.
     fit_intercept : bool, default=False
@@ -89,7 +100,18 @@ class TopPush(Estimator):
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,)
-        w of eq. 9, in the dtype of the training X (float32 or float64).
+        w of eq. 9, in the dtype of the training X (float32 or float64); if that w has
+        P(w) > P(0), the point of the steepest-descent ray from w = 0 or w = 0 itself
+        (``coef_source_``).
+    objective_ : float
+        P(coef_), eq. 6 evaluated exactly (float64) over all training rows; ≤ ``objective_zero_``.
+    objective_zero_ : float
+        P(0) = ℓ(0): 1 for the truncated quadratic and exponential losses, log 2 for the logistic.
+    coef_source_ : {"dual", "descent_from_zero", "zero"}
+        "dual": ``coef_`` is eq. 9 of the returned duals; otherwise that w was worse than
+        w = 0, and ``coef_`` is the minimizer of eq. 6 along its steepest-descent direction from
+        w = 0 ("descent_from_zero") or w = 0 itself ("zero"; then w = 0 is the optimum or within
+        ``tol`` of it).
     intercept_ : float
         See ``fit_intercept``.
     dual_alpha_ : ndarray of shape (m,)
@@ -123,8 +145,11 @@ class TopPush(Estimator):
     True
 
     With more label noise (``0.5 * rng.normal``) the positives' mean falls inside the convex
-    hull of the negatives; then w = 0 is the optimum of eq. 6 at every ``reg`` and the fit
-    says so with a :class:`DegenerateFitWarning`.
+    hull of the negatives; then w = 0 is the optimum of eq. 6 at every ``reg``, ``coef_`` is
+    0 and the fit says so with a :class:`DegenerateFitWarning`.
+
+    >>> bool(model.objective_ <= model.objective_zero_)
+    True
     """
 
     algorithm = "TopPush"
@@ -217,12 +242,37 @@ class TopPush(Estimator):
                 l_init = l_prev
             S.make_feasible(gam, m, loss, rng_state)
 
-        gam, nu, n_iter, converged, gap, big_l, objective, primal = S.solve(
+        p_zero = S.LOSS_AT_ZERO[self.loss]
+        gam, nu, n_iter, converged, gap, big_l, objective, _ = S.solve(
             Xs, m, gam, float(self.reg), loss, float(self.tol), int(self.max_iter),
-            float(l_init), rng_state, bool(self.verbose))
-        train_scores = np.asarray(Xs @ (nu / (self.reg * m)).astype(dtype)).ravel()
+            float(l_init), rng_state, bool(self.verbose), p_zero)
+        # the guard: never return a w worse than w = 0 (see the class docstring)
+        coef = (nu / (self.reg * m)).astype(dtype)  # eq. 9
+        primal_dual_w = S.primal_value(Xs, m, coef, self.reg, loss)
+        analysis = None
+        source = "dual"
+        if not primal_dual_w <= p_zero * (1.0 + S.PRIMAL_ROUNDOFF):
+            analysis = S.zero_analysis(Xs, m, float(self.reg), loss, float(self.tol))
+            coef = np.zeros_like(coef)
+            source = "zero"
+            if analysis["direction"] is not None:
+                descent = (analysis["t"] * analysis["direction"]).astype(dtype)
+                if S.primal_value(Xs, m, descent, self.reg, loss) < p_zero:
+                    coef, source = descent, "descent_from_zero"
+            # the hull point is a dual point too: α = ℓ'(0)·1, β = ℓ'(0)·m·β_hull is feasible,
+            # with D = ℓ(0) − ℓ'(0)²δ̂²/(2λ) (zero_analysis); keep it if it is the better bound
+            gam_hull, g_hull = S.hull_duals(Xs, m, analysis["beta"], float(self.reg), loss)
+            if g_hull < min(objective, 0.0):
+                gam, objective = gam_hull, g_hull
+                p_coef = S.primal_value(Xs, m, coef, self.reg, loss)
+                gap = (p_coef + g_hull / m) / (-g_hull / m)
+                converged = converged or gap <= self.tol
+        train_scores = np.asarray(Xs @ coef).ravel()
 
-        self.coef_ = (nu / (self.reg * m)).astype(dtype)
+        self.coef_ = coef
+        self.objective_ = S.primal_value(Xs, m, coef, self.reg, loss)
+        self.objective_zero_ = float(p_zero)
+        self.coef_source_ = source
         self.dual_alpha_ = gam[:m].copy()
         self.dual_beta_ = np.zeros(n)
         self.dual_beta_[neg_first] = gam[m:]
@@ -236,49 +286,100 @@ class TopPush(Estimator):
         if self.verbose:
             print(f"TopPush: {self.n_iter_} iterations, dual objective {self.dual_objective_:.6g}"
                   f", relative duality gap {gap:.2e}, L {big_l:.3g}, m={m}, n={n}"
-                  + (f" ({n_distinct} distinct)" if n_distinct < n else ""))
+                  + (f" ({n_distinct} distinct)" if n_distinct < n else "")
+                  + f"; P(coef_) {self.objective_:.6g} (coef_ from {source}), "
+                    f"P(0) {p_zero:.4g}")
+        guard_note = self._guard_note(primal_dual_w)
         if not converged:
-            self._warn_not_converged(f"relative duality gap {gap:.2e} > tol={self.tol:g}")
-        self._warn_if_degenerate(X, y_pos, train_scores, primal, -self.dual_objective_ / m)
+            self._warn_not_converged(f"relative duality gap {gap:.2e} > tol={self.tol:g}"
+                                     + (f"; {guard_note}" if guard_note else ""))
+        self._warn_if_degenerate(X, y_pos, Xs, m, train_scores, -self.dual_objective_ / m,
+                                 converged, guard_note, analysis)
         return self
 
-    def _warn_if_degenerate(self, X, y_pos, scores, primal, lower_bound):
+    def _guard_note(self, primal_dual_w):
+        """What the guard did, for the warnings ('' if coef_ is eq. 9's w)."""
+        p_zero = self.objective_zero_
+        if self.coef_source_ == "dual":
+            return ""
+        instead = ("coef_ is w = 0 itself" if self.coef_source_ == "zero" else
+                   f"coef_ is instead the minimizer of eq. 6 along its steepest-descent "
+                   f"direction from w = 0, with P = {self.objective_:.6g}")
+        return (f"eq. 9's w from the duals had P = {primal_dual_w:.6g} > P(0) = {p_zero:.4g}, "
+                f"worse than w = 0, so {instead}")
+
+    def _warn_if_degenerate(self, X, y_pos, Xs, m, scores, lower_bound, converged, guard_note,
+                            analysis):
         """:class:`DegenerateFitWarning` when the training scores are constant, or when w = 0
-        would have met the stopping rule: P(0) − D ≤ tol·D, with P(0) = ℓ(0) and D the dual
-        lower bound on min P (then P(0) ≤ (1 + tol)·min P: eq. 6 hardly prefers any ranking
-        to a constant score at this reg)."""
-        p_zero = S.LOSS_AT_ZERO[self.loss]
+        met the stopping rule: P(0) − D ≤ tol·D, with P(0) = ℓ(0) and D the dual lower bound
+        on min P (then P(0) ≤ (1 + tol)·min P: eq. 6 hardly prefers any ranking to a constant
+        score at this reg), or when a converged fit's eq. 9 w was worse than w = 0.
+
+        The advice follows :func:`solvers._toppush_solver.zero_analysis`: if the positives'
+        mean lies in the negatives' convex hull, w = 0 is the optimum at every reg and lowering
+        reg cannot help; if it lies outside, lowering reg is advised only down to a reg at which
+        a point certifies that w = 0 no longer meets the rule, and every reg above the bound
+        from the hull distance is named as degenerate too."""
+        p_zero = self.objective_zero_
         constant = not np.ptp(scores) > 0.0
         near_zero = p_zero - lower_bound <= self.tol * lower_bound
-        if not (constant or near_zero):
+        if not (constant or near_zero or (converged and guard_note)):
             return
         row_norm, mean_gap = _data_scale(X, y_pos)
         scale = f"max row norm {row_norm:.3g}, ‖mean x⁺ − mean x⁻‖ = {mean_gap:.3g}"
-        hull = ("if that does not help, the positives' mean lies in the convex hull of the "
-                "negatives, where w = 0 is the optimum at every reg, and the features must "
-                "change")
         if constant:
             what = "coef_ is all zero" if not np.any(self.coef_) else \
                 "the training scores are all equal"
-            if row_norm == 0.0:
-                advice = "X is all zeros: there is nothing to rank by; give X varying features"
-            elif mean_gap == 0.0:
-                advice = ("the positives' and negatives' means coincide, so w = 0 is the "
-                          "optimum at every reg and lowering reg cannot help; the features "
-                          "must change")
-            else:
-                advice = f"lower reg (scores scale like 1/reg); {hull}"
-            message = (f"TopPush fit is degenerate: {what}, so the model ranks every instance "
-                       f"alike (reg={self.reg:g}; data: {scale}). "
-                       f"{advice[0].upper()}{advice[1:]}.")
+            head = (f"TopPush fit is degenerate: {what}, so the model ranks every instance "
+                    f"alike (reg={self.reg:g}; data: {scale}).")
         else:
-            message = (f"TopPush fit is degenerate at reg={self.reg:g}: w = 0 is within "
-                       f"tol={self.tol:g} of the optimum of eq. 6 (P(0) = {p_zero:.4g}, "
-                       f"optimum >= {lower_bound:.6g}, coef_ has P = {primal:.6g}), so the "
-                       f"objective hardly prefers this ranking to a constant score. For the "
-                       f"data's scale ({scale}) reg is large: the possible decrease below P(0) "
-                       f"grows about like 1/reg. Lower reg (or tol); {hull}.")
-        warnings.warn(message, DegenerateFitWarning, stacklevel=3)
+            head = (f"TopPush fit is degenerate at reg={self.reg:g}: w = 0 is within "
+                    f"tol={self.tol:g} of the optimum of eq. 6 (P(0) = {p_zero:.4g}, "
+                    f"optimum >= {lower_bound:.6g}, coef_ has P = {self.objective_:.6g}), so "
+                    f"the objective hardly prefers any ranking to a constant score (data: "
+                    f"{scale}).")
+        if guard_note:
+            head += f" {guard_note[0].upper()}{guard_note[1:]}."
+        challenger = ("What can help: more or other features that set the positives apart "
+                      "from the top negatives, a loss on the whole ranking instead of the top "
+                      "(e.g. RankSVM / AUC), or a challenger such as logistic regression")
+        if row_norm == 0.0:
+            advice = "X is all zeros: there is nothing to rank by; give X varying features."
+        elif mean_gap == 0.0:
+            advice = ("The positives' and negatives' means coincide, so w = 0 is the optimum "
+                      f"at every reg and lowering reg cannot help. {challenger}.")
+        else:
+            if analysis is None:
+                analysis = S.zero_analysis(Xs, m, float(self.reg), S.LOSSES[self.loss],
+                                           float(self.tol))
+            advice = self._degenerate_advice(analysis, challenger)
+        warnings.warn(f"{head} {advice}", DegenerateFitWarning, stacklevel=3)
+
+    def _degenerate_advice(self, a, challenger):
+        """The advice of the degenerate-fit warning from ``zero_analysis``'s dict ``a``."""
+        # 3 significant digits, rounded the way that keeps each statement true
+        reg_no = (f"w = 0 stays within tol of the optimum at every reg >= "
+                  f"{_round_sig(a['reg_no'], up=True):.3g}" if np.isfinite(a["reg_no"]) else "")
+        if a["status"] == "inside" or (a["reg_yes"] == 0.0 and a["reg_no"] < 1e-6 * self.reg):
+            return (f"The positives' mean lies in the convex hull of the negatives (to within "
+                    f"a distance of {a['delta']:.2g}): every w scores some negative at least as "
+                    f"high as that mean, so w = 0 is the optimum of eq. 6 at every reg"
+                    + (f" (certified: {reg_no})" if reg_no else "")
+                    + f" and no reg pushes the positives above the top negative; lowering reg "
+                      f"cannot help. {challenger}.")
+        if a["reg_yes"] > 0.0:
+            bracket = f" ({reg_no})" if reg_no else ""
+            return (f"The positives' mean lies outside the negatives' convex hull (distance "
+                    f"about {a['delta']:.2g}), so eq. 6 does prefer a ranking, by less than "
+                    f"tol at this reg{bracket}. Lower reg to "
+                    f"{_round_sig(a['reg_yes'], up=False):.3g} or below: there "
+                    f"a point on the steepest-descent ray from w = 0 already has P < "
+                    f"P(0)/(1 + tol), so the fit is no longer degenerate.")
+        known = f"; {reg_no}" if reg_no else ""
+        return (f"The positives' mean is within {a['delta']:.2g} of the negatives' convex hull"
+                f"{known}; no lower reg was found at which eq. 6 gains more than tol over "
+                f"w = 0 (hull test: {a['status']} after {a['steps']} steps), so lowering reg "
+                f"is not known to help. {challenger}.")
 
     # ----------------------------------------------------------------------------------------
     # prediction, warm start, persistence
@@ -315,7 +416,10 @@ class TopPush(Estimator):
         state = self._warm_arrays()
         return {**state, "intercept": np.array(self.intercept_), "n_iter": np.array(self.n_iter_),
                 "converged": np.array(self.converged_),
-                "dual_objective": np.array(self.dual_objective_)}
+                "dual_objective": np.array(self.dual_objective_),
+                "objective": np.array(self.objective_),
+                "objective_zero": np.array(self.objective_zero_),
+                "coef_source": np.array(self.coef_source_)}
 
     def _from_state(self, a: dict) -> None:
         self.coef_, self.dual_alpha_, self.dual_beta_ = a["coef"], a["alpha"], a["beta"]
@@ -323,6 +427,11 @@ class TopPush(Estimator):
         self.intercept_ = float(a["intercept"])
         self.n_iter_, self.converged_ = int(a["n_iter"]), bool(a["converged"])
         self.dual_objective_ = float(a["dual_objective"])
+        # optional keys (absent from bundles written before they existed; older readers skip
+        # them), so the format version stays
+        self.objective_ = float(a.get("objective", np.nan))
+        self.objective_zero_ = float(a.get("objective_zero", S.LOSS_AT_ZERO[self.loss]))
+        self.coef_source_ = str(a.get("coef_source", "dual"))
         self.n_features_in_ = int(self.coef_.shape[0])
         self._lipschitz = float(a["lipschitz"])
 
@@ -389,6 +498,14 @@ class TopPush(Estimator):
             if np.isfinite(lp) and lp > 0 and same_reg:
                 l_prev = lp
         return alpha, beta, l_prev
+
+
+def _round_sig(x, up, digits=3):
+    """x rounded up (``up``) or down to ``digits`` significant digits (0 and inf as they are)."""
+    if not (np.isfinite(x) and x > 0.0):
+        return x
+    unit = 10.0 ** (np.floor(np.log10(x)) - digits + 1)
+    return float((np.ceil if up else np.floor)(x / unit) * unit)
 
 
 def _data_scale(X, y_pos):

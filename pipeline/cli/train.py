@@ -37,7 +37,9 @@ def format_summary(s: dict) -> str:
                           if isinstance(v, (int, float)))
         lines.append(f"  data     {stats}  ({ds.get('dataset_seconds', 0):.2f} s)")
         window = ds.get("window", {})
-        if window.get("n_dropped"):
+        if window.get("warning"):
+            lines.append(f"  WARNING  {window['warning']}")
+        elif window.get("n_dropped"):
             lines.append(f"  window   kept {window['n_events']:,} events, dropped "
                          f"{window['n_dropped']:,} older ones")
         if ds["stats"].get("warning"):

@@ -117,6 +117,11 @@ class ModelArtifact:
         The on-demand scoring model (``predicted_ratings``, ``query_docs``).
     algorithm, params, metrics, trained_at
         Description copied into the published version's meta hash.
+    served_as : str
+        What users are served: ``"model"`` (the trained model), ``"trivial"`` (a trivial list
+        published because the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
+        (the gate's challenger, or a blend with it, published because the model lost to it).
+        Lookups report it as their ``source``.
     """
 
     kind: str
@@ -138,6 +143,7 @@ class ModelArtifact:
     params: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     trained_at: str | None = None
+    served_as: str = "model"
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -297,6 +303,7 @@ class ModelArtifact:
         manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
                     "kind": self.kind, "algorithm": self.algorithm, "params": self.params,
                     "metrics": self.metrics, "trained_at": self.trained_at,
+                    "served_as": self.served_as,
                     "arrays": {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}}
         return write_bundle(path, arrays, manifest)
 
@@ -314,4 +321,5 @@ class ModelArtifact:
         return cls(kind=manifest["kind"], algorithm=manifest.get("algorithm", ""),
                    params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
                    trained_at=manifest.get("trained_at"),
+                   served_as=manifest.get("served_as", "model"),
                    **{n: a for n, a in arrays.items() if n in known})

@@ -106,7 +106,11 @@ class Recommendation:
         ``"precomputed"`` (the user's own stored list), ``"on_demand"`` (scored now from the
         user's factor), ``"global"`` (the model is one global list), ``"fallback"`` (unknown
         user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback),
-        ``"scored"`` (candidates given in the request, scored by the version's model).
+        ``"scored"`` (candidates given in the request, scored by the version's model). A
+        version that serves something other than the trained model reports what instead of
+        its own answers' source: ``"trivial"`` (a trivial list: the model did not beat it),
+        ``"challenger-NAME"`` or ``"blend-NAME"`` (the gate's challenger won; the version's
+        ``served_as``).
     stale : bool
         True when Redis was unavailable and this is the last-known answer.
     """
@@ -381,7 +385,7 @@ class TopK:
         scores = st.scorer.score(st.scorer.rows([x for _, x in candidates]))
         best = np.argsort(-scores, kind="stable")[:k]
         rec = Recommendation(model, query, [(candidates[i][0], float(scores[i])) for i in best],
-                             st.version, "scored", stale)
+                             st.version, st.sources["scored"], stale)
         self._count(model, rec)
         return rec
 
@@ -456,7 +460,7 @@ class TopK:
                     return self._failed(model, [user], k, down.err)[0]
                 if value is not None and ptr is not None and ptr.startswith(st.pointer_prefix):
                     rec = Recommendation(model, user, _pairs(st, value, k, key), st.version,
-                                         "precomputed")
+                                         st.sources["precomputed"])
                     if self._last is not None:
                         self._remember(model, key, rec)
                     return rec
@@ -489,8 +493,9 @@ class TopK:
             if ((first is not None and first.startswith(st.pointer_prefix)
                  and pointers.count(first) == len(pointers) or all(map(st.names, pointers)))
                     and None not in values):
-                out = [Recommendation(model, u, _pairs(st, v, k, x), st.version,
-                                      "precomputed") for u, x, v in zip(users, keys, values)]
+                source = st.sources["precomputed"]
+                out = [Recommendation(model, u, _pairs(st, v, k, x), st.version, source)
+                       for u, x, v in zip(users, keys, values)]
                 if self._last is not None:
                     for x, rec in zip(keys, out):
                         self._remember(model, x, rec)
@@ -690,7 +695,7 @@ class TopK:
         for i, value in enumerate(lists):
             if value is not None and (k <= st.top_k or not st.rank):
                 out[i] = Recommendation(model, users[i], _pairs(st, value, k, names[i]),
-                                        st.version, "precomputed")
+                                        st.version, st.sources["precomputed"])
             else:
                 need.append(i)
         if need:
@@ -719,10 +724,11 @@ class TopK:
             u_raw = factors[2 * j] if st.rank else None
             if u_raw is not None:
                 items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i], buckets[i])
-                out[i] = Recommendation(st.model, users[i], items, st.version, "on_demand")
+                out[i] = Recommendation(st.model, users[i], items, st.version,
+                                        st.sources["on_demand"])
             elif lists[i] is not None:
                 out[i] = Recommendation(st.model, users[i], _pairs(st, lists[i], k, names[i]),
-                                        st.version, "precomputed")
+                                        st.version, st.sources["precomputed"])
             else:
                 source = "fallback" if st.global_items is not None else "missing"
                 out[i] = Recommendation(st.model, users[i], st.global_answer(k), st.version,
@@ -749,7 +755,8 @@ class TopK:
     def _global(self, st: VersionState, user, k: int) -> Recommendation:
         if st.global_items is None:
             return Recommendation(st.model, user, [], st.version, "missing")
-        return Recommendation(st.model, user, st.global_answer(k), st.version, "global")
+        return Recommendation(st.model, user, st.global_answer(k), st.version,
+                              st.sources["global"])
 
     # ------------------------------------------------------------------ failure policy
     def _remember(self, model: str, key: str, rec: Recommendation) -> None:
@@ -781,7 +788,7 @@ class TopK:
             if rec is not None:
                 out.append(replace(rec, items=rec.items[:k], stale=True))
             elif st is not None:
-                source = ("global" if not st.per_key else
+                source = (st.sources["global"] if not st.per_key else
                           "fallback" if st.global_items is not None else "missing")
                 out.append(Recommendation(model, u, st.global_answer(k), st.version, source,
                                           stale=True))

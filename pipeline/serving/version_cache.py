@@ -28,6 +28,7 @@ from pipeline.serving.layout import (
 )
 
 PER_KEY_KINDS = ("user_item", "query_docs")
+OWN_SOURCES = ("precomputed", "on_demand", "global", "scored")   # the version's own answers
 
 
 class Vanished(Exception):
@@ -41,7 +42,7 @@ class VersionState:
                  "kind", "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
                  "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefixes",
                  "user_prefixes", "seen_prefixes", "vkeys", "n_item_chunks", "item_factors",
-                 "item_bias", "meta", "scorer")
+                 "item_bias", "meta", "scorer", "sources")
 
     def names(self, pointer: bytes | None) -> bool:
         """Whether a ``current``/bucket pointer value names this version (any epoch)."""
@@ -104,6 +105,10 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
         setattr(st, name, _int(meta, name, vk.meta))
     st.has_bias = meta.get("has_item_bias") == "1"
     st.global_role = meta.get("global", "none")
+    served_as = meta.get("served_as", "model")
+    # the source a lookup reports: how the answer came about, or, for a version that serves a
+    # trivial list or the challenger, that
+    st.sources = {s: (s if served_as == "model" else served_as) for s in OWN_SOURCES}
     st.topk_prefixes = [p + "topk:" for p in vk.bucket_prefixes]
     st.user_prefixes = [p + "u:" for p in vk.bucket_prefixes]
     st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]

@@ -132,6 +132,7 @@ class VersionInfo:
     n_items: int = 0
     n_lists: int = 0
     metrics: dict = field(default_factory=dict)
+    served_as: str = "model"
 
 
 def _script(client, source: str, keys: list, args: list):
@@ -253,7 +254,7 @@ def versions(model: str, redis, *, namespace: str = "rankstream") -> list[Versio
                 algorithm=m.get("algorithm", ""), publish_id=m.get("publish_id", ""),
                 trained_at=m.get("trained_at", ""), published_at=m.get("published_at", ""),
                 n_items=int(m.get("n_items", 0)), n_lists=int(m.get("n_lists", 0)),
-                metrics=metrics)
+                metrics=metrics, served_as=m.get("served_as", "model"))
         except ValueError as err:
             raise LayoutError(f"{keys.version(v).meta} has a malformed field: {err}") from None
         out.append(info)

@@ -27,9 +27,16 @@ from pipeline.naming import check_name
 from pipeline.training.registry import Family, family
 
 # tolerance: how much worse than the served version a candidate may be; trivial_margin: how
-# much better than the trivial models it must be; if_trivial: "reject" or "publish_trivial"
-GATE_KEYS = {"tolerance": 0.0, "trivial_margin": 0.0, "if_trivial": "reject"}
+# much better than the trivial models it must be; if_trivial: "reject" or "publish_trivial";
+# challenger: a strong cheap model trained beside it ("none" or one of the family's), published
+# instead when the model is worse than it by more than challenger_tolerance; challenger_mode
+# "blend" publishes a blend of both when it beats either alone
+GATE_KEYS = {"tolerance": 0.0, "trivial_margin": 0.0, "if_trivial": "reject",
+             "challenger": "none", "challenger_tolerance": 0.0, "challenger_mode": "replace"}
 PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
+# tune: settings chosen on the validation split; at most max_settings scored settings and
+# budget_seconds for the model, and the same caps for its challenger (the same effort)
+TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12}
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class ModelConfig:
     evaluation: dict = field(default_factory=dict)
     gate: dict = field(default_factory=dict)
     publish: dict = field(default_factory=dict)
+    tune: dict = field(default_factory=dict)
 
     @property
     def metric(self) -> str:
@@ -101,6 +109,11 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     if evaluation["metric"] not in metrics:
         raise ValueError(f"{where}: model {name!r} metric is {evaluation['metric']!r}, "
                          f"expected one of {list(metrics)}")
+    relevance = evaluation.get("relevance", "auto")
+    if relevance != "auto" and not (isinstance(relevance, (int, float))
+                                    and not isinstance(relevance, bool)):
+        raise ValueError(f"{where}: model {name!r} evaluation.relevance is {relevance!r}, "
+                         'expected a number (the least relevant rating) or "auto"')
     if evaluation["split"] not in fam.splits:
         raise ValueError(f"{where}: model {name!r} split is {evaluation['split']!r}, "
                          f"expected one of {list(fam.splits)}")
@@ -108,10 +121,38 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     if gate["if_trivial"] not in ("reject", "publish_trivial"):
         raise ValueError(f"{where}: model {name!r} gate.if_trivial is {gate['if_trivial']!r}, "
                          "expected 'reject' or 'publish_trivial'")
+    if gate["challenger"] not in ("none",) + fam.challengers:
+        raise ValueError(f"{where}: model {name!r} gate.challenger is {gate['challenger']!r}, "
+                         f"expected one of {['none', *fam.challengers]}")
+    if gate["challenger_mode"] not in ("replace", "blend"):
+        raise ValueError(f"{where}: model {name!r} gate.challenger_mode is "
+                         f"{gate['challenger_mode']!r}, expected 'replace' or 'blend'")
     publish = {**PUBLISH_KEYS, **_table(where, name, "publish", raw, PUBLISH_KEYS)}
+    tune = _tune(where, name, raw, fam)
     return ModelConfig(name=name, algorithm=fam.name, kinds=kinds, window=window,
                        schedule=raw.get("schedule", "@hourly"), params=params,
-                       evaluation=evaluation, gate=gate, publish=publish)
+                       evaluation=evaluation, gate=gate, publish=publish, tune=tune)
+
+
+def _tune(where: str, name: str, raw: dict, fam: Family) -> dict:
+    """The ``tune`` table: {} (no tuning), or budget caps and optional grids of the family's
+    tuning axes (each a non-empty list), over :data:`TUNE_KEYS`' defaults."""
+    if "tune" not in raw:
+        return {}
+    if not fam.tune_axes:
+        raise ValueError(f"{where}: model {name!r} ({fam.name}) has a tune table, but only "
+                         "families with tuning axes accept one")
+    tune = {**TUNE_KEYS, **_table(where, name, "tune", raw, (*TUNE_KEYS, *fam.tune_axes))}
+    for key in TUNE_KEYS:
+        if not (isinstance(tune[key], (int, float)) and tune[key] > 0):
+            raise ValueError(f"{where}: model {name!r} tune.{key} is {tune[key]!r}, expected a "
+                             "number > 0")
+    for axis, default in fam.tune_axes.items():
+        grid = tune.setdefault(axis, list(default))
+        if not (isinstance(grid, list) and grid):
+            raise ValueError(f"{where}: model {name!r} tune.{axis} is {grid!r}, expected a "
+                             f"non-empty list such as {list(default)}")
+    return tune
 
 
 def load_models(path) -> dict[str, ModelConfig]:

@@ -41,12 +41,34 @@ class Window:
     min_ts: int | None = None
     max_ts: int | None = None
     n_stored: int = 0
+    key: str = ""                     # what the window's keys are (users, items, queries)
+    n_keys: int = 0                   # distinct keys kept, and stored
+    n_keys_stored: int = 0
+
+    @property
+    def warning(self) -> str | None:
+        """One line when the window drops more than half of the stored events or keys."""
+        dropped_events = self.n_stored - self.n_events
+        dropped_keys = self.n_keys_stored - self.n_keys
+        if 2 * dropped_events <= self.n_stored and 2 * dropped_keys <= self.n_keys_stored:
+            return None
+        since = _iso(self.start_ts) if self.start_ts is not None else "the start"
+        return (f"the window keeps {self.n_events:,} of {self.n_stored:,} stored events and "
+                f"{self.n_keys:,} of {self.n_keys_stored:,} {self.key} (events since {since}): "
+                f"the others get no model of their own; widen or drop the window "
+                f"(window = {{}} keeps everything)")
 
     def describe(self) -> dict:
-        return {"end_offsets": {f"{t}/{p}": o for (t, p), o in sorted(self.end_offsets.items())},
-                "start_ts": self.start_ts, "n_events": self.n_events,
-                "n_dropped": self.n_stored - self.n_events,
-                "min_ts": self.min_ts, "max_ts": self.max_ts}
+        out = {"end_offsets": {f"{t}/{p}": o for (t, p), o in sorted(self.end_offsets.items())},
+               "start_ts": self.start_ts, "n_events": self.n_events,
+               "n_dropped": self.n_stored - self.n_events,
+               "min_ts": self.min_ts, "max_ts": self.max_ts}
+        if self.key:
+            out.update({self.key: self.n_keys, f"{self.key}_dropped":
+                        self.n_keys_stored - self.n_keys})
+        if self.warning:
+            out["warning"] = self.warning
+        return out
 
 
 def _iso(ms: int) -> str:
@@ -86,13 +108,24 @@ class OutcomeData:
     stats: dict = field(default_factory=dict)
 
 
-def _window_tables(store: EventStore, kinds, window: dict, columns: dict):
+def _distinct(tables: dict, key: str) -> int:
+    columns = [t.column(key).cast(pa.string()) for t in tables.values() if key in t.column_names]
+    columns = [c for c in columns if len(c)]
+    if not columns:
+        return 0
+    return int(pc.count_distinct(pa.chunked_array(
+        [chunk for c in columns for chunk in c.chunks], pa.string())).as_py())
+
+
+def _window_tables(store: EventStore, kinds, window: dict, columns: dict, key: str = ""):
     """Read ``kinds`` up to a fixed offset snapshot of their own segments (events of other
-    kinds never move it), then apply ``last_days``/``last_events``."""
+    kinds never move it), then apply ``last_days``/``last_events``; ``key`` names the column
+    whose distinct values the window counts (kept and stored), for its warning."""
     end_offsets = store.next_offsets(kinds=kinds)
     tables = {k: store.read(k, end_offsets=end_offsets, columns=columns[k]) for k in kinds}
     ts_all = np.concatenate([t.column("ts").to_numpy() for t in tables.values()])
     n_stored = int(ts_all.size)
+    keys_stored = _distinct(tables, key) if key else 0
     start_ts = None
     if ts_all.size and "last_days" in window:
         start_ts = int(ts_all.max() - window["last_days"] * DAY_MS)
@@ -104,8 +137,10 @@ def _window_tables(store: EventStore, kinds, window: dict, columns: dict):
                   for k, t in tables.items()}
         ts_all = ts_all[ts_all >= start_ts]
     n = int(sum(t.num_rows for t in tables.values()))
+    keys = keys_stored if start_ts is None else (_distinct(tables, key) if key else 0)
     win = Window(end_offsets, start_ts, n, int(ts_all.min()) if n else None,
-                 int(ts_all.max()) if n else None, n_stored)
+                 int(ts_all.max()) if n else None, n_stored, key and f"{key}s", keys,
+                 keys_stored)
     return tables, win
 
 
@@ -137,12 +172,49 @@ def _holdout_latest(users: np.ndarray, ts: np.ndarray, holdout: int, min_train: 
     return mask
 
 
+RELEVANT_SHARE = 0.75   # "auto" relevance: this far from the lowest to the highest rating
+
+
+def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | None]:
+    """The least rating that counts as relevant, and a warning when it sorts no or almost
+    every rating into one class.
+
+    ``"auto"`` follows the data's scale: ``lo + 0.75 (hi − lo)`` over the ratings seen, so 4
+    on a 1–5 scale, 3.875 (4 and up) on half stars 0.5–5, 7.75 (8 and up) on 1–10 and 0.75 on
+    0–1 scores; a number is taken as given. Interactions (NaN ratings) are always relevant.
+
+    >>> relevance_threshold(np.array([1.0, 3, 5, 4, 2]), "auto")
+    (4.0, None)
+    >>> relevance_threshold(np.array([0.5, 5.0, 4.5, 3.0, 4.0]), "auto")[0]
+    3.875
+    >>> relevance_threshold(np.array([1.0, 2, 3]), 4.0)[1][:59]
+    'no rating reaches the relevance threshold 4 (ratings run fr'
+    """
+    rated = ratings[np.isfinite(ratings)]
+    if rated.size == 0:
+        return (float(configured) if configured != "auto" else 0.0), None
+    lo, hi = float(rated.min()), float(rated.max())
+    value = lo + RELEVANT_SHARE * (hi - lo) if configured == "auto" else float(configured)
+    share = float(np.mean(rated >= value))
+    scale = f"ratings run from {lo:g} to {hi:g}"
+    if share == 0.0:
+        return value, (f"no rating reaches the relevance threshold {value:g} ({scale}): every "
+                       "rated item counts as not relevant; set evaluation.relevance within "
+                       'the scale, or "auto"')
+    if share > 0.95 and rated.size >= 20:
+        return value, (f"{share:.0%} of the ratings reach the relevance threshold {value:g} "
+                       f"({scale}): almost every rated item counts as relevant; raise "
+                       'evaluation.relevance, or "auto"')
+    return value, None
+
+
 def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: IdMap | None = None,
                   items: IdMap | None = None, split: str = "per_user_last", holdout: int = 5,
                   fraction: float = 0.2, min_train: int = 5, comparisons: str = "implicit",
                   implicit_per_item: int = 10, implicit_sampling: str = "uniform",
-                  implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
-                  max_pairs_per_user: int | None = None, seed: int = 0) -> CollaborativeData:
+                  implicit_per_user: int = 0, implicit_min_rating=0.0,
+                  max_pairs_per_user: int | None = None, relevance="auto",
+                  seed: int = 0) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
     Every (user, item) a user met (rated or interacted with; the latest event wins) is a
@@ -158,16 +230,16 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
     popularity); only rows rated at least ``implicit_min_rating`` (and interactions) win, the
-    others are met and never sampled as losers; ``"mixed"``, both. ``max_pairs_per_user``
-    caps each kind per user, by a stable hash, and the stats say how many were dropped.
+    others are met and never sampled as losers (``"relevance"``: the relevance threshold);
+    ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a stable hash, and
+    the stats say how many were dropped. ``relevance`` is resolved by
+    :func:`relevance_threshold` on the window's ratings (``stats["relevance"]``).
     """
-    from solvers.pairs import implicit_comparisons, pairs_from_ratings
-
     columns = {"rating": ["ts", "offset", "user", "item", "rating"],
                "interaction": ["ts", "offset", "user", "item"],
                "comparison": ["ts", "offset", "user", "winner", "loser"]}
     known_users = 0 if users is None else len(users)
-    tables, win = _window_tables(store, kinds, window or {}, columns)
+    tables, win = _window_tables(store, kinds, window or {}, columns, key="user")
     users, items = users or IdMap(), items or IdMap()
     parts = []   # (user, item, rating, ts, offset) per met event
     for kind in ("rating", "interaction"):
@@ -193,6 +265,9 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     u, i = u.astype(np.int64), i.astype(np.int64)
     keep = _latest_per_key(u * (2**31) + i, ts, off)    # a rating after a view wins, ...
     u, i, r, ts = u[keep], i[keep], r[keep], ts[keep]
+    relevance, relevance_warning = relevance_threshold(r, relevance)
+    if implicit_min_rating == "relevance":
+        implicit_min_rating = relevance
     part = np.full(len(u), TRAIN, np.int8)
     part[_split(u, i, ts, split, holdout, fraction, min_train, seed)] = TEST
     rest = np.flatnonzero(part == TRAIN)
@@ -201,24 +276,12 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     n_items = len(items)
 
     def build(rows) -> tuple[np.ndarray, dict]:
-        made, dropped = [], {}
-        if comparisons in ("explicit", "mixed"):
-            rated = rows[np.isfinite(r[rows])]
-            pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
-                                       max_pairs_per_user=max_pairs_per_user, random_state=seed)
-            dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
-            made += [pairs, explicit]
-        if comparisons in ("implicit", "mixed"):
-            wins = ~(r[rows] < implicit_min_rating)          # NaN (an interaction) wins
-            imp = implicit_comparisons(u[rows], i[rows], max(n_items, 1), implicit_per_item,
-                                       implicit_sampling, max_per_user=max_pairs_per_user,
-                                       random_state=seed, positive=wins,
-                                       per_user=implicit_per_user or None)
-            asked = (np.count_nonzero(np.bincount(u[rows][wins])) * implicit_per_user
-                     if implicit_per_user else int(wins.sum()) * implicit_per_item)
-            dropped["implicit"] = asked - len(imp)
-            made.append(imp)
-        return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
+        return make_comparisons(u[rows], i[rows], r[rows], n_items, explicit=explicit,
+                                comparisons=comparisons, implicit_per_item=implicit_per_item,
+                                implicit_sampling=implicit_sampling,
+                                implicit_per_user=implicit_per_user,
+                                implicit_min_rating=implicit_min_rating,
+                                max_pairs_per_user=max_pairs_per_user, seed=seed)
 
     train_rows = np.flatnonzero(part != TEST)
     comps, dropped = build(train_rows)
@@ -229,16 +292,47 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
              "test": int((part == TEST).sum()), "users": len(users), "items": n_items,
              "users_in_window": int(in_window), "max_pairs_per_user": max_pairs_per_user or 0,
+             "relevance": relevance,
              **{f"comparisons_dropped_{k}": int(v) for k, v in dropped.items()}}
-    if known_users and in_window < 0.5 * known_users:
+    if win.warning is None and known_users and in_window < 0.5 * known_users:
         stats["warning"] = (f"the window keeps {in_window:,} of the {known_users:,} users "
                             "seen before (events from "
                             f"{_iso(win.start_ts) if win.start_ts else 'the start'}); the "
                             "others get the fallback list: widen the window?")
+    if relevance_warning:
+        stats["warning"] = "; ".join(filter(None, [stats.get("warning"), relevance_warning]))
     return CollaborativeData(users=users, items=items, comparisons=comps,
                              path_comparisons=path_comps,
                              met={"user": u, "item": i, "rating": r, "part": part},
                              window=win, stats=stats)
+
+
+def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",
+                     implicit_per_item: int = 10, implicit_sampling: str = "uniform",
+                     implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
+                     max_pairs_per_user: int | None = None,
+                     seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Comparisons (user, winner, loser) of met rows ``(u, i, r)`` (NaN rating: an
+    interaction), as :func:`collaborative` describes, and how many each kind dropped."""
+    from solvers.pairs import implicit_comparisons, pairs_from_ratings
+
+    made, dropped = [], {}
+    if comparisons in ("explicit", "mixed"):
+        rated = np.isfinite(r)
+        pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
+                                   max_pairs_per_user=max_pairs_per_user, random_state=seed)
+        dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
+        made += [pairs] + ([explicit] if explicit is not None else [])
+    if comparisons in ("implicit", "mixed"):
+        wins = ~(r < implicit_min_rating)          # NaN (an interaction) wins
+        imp = implicit_comparisons(u, i, max(n_items, 1), implicit_per_item, implicit_sampling,
+                                   max_per_user=max_pairs_per_user, random_state=seed,
+                                   positive=wins, per_user=implicit_per_user or None)
+        asked = (np.count_nonzero(np.bincount(u[wins])) * implicit_per_user
+                 if implicit_per_user else int(wins.sum()) * implicit_per_item)
+        dropped["implicit"] = asked - len(imp)
+        made.append(imp)
+    return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
 
 
 def _split(u, i, ts, split: str, holdout: int, fraction: float, min_train: int,
@@ -274,7 +368,7 @@ def outcomes(store: EventStore, *, window=None, items: IdMap | None = None,
     index ``max_features`` or more are left out (counted in the stats), so no single event can
     make the model's weight vector arbitrarily large."""
     columns = {"outcome": ["ts", "offset", "item", "label", "feature_index", "feature_value"]}
-    tables, win = _window_tables(store, ["outcome"], window or {}, columns)
+    tables, win = _window_tables(store, ["outcome"], window or {}, columns, key="item")
     t = tables["outcome"]
     items, idx = _indices(items or IdMap(), t.column("item"))
     keep = _latest_per_key(idx, t.column("ts").to_numpy(), t.column("offset").to_numpy())
@@ -353,7 +447,7 @@ def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed:
 
     columns = {"ordinal": ["ts", "offset", "event_id", "item", "label", "feature_index",
                            "feature_value", "text"]}
-    tables, win = _window_tables(store, ["ordinal"], window or {}, columns)
+    tables, win = _window_tables(store, ["ordinal"], window or {}, columns, key="item")
     t = tables["ordinal"]
     ids = event_ids(t.column("event_id"))
     keep = _latest_per_key(ids, t.column("ts").to_numpy(), t.column("offset").to_numpy())
@@ -438,7 +532,7 @@ def judgments(store: EventStore, *, window=None, queries: IdMap | None = None,
     """
     columns = {"judgment": ["ts", "offset", "query", "doc", "label", "feature_index",
                             "feature_value"]}
-    tables, win = _window_tables(store, ["judgment"], window or {}, columns)
+    tables, win = _window_tables(store, ["judgment"], window or {}, columns, key="query")
     t = tables["judgment"]
     queries, q = _indices(queries or IdMap(), t.column("query"))
     docs, d = _indices(docs or IdMap(), t.column("doc"))

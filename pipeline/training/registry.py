@@ -50,6 +50,11 @@ class Family:
         Holdout splits it implements (``evaluation.split``); the first is the default.
     artifact_kind : str
         The :class:`pipeline.serving.artifact.ModelArtifact` kind it publishes.
+    challengers : tuple of str
+        The ``gate.challenger`` values its trainer implements (besides ``"none"``).
+    tune_axes : dict
+        Setting -> its default grid, for a config's ``tune`` table (the trainer's tuner
+        searches them; ``{}``: the family does not tune).
     """
 
     name: str
@@ -61,6 +66,8 @@ class Family:
     splits: tuple[str, ...]
     artifact_kind: str
     dataset_params: dict = field(default_factory=dict)
+    challengers: tuple[str, ...] = ()
+    tune_axes: dict = field(default_factory=dict)
 
     def estimator_class(self):
         import solvers
@@ -117,9 +124,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            metrics={"topk_ndcg@{k}": +1, "topk_precision@{k}": +1, "topk_recall@{k}": +1,
                     "ndcg@{k}": +1, "precision@{k}": +1, "pairwise_accuracy": +1},
            evaluation={"split": "per_user_last", "holdout": 5, "fraction": 0.2,
-                       "min_train": 5, "k": 10, "relevance": 4.0, "metric": "topk_ndcg@10",
+                       # "auto": lowest rating + 0.75 x the scale (4 on 1-5, 8 on 1-10)
+                       "min_train": 5, "k": 10, "relevance": "auto", "metric": "topk_ndcg@10",
                        "seed": 0},
-           splits=("per_user_last", "random"), artifact_kind="user_item"),
+           splits=("per_user_last", "random"), artifact_kind="user_item",
+           # implicit's ALS: the model recommendation teams would otherwise run
+           challengers=("als",),
+           # why these grids: pipeline/training/trainers/altsvm_tuning.py
+           tune_axes={"rank": [5, 10, 20, 50, 100],
+                      "implicit_per_user": [250, 500, 1000, 2000, 4000],
+                      "loss": ["squared_hinge", "hinge", "logistic"],
+                      "implicit_sampling": ["uniform", "popularity"]}),
     Family(name="toppush", estimator="TopPush",
            trainer="pipeline.training.trainers.toppush:TopPushTrainer",
            kinds=("outcome",),
@@ -127,7 +142,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            dataset_params={"max_features": 2**24},
            metrics={"pos@top": +1, "average_precision": +1, "auc": +1, "ndcg": +1},
            evaluation={"split": "random", "fraction": 0.2, "metric": "pos@top", "seed": 0},
-           splits=("random",), artifact_kind="global_list"),
+           splits=("random",), artifact_kind="global_list",
+           challengers=("logistic",)),
     Family(name="npsvor", estimator="NPSVOR",
            trainer="pipeline.training.trainers.npsvor:NPSVORTrainer",
            kinds=("ordinal",),
@@ -138,7 +154,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            metrics={"mae": -1, "mse": -1, "accuracy": +1, "rating_ndcg": +1},
            # split "random": a stable hash of the event id holds out a fraction of events
            evaluation={"split": "random", "fraction": 0.2, "metric": "mae", "seed": 0},
-           splits=("random",), artifact_kind="predicted_ratings"),
+           splits=("random",), artifact_kind="predicted_ratings",
+           # the better (on validation) of mord's LogisticAT and scikit-learn's LinearSVR
+           challengers=("linear_ordinal",)),
     Family(name="kernel_ranksvm", estimator="KernelRankSVM",
            trainer="pipeline.training.trainers.kernel_ranksvm:KernelRankSVMTrainer",
            kinds=("judgment",),
@@ -151,7 +169,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            # split "query": a stable hash of the query holds out whole queries
            evaluation={"split": "query", "fraction": 0.2, "k": 10, "metric": "ndcg@10",
                        "seed": 0},
-           splits=("query",), artifact_kind="query_docs"),
+           splits=("query",), artifact_kind="query_docs",
+           # the same solver with a linear kernel
+           challengers=("linear",)),
 )}
 
 

@@ -136,11 +136,12 @@ def train_step(config, model: str, run_dir) -> dict:
     cfg = _model(config, model)
     trainer = cfg.family.new_trainer()
     ds, arrays = _dataset(run_dir)
-    warm, warm_failed = None, None
+    warm, warm_failed, last_arrays = None, None, None
     if ds["warm_from"] and Path(ds["warm_from"]).is_dir():
         from pipeline.training.trainers import warm_state
 
-        warm = warm_state(read_checkpoint(ds["warm_from"]).arrays)
+        last_arrays = read_checkpoint(ds["warm_from"]).arrays
+        warm = warm_state(last_arrays)
     try:
         fitted, fit_info = trainer.fit(arrays, cfg, warm)
     except Exception as err:
@@ -154,16 +155,27 @@ def train_step(config, model: str, run_dir) -> dict:
         warm = None
     metrics = trainer.evaluate(fitted, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()
-    trainer.artifact(fitted, arrays, cfg, params=cfg.params, metrics=metrics,
+    served, refit_info = trainer.refit(fitted, arrays, cfg)   # the holdout learned from too
+    fit_info.update(refit_info)
+    trainer.artifact(served, arrays, cfg, params=cfg.params, metrics=metrics,
                      trained_at=trained_at).save(run_dir / "artifact")
     baselines = {}
     for name, (scores_metrics, scores) in trainer.baselines(arrays, cfg).items():
         baselines[name] = scores_metrics
         trainer.trivial_artifact(scores, arrays, algorithm=f"{cfg.algorithm}:{name}",
                                  params={"trivial": name}, metrics=scores_metrics,
-                                 trained_at=trained_at).save(run_dir / f"trivial-{name}")
+                                 trained_at=trained_at, served_as="trivial",
+                                 ).save(run_dir / f"trivial-{name}")
+    checkpoint_arrays = trainer.checkpoint(served, arrays)
+    challenger = _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir,
+                             trained_at=trained_at)
+    if challenger is not None:
+        from pipeline.training.trainers import CHALLENGER_PREFIX
+
+        checkpoint_arrays.update({CHALLENGER_PREFIX + k: v for k, v in challenger[1].items()})
+        challenger = challenger[0]
     fit_info = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fit_info.items()}
-    write_checkpoint(run_dir / "checkpoint", arrays=trainer.checkpoint(fitted, arrays),
+    write_checkpoint(run_dir / "checkpoint", arrays=checkpoint_arrays,
                      manifest={"model": model, "algorithm": cfg.algorithm,
                                "params": cfg.params,
                                "metrics": metrics, "window": ds["window"],
@@ -172,7 +184,34 @@ def train_step(config, model: str, run_dir) -> dict:
     return write_json(run_dir / "train.json", {
         "model": model, "run_dir": str(run_dir), "warm_start": warm is not None, **fit_info,
         "metrics": metrics, "baselines": baselines, "trained_at": trained_at,
+        **({"challenger": challenger} if challenger else {}),
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
+
+
+def _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir: Path, **describe):
+    """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
+    its artifact (and its blend's) in the run directory; ``(summary, warm arrays)`` or None."""
+    name = cfg.gate["challenger"]
+    if name == "none":
+        return None
+    from pipeline.training.trainers import CHALLENGER_PREFIX, warm_state
+
+    warm = warm_state(last_arrays, CHALLENGER_PREFIX) if last_arrays else None
+    ch = trainer.challenger(fitted, arrays, cfg, warm or None)
+    ch.artifact.served_as = f"challenger-{ch.name}"
+    ch.artifact.algorithm = f"{cfg.algorithm}:challenger-{ch.name}"
+    ch.artifact.metrics, ch.artifact.trained_at = ch.metrics, describe["trained_at"]
+    ch.artifact.save(run_dir / f"challenger-{ch.name}")
+    summary = {"name": ch.name, "metrics": ch.metrics, "tried": ch.tried,
+               "fit_seconds": round(ch.fit_seconds, 4)}
+    if ch.blend is not None:
+        blend_metrics, blend_artifact, info = ch.blend
+        blend_artifact.served_as = f"blend-{ch.name}"
+        blend_artifact.algorithm = f"{cfg.algorithm}:blend-{ch.name}"
+        blend_artifact.metrics, blend_artifact.trained_at = blend_metrics, describe["trained_at"]
+        blend_artifact.save(run_dir / f"blend-{ch.name}")
+        summary["blend"] = {"metrics": blend_metrics, **info}
+    return summary, ch.warm
 
 
 def served_versions(settings: Settings, client, model: str) -> list:
@@ -185,20 +224,19 @@ def served_versions(settings: Settings, client, model: str) -> list:
         return []
 
 
-def published_metric(settings: Settings, redis_url: str, model: str, metric: str):
-    """The recorded ``metric`` of the version ``model`` currently serves (None if none)."""
-    from pipeline.serving.redis_client import as_client
-
-    current = [v for v in served_versions(settings, as_client(redis_url), model) if v.current]
-    return (current[0].metrics.get(metric), current[0].version) if current else (None, None)
-
-
 def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
-    """Publish only if the candidate (1) beats the trivial models on its metric by at least
-    ``gate.trivial_margin`` and (2) is not worse than the served version's by more than
-    ``gate.tolerance`` (both in the metric's own direction). When (1) fails,
-    ``gate.if_trivial = "publish_trivial"`` publishes the best trivial list instead of
-    nothing. Records the decision and the reason, with the lift over every trivial model."""
+    """Choose what users get, in the metric's own direction:
+
+    1. the model, or its challenger (``gate.challenger``) when the model is worse than it by
+       more than ``gate.challenger_tolerance``, or their blend (``challenger_mode = "blend"``)
+       when the blend beats both;
+    2. that candidate must beat every trivial model by ``gate.trivial_margin``; otherwise
+       ``gate.if_trivial = "publish_trivial"`` publishes the best trivial list instead, and so
+       does a model that has nothing served yet (users are never served nothing);
+    3. and must not be worse than the served version by more than ``gate.tolerance``.
+
+    Records the decision, the reason, the lift over every trivial model and the margin to the
+    challenger."""
     run_dir = Path(run_dir)
     done = read_json(run_dir / "gate.json")
     if done:
@@ -206,40 +244,91 @@ def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -
     cfg = _model(config, model)
     trained = read_json(run_dir / "train.json")
     metric = cfg.metric
-    value = trained["metrics"].get(metric)
     sign = 1.0 if cfg.family.higher_is_better(metric) else -1.0
+    own = trained["metrics"].get(metric)
+    candidate, value, notes = "model", own, []
+    ch = trained.get("challenger")
+    vs_challenger = None
+    if ch is not None:
+        ch_value = ch["metrics"].get(metric)
+        name = ch["name"]
+        if ch_value is not None and own is not None:
+            vs_challenger = round(sign * (own - ch_value), 5)
+        if ch_value is not None and (own is None or sign * (own - ch_value)
+                                     < -float(cfg.gate["challenger_tolerance"])):
+            candidate, value = f"challenger-{name}", ch_value
+            lost_by = None if own is None else sign * (ch_value - own)
+            notes.append(f"the model's {metric} {_fmt(own)} loses to the challenger {name}'s "
+                         f"{ch_value:.4f} by {_fmt(lost_by)} (tolerance "
+                         f"{cfg.gate['challenger_tolerance']}): serving {name}")
+        blend = ch.get("blend")
+        blend_value = blend and blend["metrics"].get(metric)
+        if (cfg.gate["challenger_mode"] == "blend" and blend_value is not None
+                and sign * (blend_value - max((v for v in (own, ch_value) if v is not None),
+                                              key=lambda v: sign * v)) > 0):
+            candidate, value = f"blend-{name}", blend_value
+            notes.append(f"the blend (weight {blend.get('weight')}) {blend_value:.4f} beats "
+                         f"both: serving it")
     trivial = {name: m[metric] for name, m in trained.get("baselines", {}).items()
                if m.get(metric) is not None}
     lift = {name: None if value is None else round(sign * (value - v), 5)
             for name, v in trivial.items()}
     best_trivial = max(trivial, key=lambda n: sign * trivial[n]) if trivial else None
     margin = float(cfg.gate["trivial_margin"])
-    publish = "model"
-    if value is None:
-        publish, reason = None, f"no {metric} could be computed (empty or one-class holdout)"
-    elif best_trivial is not None and sign * (value - trivial[best_trivial]) < margin:
-        publish = "trivial" if cfg.gate["if_trivial"] == "publish_trivial" else None
-        reason = (f"{metric} {value:.4f} does not beat the trivial {best_trivial} model "
-                  f"({trivial[best_trivial]:.4f}) by the margin {margin}"
-                  + ("; publishing the trivial list instead" if publish else ""))
+    publish = candidate
+    served = served_versions(settings, _client(redis_url), model)
+    never_served = not served
+    if value is None or (best_trivial is not None
+                         and sign * (value - trivial[best_trivial]) < margin):
+        why = (f"no {metric} could be computed (empty or one-class holdout)" if value is None
+               else f"{metric} {value:.4f} does not beat the trivial {best_trivial} model "
+                    f"({trivial[best_trivial]:.4f}) by the margin {margin}")
+        if best_trivial is not None and (cfg.gate["if_trivial"] == "publish_trivial"
+                                         or never_served):
+            publish = f"trivial-{best_trivial}"
+            why += ("; publishing the trivial list instead" if not never_served else
+                    "; nothing is served yet, so the trivial list is published (marked "
+                    "'trivial') rather than nothing")
+        else:
+            publish = None
+        notes.append(why)
     else:
-        served, version = published_metric(settings, redis_url, model, metric)
+        current = [v for v in served if v.current]
         tolerance = float(cfg.gate["tolerance"])
         beats = (f"; beats {best_trivial} {trivial[best_trivial]:.4f}"
                  if best_trivial is not None else "")
-        if served is None:
-            reason = f"nothing served yet; {metric} = {value:.4f}{beats}"
-        elif sign * (value - served) >= -tolerance:
-            reason = (f"{metric} {value:.4f} is within tolerance {tolerance} of served "
-                      f"v{version} {served:.4f}{beats}")
+        if not current or current[0].metrics.get(metric) is None:
+            notes.append(f"nothing served yet; {metric} = {value:.4f}{beats}")
         else:
-            publish, reason = None, (f"{metric} {value:.4f} is worse than served v{version} "
-                                     f"{served:.4f} by more than tolerance {tolerance}")
+            was, version = current[0].metrics[metric], current[0].version
+            if sign * (value - was) >= -tolerance:
+                notes.append(f"{metric} {value:.4f} is within tolerance {tolerance} of served "
+                             f"v{version} {was:.4f}{beats}")
+            else:
+                publish = None
+                notes.append(f"{metric} {value:.4f} is worse than served v{version} "
+                             f"{was:.4f} by more than tolerance {tolerance}")
     return write_json(run_dir / "gate.json", {
         "model": model, "run_dir": str(run_dir), "metric": metric, "value": value,
-        "trivial": trivial, "lift_over_trivial": lift, "publish": publish is not None,
-        "publishes": publish and (publish if publish == "model" else f"trivial-{best_trivial}"),
-        "reason": reason})
+        "model_value": own, "trivial": trivial, "lift_over_trivial": lift,
+        **({"challenger": ch["name"], "challenger_value": ch["metrics"].get(metric),
+            "model_vs_challenger": vs_challenger} if ch is not None else {}),
+        "publish": publish is not None, "publishes": publish, "reason": "; ".join(notes)})
+
+
+def _fmt(value) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+def _client(redis_url: str):
+    from pipeline.serving.redis_client import as_client
+
+    return as_client(redis_url)
+
+
+def _artifact_dir(run_dir: Path, publishes: str) -> Path:
+    """Where the gate's choice lives in the run directory."""
+    return run_dir / ("artifact" if publishes == "model" else publishes)
 
 
 def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
@@ -261,8 +350,7 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
     ds = _summary(read_manifest(run_dir / "dataset", fmt=DATASET_FORMAT))
     trained = read_json(run_dir / "train.json")
     client = as_client(redis_url)
-    published_artifact = run_dir / ("artifact" if gate["publishes"] == "model"
-                                    else gate["publishes"])
+    published_artifact = _artifact_dir(run_dir, gate["publishes"])
     already = [v for v in served_versions(settings, client, model)
                if v.trained_at == trained["trained_at"] and v.status == "complete"]
     if already:

@@ -148,20 +148,26 @@ def test_gate_refuses_a_model_no_better_than_a_constant_rating(settings, redis_u
     events = synthetic.ordinal_events(n_items=200, n_reviews=1500, seed=4)
     for e in events:   # ratings unrelated to the text and features
         e["label"] = int(rng.choice([1, 2, 3, 3, 3, 4, 5]))
-    _ingest(events, settings, "noise")
+    _ingest(events[:1000], settings, "noise")
+    # nothing is served yet: the best trivial list is published (marked) rather than nothing
     run = retrain.run("reviews", _models(), settings=settings, redis_url=redis_url)
-    assert run["decision"] == "rejected"
+    assert run["decision"] == "published" and run["gate"]["publishes"].startswith("trivial-")
+    assert "does not beat the trivial" in run["reason"] and "nothing is served" in run["reason"]
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        served = topk.recommend("reviews", None, k=3)
+    assert served.version == 1 and len(served.items) == 3 and served.source == "trivial"
+    # once something is served, if_trivial = "reject" keeps its meaning
+    _ingest(events[1000:], settings, "noise-2")
+    run = retrain.run("reviews", _models(), settings=settings, redis_url=redis_url)
+    assert run["decision"] == "rejected", run["reason"]
     assert "does not beat the trivial" in run["reason"]
-    with pytest.raises(Exception, match="reviews"):
-        with TopK(redis_url, namespace=settings.namespace) as topk:
-            topk.recommend("reviews", None, k=3)
     # if_trivial = "publish_trivial": the best trivial model's ratings are served instead
     models = _models(gate={"tolerance": 0.02, "if_trivial": "publish_trivial"})
-    run = retrain.run("reviews", models, settings=settings, redis_url=redis_url)
+    run = retrain.run("reviews", models, settings=settings, redis_url=redis_url, cold=True)
     assert run["decision"] == "published" and run["gate"]["publishes"].startswith("trivial-")
     with TopK(redis_url, namespace=settings.namespace) as topk:
         served = topk.recommend("reviews", None, k=3)
-    assert served.version == 1 and len(served.items) == 3
+    assert served.version == 2 and len(served.items) == 3 and served.source == "trivial"
 
 
 def test_features_only_and_text_only_reviews_train(settings, redis_url):

@@ -12,10 +12,47 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass, field
 
 from pipeline.training.idmap import IdMap
 
 WARM_PREFIX = "warm_"
+CHALLENGER_PREFIX = "challenger_"
+
+
+@dataclass
+class Challenger:
+    """The strong, cheap model a user would otherwise pick (``gate.challenger``), trained on
+    the model's window, tuned on the same validation data with the same effort, scored on the
+    same holdout. The gate publishes it (``served_as = "challenger-NAME"``) when the model
+    loses to it.
+
+    Attributes
+    ----------
+    name : str
+        The ``gate.challenger`` value, e.g. ``"als"``.
+    metrics : dict
+        Holdout metrics under the names the family's ``evaluate`` uses.
+    artifact : ModelArtifact
+        Publishable, of the family's artifact kind.
+    tried : list of dict
+        Every setting tried: its parameters, ``validation`` score and ``seconds``.
+    fit_seconds : float
+        Tuning and the final fit, in all.
+    warm : dict
+        Plain arrays the next run's challenger starts from (stored in the checkpoint).
+    blend : tuple or None
+        ``(metrics, artifact, info)`` of a blend of the model and the challenger (scores
+        combined with a weight chosen on validation), for ``challenger_mode = "blend"``.
+    """
+
+    name: str
+    metrics: dict
+    artifact: object
+    tried: list = field(default_factory=list)
+    fit_seconds: float = 0.0
+    warm: dict = field(default_factory=dict)
+    blend: tuple | None = None
 
 
 class Trainer:
@@ -55,6 +92,13 @@ class Trainer:
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
         raise NotImplementedError
 
+    def refit(self, model, arrays: dict, cfg) -> tuple[object, dict]:
+        """The model users get, and what its fit took: the evaluated ``model`` itself, or
+        (families that can) its settings refitted on every event of the window, the holdout
+        too, so the published model learns from all the user's data; the holdout metrics of
+        ``model`` stand for it."""
+        return model, {}
+
     def fit_info(self, model) -> dict:
         return {}
 
@@ -71,6 +115,13 @@ class Trainer:
     def artifact(self, model, arrays: dict, cfg, **describe):
         """The :class:`~pipeline.serving.artifact.ModelArtifact` to publish."""
         raise NotImplementedError
+
+    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger | None:
+        """The :class:`Challenger` named by ``cfg.gate["challenger"]`` (never ``"none"`` here:
+        the retrain loop asks only when one is configured), fitted on the training part of
+        ``arrays``; ``model`` is the fitted model (for a blend), ``warm`` the arrays the last
+        run's challenger left (or None)."""
+        raise NotImplementedError(f"{self.family.name} has no challenger")
 
     def trivial_artifact(self, scores, arrays: dict, **describe):
         """A trivial model's item scores as a global list (published by ``gate.if_trivial =
@@ -89,10 +140,11 @@ class Trainer:
                 **{WARM_PREFIX + k: v for k, v in model.warm_state().items()}}
 
 
-def warm_state(checkpoint_arrays: dict) -> dict:
-    """The solver warm state stored in a checkpoint (its ``warm_*`` arrays)."""
-    n = len(WARM_PREFIX)
-    return {k[n:]: v for k, v in checkpoint_arrays.items() if k.startswith(WARM_PREFIX)}
+def warm_state(checkpoint_arrays: dict, prefix: str = WARM_PREFIX) -> dict:
+    """The solver warm state stored in a checkpoint (its ``warm_*`` arrays; the challenger's
+    with ``prefix=CHALLENGER_PREFIX``)."""
+    n = len(prefix)
+    return {k[n:]: v for k, v in checkpoint_arrays.items() if k.startswith(prefix)}
 
 
 def idmap(arrays: dict | None, name: str) -> IdMap:

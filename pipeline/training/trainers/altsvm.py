@@ -15,12 +15,35 @@ import numpy as np
 
 from pipeline.training import datasets
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
-from pipeline.training.trainers import WARM_PREFIX, Trainer, idmap
+from pipeline.training.trainers import WARM_PREFIX, Trainer, altsvm_tuning, idmap
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold runs: fractions of reg_max, decreasing
 WARM_STEP = 1.6                             # warm path runs: the previous ratio x and / this
 REUSE_GROWTH = 1.25  # warm runs keep the last path's λ per comparison until the
                      # comparisons outgrow the path's count by this factor
+
+def _number_or(value, word: str):
+    """A config value that is a number or the one word ``word``."""
+    return value if value == word else float(value)
+
+
+def _relevance(arrays: dict, cfg) -> float:
+    """The relevance threshold the dataset resolved ("auto" follows the rating scale)."""
+    if "relevance" in arrays:
+        return float(arrays["relevance"])
+    return float(cfg.evaluation["relevance"])
+
+
+def factors_of(scorer) -> tuple:
+    """``(U, V, b or None)`` of a fitted AltSVM, of factors, or of one score per item (then
+    U is a single row of ones, the same list for everyone)."""
+    if isinstance(scorer, np.ndarray):
+        return (np.ones((1, 1), np.float32), scorer.reshape(-1, 1).astype(np.float32), None)
+    if isinstance(scorer, tuple):
+        return scorer
+    return (scorer.user_factors_, scorer.item_factors_,
+            scorer.item_bias_ if scorer.item_bias else None)
+
 
 def _csr(users, items, n_users):
     order = np.argsort(users, kind="stable")
@@ -39,9 +62,11 @@ class AltSVMTrainer(Trainer):
             comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
             implicit_sampling=param("implicit_sampling"),
             implicit_per_user=int(param("implicit_per_user")),
-            implicit_min_rating=float(param("implicit_min_rating")),
-            max_pairs_per_user=param("max_pairs_per_user") or None, seed=int(ev["seed"]))
+            implicit_min_rating=_number_or(param("implicit_min_rating"), "relevance"),
+            max_pairs_per_user=param("max_pairs_per_user") or None,
+            relevance=_number_or(ev["relevance"], "auto"), seed=int(ev["seed"]))
         arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
+                  "relevance": np.float64(data.stats["relevance"]),
                   "comparisons": data.comparisons, "path_comparisons": data.path_comparisons,
                   **{f"met_{k}": v for k, v in data.met.items()}}
         return arrays, {"window": data.window.describe(), "stats": data.stats,
@@ -50,15 +75,28 @@ class AltSVMTrainer(Trainer):
     # ------------------------------------------------------------------ fitting
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
-        """A fixed ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes
-        from a regularization path scored on the validation split (cold: PATH_RATIOS; warm:
-        the last ratio and its neighbours). A warm run whose comparisons grew less than
-        REUSE_GROWTH since the last path skips it: λ stays the last path's λ per comparison
-        (the loss is a sum over comparisons, so this keeps its balance with the
-        regularizer), and the fit is one warm start."""
+        """A config with a ``tune`` table: settings chosen on the validation split
+        (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
+        ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
+        regularization path scored on the validation split (cold: PATH_RATIOS; warm: the last
+        ratio and its neighbours). A warm run whose comparisons grew less than REUSE_GROWTH
+        since the last path skips it: λ stays the last path's λ per comparison (the loss is a
+        sum over comparisons, so this keeps its balance with the regularizer), and the fit is
+        one warm start."""
         sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
         n = len(arrays["comparisons"])
-        self.path, self.tuning = None, None
+        self.path, self.tuning, self.validated = None, None, None
+        if cfg.tune and "reg" not in cfg.params and "reg_ratio" not in cfg.params:
+            tuning = altsvm_tuning.reuse(model, arrays, cfg, self.family, warm)
+            if tuning is None:
+                tuning = altsvm_tuning.tune(model, arrays, cfg, self.family, warm, sizes,
+                                            self._validation_score(arrays, cfg))
+                self.validated = factors_of(tuning.pop("validated"))
+                warm = None    # the choice may change the rank: the final fit starts afresh
+            model.reg = tuning["reg_per_comparison"] * len(tuning["comparisons"])
+            self.tuning = tuning
+            model.fit(tuning.pop("comparisons"), warm_start=warm, **sizes)
+            return
         if "reg" in cfg.params or "reg_ratio" in cfg.params \
                 or not self.family.dataset_param(cfg.params, "reg_path"):
             model.fit(arrays["comparisons"], warm_start=warm, **sizes)
@@ -77,6 +115,34 @@ class AltSVMTrainer(Trainer):
                            "reg_max": model.reg_max_}
         model.fit(arrays["comparisons"], warm_start=warm, **sizes)
 
+    def refit(self, model, arrays: dict, cfg) -> tuple[object, dict]:
+        """With tuned settings and implicit comparisons: those settings refitted on the
+        comparisons of every met row (the holdout too), λ per comparison kept, warm-started
+        from the evaluated fit (a few iterations)."""
+        self.published = model
+        if self.tuning is None or "choice" not in self.tuning or \
+                self.family.dataset_param(cfg.params, "comparisons") != "implicit":
+            return model, {}
+        import time
+
+        started = time.perf_counter()
+        everything = altsvm_tuning.comparisons(
+            arrays, self.family, {**cfg.params, **self.tuning["choice"]},
+            (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
+        refitted = type(model)(**{**model.get_params(),
+                                  "reg": self.tuning["reg_per_comparison"] * len(everything)})
+        refitted.fit(everything, warm_start=model.warm_state(),
+                     n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
+        self.published = refitted
+        return refitted, {"refit_seconds": time.perf_counter() - started,
+                          "refit_iterations": int(refitted.n_iter_),
+                          "refit_comparisons": int(len(everything))}
+
+    def _validation_score(self, arrays, cfg):
+        def score(fitted) -> float:
+            return self.topk_metrics(fitted, arrays, cfg, VALIDATION).get(cfg.metric, 0.0)
+        return score
+
     def _path(self, model, arrays, warm, cfg, sizes, last_ratio) -> None:
         """λ by validation: a cold run walks PATH_RATIOS down from reg_max; a warm run tries
         the last ratio and its neighbours, warm-started."""
@@ -84,9 +150,7 @@ class AltSVMTrainer(Trainer):
             np.array([last_ratio * WARM_STEP, last_ratio, last_ratio / WARM_STEP])
         path_model = type(model)(**model.get_params())
 
-        def score(fitted) -> float:
-            return self.topk_metrics(fitted, arrays, cfg, VALIDATION, (TRAIN,))[cfg.metric]
-
+        score = self._validation_score(arrays, cfg)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # the final fit below warns as a plain fit does
             path_model.fit_path(arrays["path_comparisons"], score=score, ratios=ratios,
@@ -100,6 +164,14 @@ class AltSVMTrainer(Trainer):
     def fit_info(self, model) -> dict:
         info = {"objective": float(model.objective_[-1]), "reg": float(model.reg_),
                 "collapsed": model.collapsed_}
+        if self.tuning is not None and "choice" in self.tuning:
+            t = self.tuning
+            return {**info, "tuning": {
+                "source": t["source"], "choice": t["choice"],
+                "reg_ratio": round(float(t["reg_ratio"]), 5),
+                "validation": t.get("validation"), "seconds": round(t.get("seconds", 0.0), 3),
+                "tried": t["tried"]}, "rank": int(model.rank), "loss": model.loss,
+                "comparisons": int(len(model._comparisons[0]))}
         if self.tuning is not None:
             info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
         # reg_max when the run computed it (the path, or a reg_ratio fit, whose reg_max_ is
@@ -117,12 +189,15 @@ class AltSVMTrainer(Trainer):
     @staticmethod
     def _relevant(arrays, cfg) -> np.ndarray:
         r = arrays["met_rating"]   # an interaction (NaN rating) is a positive
-        return np.isnan(r) | (r >= float(cfg.evaluation["relevance"]))
+        return np.isnan(r) | (r >= _relevance(arrays, cfg))
 
-    def topk_metrics(self, scorer, arrays, cfg, part, seen_parts) -> dict:
-        """``topk_*`` metrics of ``scorer``'s lists (a fitted AltSVM, or one score per item
-        for everyone) over the items each user did not meet in ``seen_parts``, against the
-        positives of ``part``; the lists come from the same top-K as the published ones."""
+    def topk_metrics(self, scorer, arrays, cfg, part) -> dict:
+        """``topk_*`` metrics of ``scorer``'s lists against the positives of ``part``, over
+        the items each user did not meet outside ``part``: every other met item is known to
+        the product and never recommended, whether the fit saw it or not (scoring the
+        validation part, the test part's items are excluded too). ``scorer`` is a fitted
+        AltSVM, factors ``(U, V, b or None)`` (scores ``U V^T + b``) or one score per item
+        for everyone. The lists come from the same top-K as the published ones."""
         from scipy.sparse import csr_matrix
 
         from solvers.metrics import topk_hit_metrics
@@ -135,21 +210,17 @@ class AltSVMTrainer(Trainer):
         users = np.unique(u[held])
         if users.size == 0:
             return {}
-        seen = np.isin(p, seen_parts)
+        U, V, b = factors_of(scorer)
+        U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
+        seen = p != part
         exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
-        if isinstance(scorer, np.ndarray):   # one score per item, the same for everyone
-            ranked = np.full((len(users), k), -1, np.int64)
-            for blk in user_topk_blocks(np.ones((len(users), 1), np.float32),
-                                        scorer.reshape(-1, 1), k, seen_indptr=exclude.indptr,
-                                        seen_indices=exclude.indices):
-                width = blk.indices.shape[1]
-                valid = np.arange(width) < blk.counts[:, None]
-                ranked[blk.start:blk.start + len(blk.counts), :width] = np.where(
-                    valid, blk.indices, -1)
-        else:
-            ranked, _ = scorer.recommend(users, k=k, exclude=[
-                exclude.indices[exclude.indptr[x]:exclude.indptr[x + 1]]
-                for x in range(len(users))])
+        ranked = np.full((len(users), k), -1, np.int64)
+        for blk in user_topk_blocks(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
+                                    seen_indices=exclude.indices):
+            width = blk.indices.shape[1]
+            valid = np.arange(width) < blk.counts[:, None]
+            ranked[blk.start:blk.start + len(blk.counts), :width] = np.where(
+                valid, blk.indices, -1)
         positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
         hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
         return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
@@ -158,8 +229,13 @@ class AltSVMTrainer(Trainer):
         """On TEST, with everything the user met in training excluded: the ``topk_*`` metrics
         of the published lists; the paper's NDCG@k and precision@k over the rated held-out
         items; the pairwise accuracy of their pairs."""
-        out = self.topk_metrics(model, arrays, cfg, TEST, (TRAIN, VALIDATION))
-        return {**out, **self.rated_metrics(model.predict, arrays, cfg)}
+        out = self.topk_metrics(model, arrays, cfg, TEST)
+        U, V, b = factors_of(model)
+
+        def predict(users, items):
+            s = np.einsum("ij,ij->i", U[users], V[items])
+            return s if b is None else s + b[items]
+        return {**out, **self.rated_metrics(predict, arrays, cfg)}
 
     @staticmethod
     def rated_metrics(predict, arrays: dict, cfg) -> dict:
@@ -171,7 +247,7 @@ class AltSVMTrainer(Trainer):
         u, i, r = (arrays[f"met_{c}"][rated] for c in ("user", "item", "rating"))
         if len(u) == 0:
             return {}
-        k, relevance = int(cfg.evaluation["k"]), float(cfg.evaluation["relevance"])
+        k, relevance = int(cfg.evaluation["k"]), _relevance(arrays, cfg)
         scores = predict(u, i)
         out = {f"ndcg@{k}": float(metrics.ndcg_at_k(u, r, scores, k=k)),
                f"precision@{k}": float(metrics.precision_at_k(u, r >= relevance, scores, k=k))}
@@ -195,7 +271,7 @@ class AltSVMTrainer(Trainer):
         out = {}
         for name, scores in found.items():
             scores = scores.astype(np.float32)
-            metrics = {**self.topk_metrics(scores, arrays, cfg, TEST, (TRAIN, VALIDATION)),
+            metrics = {**self.topk_metrics(scores, arrays, cfg, TEST),
                        **self.rated_metrics(lambda _, items, s=scores: s[items], arrays, cfg)}
             out[name] = (metrics, scores)
         return out
@@ -203,18 +279,33 @@ class AltSVMTrainer(Trainer):
     # ------------------------------------------------------------------ publishing
 
     def artifact(self, model, arrays: dict, cfg, **describe):
+        return self.factor_artifact(model, arrays, algorithm=self.family.name, **describe)
+
+    def factor_artifact(self, model, arrays: dict, **describe):
+        """A ``user_item`` artifact of a fitted AltSVM or of factors ``(U, V, b)``; every
+        item a user met is left out of their list."""
         from pipeline.serving.artifact import ModelArtifact
 
-        bias = model.item_bias_ if model.item_bias else None
+        U, V, b = factors_of(model)
         indptr, indices = _csr(arrays["met_user"], arrays["met_item"], len(arrays["user_ids"]))
         return ModelArtifact.user_item(
-            user_ids=arrays["user_ids"], item_ids=arrays["item_ids"],
-            user_factors=model.user_factors_, item_factors=model.item_factors_, item_bias=bias,
-            seen=(indptr, indices), algorithm=self.family.name, **describe)
+            user_ids=arrays["user_ids"], item_ids=arrays["item_ids"], user_factors=U,
+            item_factors=V, item_bias=b, seen=(indptr, indices), **describe)
+
+    def challenger(self, model, arrays: dict, cfg, warm: dict | None):
+        """implicit's ALS, tuned with the same caps, and its blend with ``model``
+        (:mod:`.als`)."""
+        from pipeline.training.trainers import als
+
+        return als.challenger(self, self.validated, factors_of(model),
+                              factors_of(self.published), arrays, cfg, warm)
 
     def checkpoint(self, model, arrays: dict) -> dict:
-        """The warm state, and how λ was chosen (for the next run's path or reuse)."""
+        """The warm state, and how the settings or λ were chosen (for the next run's reuse)."""
         out = super().checkpoint(model, arrays)
+        if self.tuning is not None and "choice" in self.tuning:
+            tuned = altsvm_tuning.checkpoint_arrays(self.tuning)
+            return {**out, **{WARM_PREFIX + k: v for k, v in tuned.items()}}
         for k, v in (self.tuning or {}).items():
             if k != "reg_source":
                 out[WARM_PREFIX + k] = np.array(v)

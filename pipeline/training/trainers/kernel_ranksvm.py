@@ -19,16 +19,32 @@ Artifact (``query_docs``): per query in the window, its judged docs with the mod
 their mean model score over the queries they were judged for (docs known from earlier windows
 only come last); the scorer is :meth:`pipeline.serving.scorers.Scorer.kernel` (support vectors,
 β, kernel), so ``TopK.rank`` scores candidates exactly as ``decision_function`` does.
+
+Challenger ``"linear"`` (:class:`TunedLinearRankSVM`): the same solver with a linear kernel, C
+tuned over ``LINEAR_C_FACTORS`` times the config's C on a validation part of the training
+queries; published the same way, its scorer collapsed to the one weight vector w = Σ β_s x_s.
 """
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import numpy as np
 
 from pipeline.training import datasets
-from pipeline.training.trainers import Trainer, idmap
+from pipeline.training.trainers import Challenger, Trainer, idmap
+from pipeline.training.trainers._tuning import grid_search, neighbours, skipped, validation_mask
 
 MAX_BASELINE_FEATURES = 50   # single features tried as the trivial ranker (both signs)
+
+# the linear challenger's grid: the config's C times these (4 fits; the model itself is not
+# tuned). The loss is summed over pairs and xᵀx' of m standardised features is ~m times an rbf
+# kernel value (≤ 1), so a linear ranker's best C sits lower than an rbf's: the grid reaches
+# two decades below. A warm run tries the last C and its neighbours (at most 3 fits)
+LINEAR_C_FACTORS = (0.01, 0.1, 1.0, 10.0)
+# config parameters the linear challenger does not take over from the model's
+LINEAR_DROPPED = ("C", "kernel", "gamma", "degree", "coef0", "keep_gram", "verbose")
 
 
 def feature_matrix(arrays: dict):
@@ -63,6 +79,105 @@ def _within_query_correlation(X: np.ndarray, query: np.ndarray, label: np.ndarra
     yc = label - (np.bincount(g, weights=label) / counts)[g]
     norm = np.sqrt((Xc * Xc).sum(0) * (yc @ yc))
     return np.divide(Xc.T @ yc, norm, out=np.zeros(X.shape[1]), where=norm > 0)
+
+
+class TunedLinearRankSVM:
+    """The ``"linear"`` challenger: ``KernelRankSVM(kernel="linear")`` with the model's other
+    solver parameters (loss, solver, tol, approximation...), C tuned on validation queries.
+
+    ``fit`` holds out validation queries by a stable hash of the query index
+    (:func:`~pipeline.training.trainers._tuning.validation_mask`, ``seed + 1``), fits C in
+    ``C * LINEAR_C_FACTORS`` on the other queries (one estimator: Q is computed once and kept,
+    β warm-started along the grid), scores each by ``metric`` on the validation queries, and
+    refits at the best C on all queries (only Q's validation rows are new; β from the best
+    C's fit). With ``warm`` (a previous ``warm_state()``) it tries the last C and its
+    neighbours. Without a scorable validation query the fit is at the config's C; without a
+    training pair every score is 0. ``tried_`` says which.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(400, 4)); query = np.repeat(np.arange(40), 10)
+    >>> label = (X[:, 0] + 0.3 * rng.normal(size=400) > 0.5).astype(int)
+    >>> model = TunedLinearRankSVM(params={"n_threads": 1}, metric="ndcg@10", k=10)
+    >>> model = model.fit(X, label, query)
+    >>> len(model.tried_), model.best_ in [t["params"] for t in model.tried_]
+    (4, True)
+    """
+
+    def __init__(self, *, params: dict, metric: str, k: int, higher_is_better: bool = True,
+                 seed: int = 0, warm: dict | None = None):
+        self.params, self.metric, self.k = dict(params), metric, int(k)
+        self.higher_is_better, self.seed, self.warm = higher_is_better, seed, warm
+
+    def grid(self) -> tuple:
+        C = float(self.params.get("C", 1.0))
+        grid = tuple(C * f for f in LINEAR_C_FACTORS)
+        return neighbours(grid, float(self.warm["C"])) if self.warm and "C" in self.warm \
+            else grid
+
+    def fit(self, X, label, query, ids=None):
+        from solvers import KernelRankSVM
+
+        X, label, query = np.asarray(X), np.asarray(label), np.asarray(query)
+        ids = np.arange(len(label)) if ids is None else np.asarray(ids)
+        default = {"C": float(self.params.get("C", 1.0))}
+        self.model_, self.best_ = None, None
+        if datasets.queries_with_pairs(query, label) == 0:
+            self.tried_ = [skipped(default, "no training query has two docs of different "
+                                   "labels: every score is 0")]
+            return self
+        model = KernelRankSVM(**{k: v for k, v in self.params.items()
+                                 if k not in LINEAR_DROPPED}, kernel="linear", keep_gram=True)
+        val = validation_mask(query, self.seed)
+        tune = ~val
+        with_pairs = (datasets.queries_with_pairs(query[tune], label[tune]),
+                      datasets.queries_with_pairs(query[val], label[val]))
+        states = {}
+        if min(with_pairs) == 0:
+            self.best_ = default
+            self.tried_ = [skipped(default, f"queries with a pair: {with_pairs[0]} to fit, "
+                                   f"{with_pairs[1]} to validate: fitted at the config's C")]
+        else:
+            def fit(params):
+                last = states[list(states)[-1]] if states else None
+                model.set_params(C=params["C"]).fit(X[tune], label[tune], query[tune],
+                                                    ids=ids[tune], warm_start=last)
+                states[params["C"]] = model.warm_state()
+                return model
+
+            def score(fitted):
+                return query_metrics(query[val], label[val], fitted.decision_function(X[val]),
+                                     self.k).get(self.metric)
+
+            self.best_, self.tried_ = grid_search([{"C": C} for C in self.grid()], fit, score,
+                                                  self.higher_is_better)
+            self.best_ = self.best_ or default
+        # the final fit's warnings (no convergence) reach the run's log as the model's do
+        self.model_ = model.set_params(C=self.best_["C"]).fit(
+            X, label, query, ids=ids, warm_start=states.get(self.best_["C"]))
+        return self
+
+    def decision_function(self, X):
+        if self.model_ is None:
+            return np.zeros(len(X))
+        return self.model_.decision_function(X)
+
+    def scorer(self):
+        """The on-demand scorer, the support set collapsed to w = Σ β_s x_s (a linear kernel's
+        Σ β_s x_sᵀx = wᵀx: one row instead of every support instance); None without a model."""
+        from pipeline.serving.scorers import Scorer
+
+        m = self.model_
+        if m is None:
+            return None
+        w = np.asarray(m.dual_coef_) @ np.asarray(m.support_vectors_)
+        return Scorer.kernel(SimpleNamespace(
+            n_features_in_=m.n_features_in_, kernel="linear", gamma_=m.gamma_, degree=m.degree,
+            coef0=m.coef0, support_vectors_=w[None, :], dual_coef_=np.ones(1)))
+
+    def warm_state(self) -> dict:
+        return {} if self.best_ is None else {"C": np.array(float(self.best_["C"]))}
 
 
 class KernelRankSVMTrainer(Trainer):
@@ -180,3 +295,24 @@ class KernelRankSVMTrainer(Trainer):
         """The id maps, β keyed by instance id and the feature width (kept by the next run)."""
         return {**super().checkpoint(model, arrays),
                 "n_features": np.array(int(arrays["X_shape"][1]))}
+
+    # ------------------------------------------------------------------ challenger
+
+    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger:
+        """``"linear"``: :class:`TunedLinearRankSVM` on the training queries (validation by the
+        query index), scored on the held-out queries like the model, published as query_docs
+        with its (collapsed) linear scorer."""
+        started = time.perf_counter()
+        X, test = feature_matrix(arrays).toarray(), arrays["test_mask"]
+        train, k = ~test, int(cfg.evaluation["k"])
+        query, label = arrays["query"], arrays["label"]
+        tuned = TunedLinearRankSVM(
+            params=self.family.estimator_params(cfg.params), metric=cfg.metric, k=k,
+            higher_is_better=self.family.higher_is_better(cfg.metric),
+            seed=int(cfg.evaluation["seed"]), warm=warm,
+        ).fit(X[train], label[train], query[train], ids=arrays["instance"][train])
+        scores = tuned.decision_function(X)
+        metrics = query_metrics(query[test], label[test], scores[test], k) if test.any() else {}
+        artifact = self._query_docs(arrays, scores, scorer=tuned.scorer())
+        return Challenger(name="linear", metrics=metrics, artifact=artifact, tried=tuned.tried_,
+                          fit_seconds=time.perf_counter() - started, warm=tuned.warm_state())

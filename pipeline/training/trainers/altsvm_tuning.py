@@ -1,0 +1,197 @@
+"""AltSVM's settings chosen per data set on the validation split, within a budget (``tune``).
+
+What is searched, and why these ranges (the registry's ``tune_axes``; a config may narrow them):
+
+* ``reg_ratio`` (λ as a fraction of reg_max, where every factor is 0): first a warm-started
+  path down ``PATH_RATIOS`` from the config's setting (cheap: each point starts from the last
+  one's duals), then its grid neighbours beside the other axes. The grid spans 0.8 to 0.01:
+  past 0.8 the model is the global ranking, below 0.01 every data set here overfits.
+* ``rank`` 5–100: top-10 quality on MovieLens-scale data rises until 20–50 and is flat by 100,
+  while the fit's cost grows linearly with it.
+* ``implicit_per_user`` 250–4,000 comparisons (a liked item beats a sampled unmet one) per
+  user: quality rises with the sample and flattens by 2,000 on MovieLens 100K; the fit's cost
+  is linear in it, so a data set whose curve flattens earlier gets a cheaper model.
+* ``loss`` squared hinge (the paper's L2-SVM), hinge or logistic: their ranking of the sampled
+  pairs differs most on noisy data.
+* ``implicit_sampling`` uniform or by popularity: popularity-sampled losers are harder
+  negatives, which helps on long-tailed catalogues (Last.fm) and hurts on short ones.
+
+The search is :func:`pipeline.training.tuning.coordinate_search` from the config's own
+settings, capped at ``tune.max_settings`` scored settings and ``tune.budget_seconds`` (the λ
+path's points count). A warm run whose comparisons grew less than ``REUSE_GROWTH`` since the
+last tuning reuses its choice (λ per comparison, so λ keeps its balance with the loss, a sum
+over comparisons) in one warm-started fit; a run past that tunes again, starting from the last
+choice.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from pipeline.training.datasets import TRAIN, VALIDATION, make_comparisons
+from pipeline.training.tuning import coordinate_search
+
+PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
+WARM_STEP = 1.6                             # warm paths: the last ratio x and / this
+REUSE_GROWTH = 1.25  # warm runs keep the last choice until the comparisons outgrow it so much
+COMPARISON_AXES = ("implicit_per_user", "implicit_sampling")   # change the comparisons
+MODEL_AXES = ("rank", "loss")                                  # change the estimator
+
+
+def comparisons(arrays: dict, family, params: dict, parts, seed: int) -> np.ndarray:
+    """Implicit comparisons of the met rows in ``parts`` under ``params`` (the config's
+    ``params`` with tuned values), made as the dataset builder makes them."""
+    rows = np.isin(arrays["met_part"], parts)
+    param = lambda name: params.get(name, family.dataset_params.get(name))   # noqa: E731
+    min_rating = param("implicit_min_rating")
+    if min_rating == "relevance":
+        min_rating = float(arrays["relevance"])
+    return make_comparisons(
+        arrays["met_user"][rows], arrays["met_item"][rows], arrays["met_rating"][rows],
+        len(arrays["item_ids"]), comparisons="implicit",
+        implicit_per_item=int(param("implicit_per_item")),
+        implicit_sampling=param("implicit_sampling"),
+        implicit_per_user=int(param("implicit_per_user")),
+        implicit_min_rating=float(min_rating),
+        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
+
+
+def _axes(cfg, family) -> dict:
+    """The grids searched: the tune table's, with the config's own value added where it is
+    not on its grid; comparison axes only for implicit comparisons (the tuner rebuilds them)."""
+    params = cfg.params
+    implicit = family.dataset_param(params, "comparisons") == "implicit"
+    axes = {}
+    for axis in (*MODEL_AXES, *COMPARISON_AXES):
+        if axis in COMPARISON_AXES and not implicit:
+            continue
+        grid = list(cfg.tune[axis])
+        own = _current(cfg, family, axis)
+        if own not in grid:
+            grid = sorted(grid + [own]) if isinstance(own, (int, float)) else grid + [own]
+        axes[axis] = grid
+    return axes
+
+
+def _current(cfg, family, axis: str):
+    if axis in family.dataset_params:
+        return family.dataset_param(cfg.params, axis)
+    return cfg.params.get(axis, family.estimator_class()().get_params()[axis])
+
+
+def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score) -> dict:
+    """Choose the settings on VALIDATION (fits on TRAIN), set them on ``model`` and return
+    ``{"choice", "tried", "validated", "comparisons", "reg_ratio", ...}``: ``validated`` is the
+    best TRAIN fit's factors (for a blend), ``comparisons`` those of TRAIN + VALIDATION under
+    the choice (the final fit's)."""
+    seed = int(cfg.evaluation["seed"])
+    axes = _axes(cfg, family)
+    last = _last_choice(warm, axes)
+    start = last["choice"] if last else {a: _current(cfg, family, a) for a in axes}
+    budget = float(cfg.tune["budget_seconds"])
+    began = time.perf_counter()
+    cache: dict = {}
+    best = {"value": None}
+
+    def fit_and_score(params: dict, ratios, warm_start=None, path: bool = False):
+        estimator = type(model)(**{**model.get_params(), **{a: params[a] for a in MODEL_AXES
+                                                            if a in params}})
+        c = _comparisons_of(arrays, family, cfg.params, params, (TRAIN,), seed, cache)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # the final fit warns as a plain fit does
+            if path:
+                estimator.fit_path(c, score=score, ratios=ratios, patience=2,
+                                   warm_start=warm_start, **sizes)
+            else:
+                estimator.reg, estimator.reg_ratio = None, float(ratios)
+                estimator.fit(c, **sizes)
+        value = score(estimator) if not path else max(p["score"] for p in estimator.path_)
+        if best["value"] is None or value > best["value"]:
+            best.update(value=value, model=estimator, params=dict(params),
+                        n=len(c), ratio=estimator.reg_ / estimator.reg_max_)
+        return estimator, value
+
+    # 1. the λ path at the start setting (from the last choice's ratio on a re-tune)
+    ratios = PATH_RATIOS if last is None else \
+        np.array([last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
+    path_model, _ = fit_and_score(start, ratios, warm_start=warm if last else None, path=True)
+    tried = [{"params": {**start, "reg_ratio": round(float(p["ratio"]), 5)},
+              "validation": p["score"], "seconds": round(p.get("seconds", 0.0), 3)}
+             for p in path_model.path_]
+    ratio0 = float(path_model.reg_ / path_model.reg_max_)
+    ratio_grid = sorted({*np.round(PATH_RATIOS, 5).tolist(), round(ratio0, 5)}, reverse=True)
+    # 2. one axis at a time around it, λ included, within what the path left of the budget
+    first = {**start, "reg_ratio": round(ratio0, 5)}
+
+    def setting_score(params: dict):
+        if params == first:
+            return best["value"] if best["params"] == start else None
+        return fit_and_score(params, params["reg_ratio"])[1]
+
+    left = max(budget - (time.perf_counter() - began), 0.0)
+    _, searched = coordinate_search({**axes, "reg_ratio": ratio_grid}, first, setting_score,
+                                    max_settings=max(int(cfg.tune["max_settings"])
+                                                     - len(tried) + 1, 1),
+                                    budget_seconds=left)
+    tried += searched[1:]
+    chosen = best["params"]
+    for axis in MODEL_AXES:
+        if axis in chosen:
+            setattr(model, axis, chosen[axis])
+    final = _comparisons_of(arrays, family, cfg.params, chosen, (TRAIN, VALIDATION), seed, {})
+    reg_per_comparison = best["model"].reg_ / best["n"]
+    return {"choice": {a: chosen[a] for a in axes}, "tried": tried,
+            "validated": best["model"], "validation": best["value"],
+            "comparisons": final, "reg_ratio": best["ratio"],
+            "reg_per_comparison": reg_per_comparison, "path_n": len(final),
+            "reg_max": best["model"].reg_max_,
+            "seconds": time.perf_counter() - began, "source": "tuned"}
+
+
+def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:
+    """The last tuning's choice, when a warm run's comparisons grew less than REUSE_GROWTH
+    since it (None otherwise): set on ``model``, with the final fit's comparisons."""
+    axes = _axes(cfg, family)
+    last = _last_choice(warm, axes)
+    if last is None:
+        return None
+    final = _comparisons_of(arrays, family, cfg.params, last["choice"], (TRAIN, VALIDATION),
+                            int(cfg.evaluation["seed"]), {})
+    if len(final) > REUSE_GROWTH * last["path_n"]:
+        return None
+    for axis in MODEL_AXES:
+        if axis in last["choice"]:
+            setattr(model, axis, last["choice"][axis])
+    return {**last, "comparisons": final, "tried": [], "source": "last tuning"}
+
+
+def _comparisons_of(arrays, family, params, choice, parts, seed, cache) -> np.ndarray:
+    """Comparisons under ``choice``; the dataset's own when no comparison axis is tuned."""
+    if not any(a in choice for a in COMPARISON_AXES):
+        return arrays["path_comparisons"] if tuple(parts) == (TRAIN,) else arrays["comparisons"]
+    key = (tuple(choice.get(a) for a in COMPARISON_AXES), tuple(parts))
+    if key not in cache:
+        cache[key] = comparisons(arrays, family, {**params, **{
+            a: choice[a] for a in COMPARISON_AXES if a in choice}}, parts, seed)
+    return cache[key]
+
+
+def _last_choice(warm: dict | None, axes: dict) -> dict | None:
+    """The choice a checkpoint recorded (``tuned_<axis>`` arrays), if it covers ``axes``."""
+    if warm is None or not all(f"tuned_{a}" in warm for a in axes) or "path_n" not in warm:
+        return None
+    choice = {a: np.asarray(warm[f"tuned_{a}"]).item() for a in axes}
+    return {"choice": choice, "path_n": float(np.asarray(warm["path_n"])),
+            "reg_ratio": float(np.asarray(warm["reg_ratio"])),
+            "reg_per_comparison": float(np.asarray(warm["reg_per_comparison"]))}
+
+
+def checkpoint_arrays(tuning: dict) -> dict:
+    """What the next run needs to reuse (or restart from) this choice."""
+    out = {f"tuned_{a}": np.array(v) for a, v in tuning["choice"].items()}
+    for k in ("path_n", "reg_ratio", "reg_per_comparison"):
+        out[k] = np.array(float(tuning[k]))
+    return out

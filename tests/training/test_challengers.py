@@ -1,0 +1,273 @@
+"""The gate's challengers, one per family, on planted events in the real event store: dataset ->
+the family's model -> ``Trainer.challenger`` (tuned on a validation split of the training rows,
+scored on the holdout) -> an artifact of the family's kind; a warm run tries fewer settings; a
+badly configured model loses to its challenger; degenerate splits do not raise."""
+
+from __future__ import annotations
+
+import io
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.ingest.store import EventStore
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.settings import Settings
+from pipeline.training.config import parse_model
+from pipeline.training.trainers import _tuning, kernel_ranksvm, npsvor, toppush
+
+# family -> event kind, planted events, model config, most settings a cold challenger tries
+FAMILIES = {
+    "toppush": ("outcome",
+                lambda: synthetic.outcome_events(n_items=1500, n_features=20,
+                                                 positive_rate=0.1, seed=0),
+                {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
+                 "evaluation": {"metric": "average_precision"},
+                 "gate": {"challenger": "logistic"}}, len(toppush.LOGISTIC_C)),
+    "npsvor": ("ordinal", lambda: synthetic.ordinal_events(n_items=150, n_reviews=900, seed=1),
+               {"algorithm": "npsvor", "kinds": ["ordinal"],
+                "params": {"C1": 1.0, "tol": 0.01, "random_state": 0, "n_threads": 1,
+                           "text_features": 2**16},
+                "gate": {"challenger": "linear_ordinal"}},
+               2 * len(npsvor.ORDINAL_C)),
+    "kernel_ranksvm": ("judgment",
+                       lambda: synthetic.judgment_events(n_queries=80, docs_per_query=12,
+                                                         seed=0),
+                       {"algorithm": "kernel_ranksvm", "kinds": ["judgment"],
+                        "params": {"n_threads": 1}, "gate": {"challenger": "linear"}},
+                       len(kernel_ranksvm.LINEAR_C_FACTORS)),
+}
+# a setting the model should not have been given: the challenger must beat it
+BAD_PARAMS = {"toppush": {"reg": 1.0, "max_iter": 1},
+              "npsvor": {"C1": 1e-4, "random_state": 0, "n_threads": 1, "text_features": 2**16},
+              "kernel_ranksvm": {"n_threads": 1, "gamma": 50.0}}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """One event store per family, ingested once for the module."""
+    out = {}
+    for name, (kind, events, _, _) in FAMILIES.items():
+        home = tmp_path_factory.mktemp(name)
+        settings = Settings(home=home, namespace=f"c{name[:6]}")
+        path = synthetic.write_jsonl(events(), home / "in" / f"{name}.jsonl")
+        ingest_files([path], kind, settings=settings, progress=False)
+        out[name] = EventStore(settings.store_dir)
+    return out
+
+
+def _config(name: str, **changes):
+    spec = {**FAMILIES[name][2], **changes}
+    return parse_model(f"m{name.replace('_', '')}", spec, "test")
+
+
+def _fitted(stores, name: str, **changes):
+    """(trainer, cfg, arrays, fitted model) of one family."""
+    cfg = _config(name, **changes)
+    trainer = cfg.family.new_trainer()
+    arrays, _ = trainer.build(stores[name], cfg, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, _ = trainer.fit(arrays, cfg, None)
+    return trainer, cfg, arrays, model
+
+
+def _chosen(warm: dict) -> dict:
+    """The chosen setting, from the warm arrays the challenger leaves."""
+    return {k: (str(v) if v.dtype.kind == "U" else float(v)) for k, v in warm.items()}
+
+
+def _better(cfg, a: float, b: float, margin: float) -> bool:
+    return a > b + margin if cfg.family.higher_is_better(cfg.metric) else a < b - margin
+
+
+def _through_npz(arrays: dict) -> dict:
+    """What a checkpoint hands back: savez, then load without pickle."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    buf.seek(0)
+    with np.load(buf, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+# ---------------------------------------------------------------------------------- contract
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_challenger_is_tuned_on_validation_and_publishable(stores, name, tmp_path):
+    trainer, cfg, arrays, model = _fitted(stores, name)
+    ch = trainer.challenger(model, arrays, cfg, None)
+    assert ch.name == cfg.gate["challenger"] == cfg.family.challengers[0]
+    assert cfg.metric in ch.metrics and set(ch.metrics) == set(trainer.evaluate(model, arrays,
+                                                                                  cfg))
+
+    # the artifact is of the family's kind, covers its items, and survives save/load
+    art = ch.artifact
+    assert art.kind == cfg.family.artifact_kind
+    assert len(art.item_ids) == len(trainer.item_ids(arrays)) or art.kind == "query_docs"
+    loaded = ModelArtifact.load(art.save(tmp_path / "challenger"))
+    assert loaded.kind == art.kind and np.array_equal(loaded.item_ids, art.item_ids)
+    np.testing.assert_allclose(loaded.item_scores if art.kind != "query_docs"
+                               else loaded.list_scores,
+                               art.item_scores if art.kind != "query_docs" else art.list_scores,
+                               rtol=1e-6)
+
+    # every setting fitted and scored; the chosen one is the best of them
+    limit = FAMILIES[name][3]
+    assert 1 < len(ch.tried) <= limit
+    assert all({"params", "validation", "seconds"} <= set(t) for t in ch.tried)
+    scored = [t for t in ch.tried if t["validation"] is not None]
+    assert len(scored) == len(ch.tried), ch.tried
+    chosen = _chosen(ch.warm)
+    best = (max if cfg.family.higher_is_better(cfg.metric) else min)(
+        t["validation"] for t in scored)
+    assert [t["validation"] for t in scored if t["params"] == chosen] == [best], (chosen,
+                                                                                  ch.tried)
+    assert ch.fit_seconds >= sum(t["seconds"] for t in ch.tried)
+
+    # warm (through a checkpoint's npz): the last choice and its neighbours only
+    again = trainer.challenger(model, arrays, cfg, _through_npz(ch.warm))
+    assert 1 <= len(again.tried) <= 3
+    assert chosen in [t["params"] for t in again.tried]
+    assert all(t["params"] in [u["params"] for u in ch.tried] for t in again.tried)
+    assert cfg.metric in again.metrics
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_challenger_beats_a_badly_configured_model(stores, name):
+    trainer, cfg, arrays, model = _fitted(stores, name, params=BAD_PARAMS[name])
+    ours = trainer.evaluate(model, arrays, cfg)[cfg.metric]
+    ch = trainer.challenger(model, arrays, cfg, None)
+    assert _better(cfg, ch.metrics[cfg.metric], ours, 0.03), (ours, ch.metrics, ch.tried)
+
+
+# ---------------------------------------------------------------------------------- TopPush
+
+
+def test_logistic_with_one_class_validation_or_no_holdout_does_not_raise(stores):
+    trainer, cfg, arrays, model = _fitted(stores, "toppush")
+    train = ~arrays["test_mask"]
+    val = _tuning.validation_mask(arrays["rows"][train], int(cfg.evaluation["seed"]))
+    y = arrays["y"].copy()
+    rows_val = np.flatnonzero(train)[val]
+    y[rows_val] = 0                              # no positive left to validate on
+    ch = trainer.challenger(model, {**arrays, "y": y}, cfg, None)
+    assert len(ch.tried) == 1 and "one class" in ch.tried[0]["skipped"]
+    assert _chosen(ch.warm) == toppush.LOGISTIC_DEFAULT
+    assert cfg.metric in ch.metrics and ch.artifact.kind == "global_list"
+
+    y_one = np.where(train, 0, arrays["y"]).astype(arrays["y"].dtype)   # one class to train on
+    ch = trainer.challenger(model, {**arrays, "y": y_one}, cfg, None)
+    assert "one class" in ch.tried[0]["skipped"] and ch.warm == {}
+    assert not np.any(ch.artifact.item_scores)
+
+    no_holdout = {**arrays, "test_mask": np.zeros_like(arrays["test_mask"])}
+    ch = trainer.challenger(model, no_holdout, cfg, None)
+    assert ch.metrics == {} == trainer.evaluate(model, no_holdout, cfg)
+    assert len(ch.tried) == len(toppush.LOGISTIC_C)
+
+
+# ---------------------------------------------------------------------------------- NPSVOR
+
+
+def test_linear_ordinal_degenerate_splits_do_not_raise(stores):
+    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
+    train = ~arrays["test_mask"]
+    val = np.flatnonzero(train)[_tuning.validation_mask(arrays["ids"][train],
+                                                        int(cfg.evaluation["seed"]))]
+    y = arrays["y"].copy()
+    y[val] = 3                                   # one rating in validation: still tuned
+    ch = trainer.challenger(model, {**arrays, "y": y}, cfg, None)
+    assert all(t["validation"] is not None for t in ch.tried) and "mae" in ch.metrics
+
+    y_one = np.where(train, 4, arrays["y"]).astype(arrays["y"].dtype)   # one training rating
+    ch = trainer.challenger(model, {**arrays, "y": y_one}, cfg, None)
+    assert "one rating" in ch.tried[0]["skipped"] and ch.warm == {}
+    assert set(ch.artifact.item_scores.tolist()) == {4.0}
+
+    no_holdout = {**arrays, "test_mask": np.zeros_like(arrays["test_mask"])}
+    assert trainer.challenger(model, no_holdout, cfg, None).metrics == {}
+
+
+def test_linear_ordinal_skips_logistic_at_when_too_large_or_without_mord(stores, monkeypatch):
+    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
+    monkeypatch.setattr(npsvor, "LOGISTIC_AT_MAX_NNZ", 10)
+    ch = trainer.challenger(model, arrays, cfg, None)
+    at = [t for t in ch.tried if t["params"]["estimator"] == "LogisticAT"]
+    assert len(at) == len(npsvor.ORDINAL_C) and all("LOGISTIC_AT_MAX_NNZ" in t["skipped"]
+                                                    for t in at)
+    assert _chosen(ch.warm)["estimator"] == "LinearSVR"
+
+    monkeypatch.setattr(npsvor, "LOGISTIC_AT_MAX_NNZ", 10**9)
+    monkeypatch.setitem(sys.modules, "mord", None)      # import mord raises ImportError
+    ch = trainer.challenger(model, arrays, cfg, None)
+    assert sum("mord is not installed" in t.get("skipped", "") for t in ch.tried) == 3
+    assert cfg.metric in ch.metrics
+
+
+def test_linear_ordinal_artifact_rates_each_item_by_its_latest_review(stores):
+    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
+    ch = trainer.challenger(model, arrays, cfg, None)
+    art = ch.artifact
+    assert art.scorer is None                    # not an NPSVOR: no on-demand scorer
+    ratings, scores = art.item_scores, art.fallback_scores
+    assert set(np.unique(ratings)) <= set(np.unique(arrays["y"]).tolist())
+    # a higher score never comes with a lower rating
+    order = np.argsort(scores, kind="stable")
+    assert np.all(np.diff(ratings[order]) >= 0)
+
+
+# ---------------------------------------------------------------------------------- RankSVM
+
+
+def test_linear_ranksvm_scorer_and_degenerate_queries(stores):
+    from pipeline.training.trainers.kernel_ranksvm import feature_matrix
+
+    trainer, cfg, arrays, model = _fitted(stores, "kernel_ranksvm")
+    ch = trainer.challenger(model, arrays, cfg, None)
+    X = feature_matrix(arrays).toarray()
+    scorer = ch.artifact.scorer                  # the support set collapsed to one w
+    assert scorer.kind == "kernel" and scorer.arrays["support_vectors"].shape[0] == 1
+    from scipy.sparse import csr_matrix
+
+    listed = dict(zip(zip(arrays["query"].tolist(), arrays["doc"].tolist()),
+                      range(len(arrays["doc"]))))
+    order = [listed[(q, d)] for q in range(len(arrays["query_ids"]))
+             for d in ch.artifact.list_items[ch.artifact.list_indptr[q]:
+                                             ch.artifact.list_indptr[q + 1]].tolist()]
+    np.testing.assert_allclose(scorer.score(csr_matrix(X[order])), ch.artifact.list_scores,
+                               rtol=1e-4, atol=1e-4)
+
+    train = ~arrays["test_mask"]
+    val = np.flatnonzero(train)[_tuning.validation_mask(arrays["query"][train],
+                                                        int(cfg.evaluation["seed"]))]
+    label = arrays["label"].copy()
+    label[val] = 0                               # no validation query has a pair
+    ch = trainer.challenger(model, {**arrays, "label": label}, cfg, None)
+    assert len(ch.tried) == 1 and "fitted at the config's C" in ch.tried[0]["skipped"]
+    assert _chosen(ch.warm) == {"C": 1.0} and cfg.metric in ch.metrics
+
+    no_pairs = np.where(train, arrays["label"], 0).astype(arrays["label"].dtype)
+    ch = trainer.challenger(model, {**arrays, "label": no_pairs}, cfg, None)
+    assert ch.metrics == {}                      # held-out queries without a pair: nothing
+    assert cfg.metric not in ch.metrics and len(ch.tried) == len(kernel_ranksvm.LINEAR_C_FACTORS)
+
+
+# ---------------------------------------------------------------------------------- the search
+
+
+def test_grid_search_follows_the_direction_and_skips_unscorable_settings():
+    settings = [{"C": c} for c in (0.1, 1.0, 10.0, 100.0)]
+    values = {0.1: 0.5, 1.0: None, 10.0: 0.2, 100.0: float("nan")}
+    low, tried = _tuning.grid_search(settings, lambda p: p["C"], values.get, False)
+    high, _ = _tuning.grid_search(settings, lambda p: p["C"], values.get, True)
+    assert low == {"C": 10.0} and high == {"C": 0.1}
+    assert [t["validation"] for t in tried] == [0.5, None, 0.2, None]
+    none, tried = _tuning.grid_search(settings, lambda p: p["C"], lambda m: None, True)
+    assert none is None and len(tried) == 4
+    assert _tuning.neighbours((0.01, 0.1, 1.0), 0.01) == (0.01, 0.1)
+    assert _tuning.neighbours((0.01, 0.1, 1.0), 5.0) == (0.1, 1.0)
