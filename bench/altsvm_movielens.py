@@ -207,7 +207,9 @@ def shipped_movies_model() -> Model:
             "rank": (int(params["rank"]),),
             "per_interaction": (int(params.get("implicit_per_item", 10)),),
             "per_user": (int(params.get("implicit_per_user", 0)),),
-            "min_rating": (float(params.get("implicit_min_rating", 0.0)),),
+            # "relevance": the threshold "auto" gives MovieLens' 1-5 scale, 4
+            "min_rating": (4.0 if params.get("implicit_min_rating") == "relevance"
+                           else float(params.get("implicit_min_rating", 0.0)),),
             "sampling": (params.get("implicit_sampling", "uniform"),),
             "max_pairs_per_user": (params.get("max_pairs_per_user"),),
             "reg_ratio": ratios}

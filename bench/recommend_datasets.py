@@ -170,13 +170,25 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
     home = Path(tempfile.mkdtemp(prefix=f"rs-bench-{name}-", dir=Path.home()))
     try:
         settings = Settings(home=home)
-        path = write_jsonl([r for r, h in zip(rows, held_mask) if not h], home / "in.jsonl")
-        ingest_files([path], settings=settings, progress=False)
+        kept = [r for r, h in zip(rows, held_mask) if not h]
+        kept.sort(key=lambda r: r["ts"])
+        cut = int(len(kept) * 0.98)
+        ingest_files([write_jsonl(kept[:cut], home / "in-0.jsonl")], settings=settings,
+                     progress=False)
+        models = {"movies": cfg}
         with EmbeddedRedis() as server:
             t = time.perf_counter()
-            summary = retrain.run("movies", {"movies": cfg}, settings=settings,
-                                  redis_url=server.url)
+            first = retrain.run("movies", models, settings=settings, redis_url=server.url)
             total = time.perf_counter() - t
+            # the last 2% by time arrive: a warm retrain (what users get from here on), and a
+            # cold one of the same data for the ratio
+            ingest_files([write_jsonl(kept[cut:], home / "in-1.jsonl")], settings=settings,
+                         progress=False)
+            summary = retrain.run("movies", models, settings=settings, redis_url=server.url)
+            cold = retrain.run("movies", models, settings=settings, redis_url=server.url,
+                               cold=True, publish=False)
+            timings = {"first": total, "warm": summary["seconds"], "cold": cold["seconds"],
+                       "first_decision": first["decision"]}
             run_dir = Path(summary["dataset"]["run_dir"])
             _, arrays = read_bundle(run_dir / "dataset", fmt=retrain.DATASET_FORMAT)
             relevance = float(arrays["relevance"])
@@ -232,7 +244,7 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
         return {"name": name, "scores": {k: score_lists(v, held) for k, v in lists.items()},
                 "served": gate["publishes"], "sources": sources, "empty": empty,
                 "n_users": len(users), "decision": summary["decision"],
-                "reason": summary.get("reason"), "train_seconds": total,
+                "reason": summary.get("reason"), "train_seconds": total, "timings": timings,
                 "altsvm_final_fit": tr["fit_seconds"] - (tr.get("tuning") or {}).get(
                     "seconds", 0.0),
                 "altsvm_fit_total": tr["fit_seconds"], "als_fit": als_fit,
@@ -270,8 +282,11 @@ def report(r: dict) -> None:
     final = r["altsvm_final_fit"]
     print(f"   fit s: AltSVM final {final:.2f} (tuning and all {r['altsvm_fit_total']:.1f})  "
           f"ALS {r['als_fit']:.2f}  BPR {r['bpr_fit']:.2f}  AltSVM/ALS "
-          f"{final / r['als_fit']:.1f}x (<= 3);  whole `train movies` "
-          f"{r['train_seconds']:.1f} s (<= 60)")
+          f"{final / r['als_fit']:.1f}x (<= 3)")
+    tm = r["timings"]
+    print(f"   `train movies`: first run {tm['first']:.1f} s (<= 60, {tm['first_decision']}); "
+          f"after 2% more events warm {tm['warm']:.1f} s vs cold {tm['cold']:.1f} s: "
+          f"{tm['warm'] / tm['cold']:.2f}x (<= 0.5)")
 
 
 def main(argv=None) -> int:

@@ -41,6 +41,11 @@ from solvers.pairs import implicit_comparisons  # noqa: E402
 warnings.simplefilter("ignore", ConvergenceWarning)
 
 
+def _min_rating(value) -> float:
+    """``implicit_min_rating`` of the config; ``"relevance"`` is 4 on MovieLens' 1-5 scale."""
+    return 4.0 if value == "relevance" else float(value)
+
+
 def timed(fit, repeats):
     times, model = [], None
     for _ in range(repeats):
@@ -58,7 +63,8 @@ def shipped_movies() -> tuple[dict, dict]:
                   ["models"]["movies"]["params"])
     implicit = {"per_interaction": int(params.pop("implicit_per_item", 10)),
                 "per_user": int(params.pop("implicit_per_user", 0)) or None,
-                "min_rating": float(params.pop("implicit_min_rating", 0.0))}
+                # "relevance": the threshold "auto" gives MovieLens' 1-5 scale
+                "min_rating": _min_rating(params.pop("implicit_min_rating", 0.0))}
     for key in ("comparisons", "implicit_sampling", "max_pairs_per_user", "reg_path"):
         params.pop(key, None)
     return params, implicit

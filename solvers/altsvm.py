@@ -341,7 +341,7 @@ class AltSVM(Estimator):
         return self._reg_max
 
     def fit_path(self, comparisons, n_users=None, n_items=None, *, score, ratios=None,
-                 patience=2, warm_start=None):
+                 patience=2, warm_start=None, max_seconds=None):
         """Fit along a regularization path and keep the best point (glmnet's λ sequence).
 
         λ runs down the geometric grid ``ratios`` · reg_max (default 0.8 down to 0.01, 10
@@ -364,6 +364,9 @@ class AltSVM(Estimator):
         warm_start : dict, optional
             A :meth:`warm_state` the first point starts from (e.g. yesterday's model, with
             ``ratios`` around yesterday's choice).
+        max_seconds : float, optional
+            Stop after the first point that ends this long after the path started (a tuning
+            budget); the first point is always fitted.
 
         Returns
         -------
@@ -391,7 +394,10 @@ class AltSVM(Estimator):
         if reg_max <= 0:
             raise ValueError("reg_max of these comparisons is 0; no path to follow")
         path, best, state, since_best = [], None, warm_start, 0
+        began = time.perf_counter()
         for ratio in ratios:
+            if path and max_seconds is not None and time.perf_counter() - began >= max_seconds:
+                break
             model = type(self)(**{**self.get_params(), "reg": float(ratio * reg_max)})
             started = time.perf_counter()
             with warnings.catch_warnings():   # said once, for the chosen point, below

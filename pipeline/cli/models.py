@@ -33,9 +33,15 @@ def run(args) -> int:
         with redis_client(args) as (settings, client):
             rows = [("model", "algorithm", "served", "metric", "fallback answers",
                      "last checkpoint")]
+            notes = []
             for name, cfg in models.items():
                 current = [v for v in served_versions(settings, client, name) if v.current]
                 served = f"v{current[0].version}" if current else "-"
+                if current and current[0].served_as != "model":
+                    served += f" ({current[0].served_as})"
+                warning = _window_warning(settings, name)
+                if warning:
+                    notes.append(f"{name}: WARNING {warning}")
                 value = current[0].metrics.get(cfg.metric) if current else None
                 metric = f"{cfg.metric} {value:.4f}" if value is not None else cfg.metric
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
@@ -47,4 +53,22 @@ def run(args) -> int:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    for note in notes:
+        print(note)
     return 0
+
+
+def _window_warning(settings, model: str) -> str | None:
+    """The window warning of the model's latest run (a window that drops most events or
+    users), or None."""
+    from pathlib import Path
+
+    from pipeline.training.checkpoints import run_dirs
+    from pipeline.training.retrain import DATASET_FORMAT
+    from solvers.persist import read_manifest
+
+    for run in reversed(run_dirs(Path(settings.home) / "runs", model)):
+        manifest = read_manifest(run / "dataset", fmt=DATASET_FORMAT)
+        if manifest:
+            return manifest.get("window", {}).get("warning")
+    return None

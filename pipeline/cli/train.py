@@ -57,10 +57,29 @@ def format_summary(s: dict) -> str:
                    "last path": " (the last path's λ per comparison: the data grew little)"
                    }.get(tr.get("reg_source"), " (from the config)")
             lines.append(f"  reg      {tr['reg']:.4g}{how}")
+        tuning = tr.get("tuning")
+        if tuning:
+            chosen = ", ".join(f"{k}={v}" for k, v in tuning["choice"].items())
+            how = (f"{len(tuning['tried'])} settings scored on validation in "
+                   f"{tuning['seconds']:.1f} s" if tuning["source"] == "tuned"
+                   else "the last run's choice (the data grew less than 25%)")
+            lines.append(f"  tuned    {chosen}, reg_ratio {tuning['reg_ratio']:.3g}: {how}")
+        if "refit_seconds" in tr:
+            lines.append(f"  refit    on every event, the holdout too: {tr['refit_iterations']} "
+                         f"iterations, {tr['refit_seconds']:.2f} s")
         for said in tr.get("warnings", []):
             lines.append(f"  WARNING  {said}")
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in tr["metrics"].items())
         lines.append(f"  metrics  {metrics}")
+        ch = tr.get("challenger")
+        if ch:
+            metric = (s.get("gate") or {}).get("metric") or next(iter(ch["metrics"]), "")
+            value = ch["metrics"].get(metric)
+            blend = (ch.get("blend") or {}).get("metrics", {}).get(metric)
+            lines.append(f"  rival    {ch['name']} {metric} {_num(value)} (tuned: "
+                         f"{sum(1 for t in ch['tried'] if 'params' in t)} settings, "
+                         f"{ch['fit_seconds']:.2f} s)"
+                         + (f"; blend {_num(blend)}" if blend is not None else ""))
     gate = s.get("gate")
     if gate and gate.get("trivial"):
         lifts = ", ".join(f"{name} {value:.4f} (lift {gate['lift_over_trivial'][name]:+.4f})"
@@ -68,8 +87,14 @@ def format_summary(s: dict) -> str:
         lines.append(f"  trivial  {gate['metric']}: {lifts}")
     pub = s.get("publish")
     if pub and pub.get("published"):
-        lines.append(f"  publish  version {pub['version']} ({pub['publish_seconds']:.2f} s)")
+        serves = {"model": "the model"}.get(gate["publishes"], gate["publishes"])
+        lines.append(f"  publish  version {pub['version']} serves {serves} "
+                     f"({pub['publish_seconds']:.2f} s)")
     return "\n".join(lines)
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def run(args) -> int:

@@ -29,10 +29,10 @@ def run(args) -> int:
         for info in infos:
             print(json.dumps(asdict(info)))
         return 0
-    print(f"{'':2}{'version':>7}  {'status':<9} {'kind':<17} {'algorithm':<14} "
-          f"{'published_at':<26} metrics")
+    print(f"{'':2}{'version':>7}  {'status':<9} {'kind':<17} {'serves':<16} "
+          f"{'algorithm':<14} {'published_at':<26} metrics")
     for v in infos:
         mark = "* " if v.current else "  "
-        print(f"{mark}{v.version:>7}  {v.status:<9} {v.kind:<17} {v.algorithm or '-':<14} "
-              f"{v.published_at:<26} {json.dumps(v.metrics)}")
+        print(f"{mark}{v.version:>7}  {v.status:<9} {v.kind:<17} {v.served_as:<16} "
+              f"{v.algorithm or '-':<14} {v.published_at:<26} {json.dumps(v.metrics)}")
     return 0

@@ -94,6 +94,11 @@ META_FIELDS = {
     "metrics": "JSON object of evaluation metrics",
     "trained_at": "ISO 8601 UTC time the artifact was trained",
     "published_at": "ISO 8601 UTC time publishing started",
+    "served_as": "what the version serves: `model` (the trained model), `trivial` (a trivial "
+                 "list: the model did not beat it, and nothing better was served), "
+                 "`challenger-NAME` or `blend-NAME` (the gate's challenger, or its blend with "
+                 "the model, won); absent means `model`. Lookups of a version that is not "
+                 "`model` report it as their `source`",
     "n_items": "number of item (or doc) ids",
     "item_id_type": "int64 | str",
     "item_chunk": "rows per items/V/b/val chunk",

@@ -35,8 +35,9 @@ GATE_KEYS = {"tolerance": 0.0, "trivial_margin": 0.0, "if_trivial": "reject",
              "challenger": "none", "challenger_tolerance": 0.0, "challenger_mode": "replace"}
 PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 # tune: settings chosen on the validation split; at most max_settings scored settings and
-# budget_seconds for the model, and the same caps for its challenger (the same effort)
-TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12}
+# budget_seconds for the model, and the same caps for its challenger (the same effort); of the
+# settings within tolerance (relative) of the best validation score, the cheapest is chosen
+TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12, "tolerance": 0.005}
 
 
 @dataclass(frozen=True)
@@ -144,9 +145,11 @@ def _tune(where: str, name: str, raw: dict, fam: Family) -> dict:
                          "families with tuning axes accept one")
     tune = {**TUNE_KEYS, **_table(where, name, "tune", raw, (*TUNE_KEYS, *fam.tune_axes))}
     for key in TUNE_KEYS:
-        if not (isinstance(tune[key], (int, float)) and tune[key] > 0):
+        least = 0 if key == "tolerance" else 1e-300
+        if not (isinstance(tune[key], (int, float)) and not isinstance(tune[key], bool)
+                and tune[key] >= least):
             raise ValueError(f"{where}: model {name!r} tune.{key} is {tune[key]!r}, expected a "
-                             "number > 0")
+                             f"number {'>= 0' if key == 'tolerance' else '> 0'}")
     for axis, default in fam.tune_axes.items():
         grid = tune.setdefault(axis, list(default))
         if not (isinstance(grid, list) and grid):

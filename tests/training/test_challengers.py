@@ -17,8 +17,9 @@ from pipeline.ingest.files import ingest_files
 from pipeline.ingest.store import EventStore
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.settings import Settings
+from pipeline.training import tuning as _tuning
 from pipeline.training.config import parse_model
-from pipeline.training.trainers import _tuning, kernel_ranksvm, npsvor, toppush
+from pipeline.training.trainers import kernel_ranksvm, npsvor, toppush
 
 # family -> event kind, planted events, model config, most settings a cold challenger tries
 FAMILIES = {

@@ -146,9 +146,10 @@ def test_warm_retrain_after_2pct_new_events_reuses_the_duals(settings, redis_url
 def test_gate_refuses_a_model_no_better_than_a_constant_rating(settings, redis_url):
     rng = np.random.default_rng(4)
     events = synthetic.ordinal_events(n_items=200, n_reviews=1500, seed=4)
-    for e in events:   # ratings unrelated to the text and features
+    more = synthetic.ordinal_events(n_items=200, n_reviews=300, seed=5)
+    for e in events + more:   # ratings unrelated to the text and features
         e["label"] = int(rng.choice([1, 2, 3, 3, 3, 4, 5]))
-    _ingest(events[:1000], settings, "noise")
+    _ingest(events, settings, "noise")
     # nothing is served yet: the best trivial list is published (marked) rather than nothing
     run = retrain.run("reviews", _models(), settings=settings, redis_url=redis_url)
     assert run["decision"] == "published" and run["gate"]["publishes"].startswith("trivial-")
@@ -157,7 +158,7 @@ def test_gate_refuses_a_model_no_better_than_a_constant_rating(settings, redis_u
         served = topk.recommend("reviews", None, k=3)
     assert served.version == 1 and len(served.items) == 3 and served.source == "trivial"
     # once something is served, if_trivial = "reject" keeps its meaning
-    _ingest(events[1000:], settings, "noise-2")
+    _ingest(more, settings, "noise-2")
     run = retrain.run("reviews", _models(), settings=settings, redis_url=redis_url)
     assert run["decision"] == "rejected", run["reason"]
     assert "does not beat the trivial" in run["reason"]

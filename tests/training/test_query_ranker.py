@@ -140,22 +140,23 @@ def test_gate_refuses_a_model_no_better_than_the_best_feature(settings, redis_ur
     first, _ = _judgments(n_queries=80)
     _ingest(first, settings, "j0")
     strict = {"gate": {"trivial_margin": 0.5}}
-    refused = retrain.run("search", _models(search=strict), settings=settings,
-                          redis_url=redis_url)
-    assert refused["decision"] == "rejected"
-    assert "does not beat the trivial best_feature" in refused["reason"]
-
-    trivial = {"gate": {"trivial_margin": 0.5, "if_trivial": "publish_trivial"}}
-    served = retrain.run("search", _models(search=trivial), settings=settings,
-                         redis_url=redis_url, cold=True)
+    # nothing served yet: the best feature's ranking is published (marked) rather than nothing
+    served = retrain.run("search", _models(search=strict), settings=settings,
+                         redis_url=redis_url)
     assert served["decision"] == "published", served["reason"]
+    assert "does not beat the trivial best_feature" in served["reason"]
     query = first[0]["query"]
     rows = [e for e in first if e["query"] == query]
     by_feature = sorted(rows, key=lambda e: -e["features"][2])   # best feature x2, upward
     with TopK(redis_url, namespace=settings.namespace) as topk:
         rec = topk.recommend("search", query, k=len(rows))
-    assert rec.source == "precomputed"
+    assert rec.source == "trivial"
     assert [d for d, _ in rec.items] == [e["doc"] for e in by_feature]
+    # once something is served, the default if_trivial = "reject" refuses
+    refused = retrain.run("search", _models(search=strict), settings=settings,
+                          redis_url=redis_url, cold=True)
+    assert refused["decision"] == "rejected"
+    assert "does not beat the trivial best_feature" in refused["reason"]
 
 
 def test_no_training_query_with_a_pair_is_a_clear_error(settings, redis_url):

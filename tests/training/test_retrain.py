@@ -11,7 +11,7 @@ import pytest
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.serving.artifact import ModelArtifact
-from pipeline.serving.lookup import TopK, UnknownModelError
+from pipeline.serving.lookup import TopK
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from pipeline.training.config import parse_model
@@ -189,14 +189,21 @@ def test_gate_refuses_a_model_no_better_than_popularity(settings, redis_url):
     run = retrain.run("movies", _collapsed_movies("reject"), settings=settings,
                       redis_url=redis_url)
     gate = run["gate"]
-    assert run["decision"] == "rejected" and "does not beat the trivial" in run["reason"]
+    assert "does not beat the trivial" in run["reason"]
     assert run["train"]["collapsed"]
     assert set(gate["trivial"]) == {"popularity", "global"}
     best = max(gate["trivial"], key=gate["trivial"].get)
     assert gate["lift_over_trivial"][best] < 0 and gate["value"] < gate["trivial"][best]
-    with TopK(redis_url, namespace=settings.namespace) as topk, \
-            pytest.raises(UnknownModelError, match="no published version"):
-        topk.recommend("movies", first[0]["user"], k=5)
+    # nothing was served: the best trivial list is, marked, rather than nothing
+    assert run["decision"] == "published" and gate["publishes"] == f"trivial-{best}"
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        assert topk.recommend("movies", first[0]["user"], k=5).source == "trivial"
+    # once something is served, "reject" keeps its meaning
+    _, more = _ratings()
+    _ingest(more, settings, "rating", "r1")
+    run = retrain.run("movies", _collapsed_movies("reject"), settings=settings,
+                      redis_url=redis_url)
+    assert run["decision"] == "rejected" and "does not beat the trivial" in run["reason"]
 
 
 @pytest.mark.filterwarnings("ignore::solvers.CollapseWarning")
@@ -217,7 +224,7 @@ def test_gate_can_publish_the_better_trivial_list_instead(settings, redis_url, r
         with TopK(redis_url, namespace=settings.namespace) as topk:
             a = topk.recommend("movies", first[0]["user"], k=5)
             b = topk.recommend("movies", first[-1]["user"], k=5)
-        assert a.version == expected_version and a.source == "global"
+        assert a.version == expected_version and a.source == "trivial"
         assert [i for i, _ in a.items] == [i for i, _ in b.items] == \
             trivial.item_ids[top].tolist()
         for key in redis_client.scan_iter(f"*{settings.namespace}:*"):   # Redis lost it

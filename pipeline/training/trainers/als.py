@@ -27,8 +27,10 @@ import time
 
 import numpy as np
 
+from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import Challenger
+from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
 from pipeline.training.tuning import coordinate_search
 
 ALS_AXES = {"factors": [16, 32, 64, 128, 256],
@@ -38,7 +40,6 @@ ALS_AXES = {"factors": [16, 32, 64, 128, 256],
 ALS_START = {"factors": 64, "regularization": 50.0, "alpha": 10.0, "input": "relevant"}
 ITERATIONS = 20
 WARM_ITERATIONS = 6
-REUSE_GROWTH = 1.25
 BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
@@ -110,8 +111,7 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     started = time.perf_counter()
     seed = int(cfg.evaluation["seed"])
     relevant = trainer._relevant(arrays, cfg)
-    caps = {"max_settings": int(cfg.tune.get("max_settings", 12)),
-            "budget_seconds": float(cfg.tune.get("budget_seconds", 30.0))}
+    caps = {k: cfg.tune.get(k, default) for k, default in TUNE_KEYS.items()}
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
     last = _last(warm)
@@ -127,7 +127,8 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
 
         best, tried = coordinate_search(ALS_AXES, last["choice"] if last else ALS_START,
                                         score, higher_is_better=trainer.family
-                                        .higher_is_better(metric), **caps)
+                                        .higher_is_better(metric),
+                                        cost=lambda p: p["factors"], **caps)
         choice, source = best["params"], "tuned"
     start = None   # the last factors, when they have the chosen width
     if last is not None and "U" in warm and np.shape(warm["U"])[1] == int(choice["factors"]):
@@ -183,7 +184,7 @@ def _last(warm: dict | None) -> dict | None:
         return None
     choice = {k[len("choice_"):]: np.asarray(v).item() for k, v in warm.items()
               if k.startswith("choice_")}
-    if set(choice) != set(ALS_AXES):
+    if set(choice) != set(ALS_AXES) or choice["factors"] not in ALS_AXES["factors"]:
         return None
     return {"choice": choice, "n_rows": float(np.asarray(warm["n_rows"])),
             "blend_weight": (float(np.asarray(warm["blend_weight"]))

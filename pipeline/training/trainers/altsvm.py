@@ -16,11 +16,8 @@ import numpy as np
 from pipeline.training import datasets
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import WARM_PREFIX, Trainer, altsvm_tuning, idmap
+from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, REUSE_GROWTH, WARM_STEP
 
-PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold runs: fractions of reg_max, decreasing
-WARM_STEP = 1.6                             # warm path runs: the previous ratio x and / this
-REUSE_GROWTH = 1.25  # warm runs keep the last path's λ per comparison until the
-                     # comparisons outgrow the path's count by this factor
 
 def _number_or(value, word: str):
     """A config value that is a number or the one word ``word``."""

@@ -16,6 +16,10 @@ What is searched, and why these ranges (the registry's ``tune_axes``; a config m
 * ``implicit_sampling`` uniform or by popularity: popularity-sampled losers are harder
   negatives, which helps on long-tailed catalogues (Last.fm) and hurts on short ones.
 
+Of the settings within ``tune.tolerance`` (relative, default 0.5%) of the best validation
+score, the cheapest (comparisons x rank) is chosen: a difference that small is the validation
+split's noise, and the cheaper model retrains faster at every run.
+
 The search is :func:`pipeline.training.tuning.coordinate_search` from the config's own
 settings, capped at ``tune.max_settings`` scored settings and ``tune.budget_seconds`` (the λ
 path's points count). A warm run whose comparisons grew less than ``REUSE_GROWTH`` since the
@@ -36,9 +40,12 @@ from pipeline.training.tuning import coordinate_search
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
 WARM_STEP = 1.6                             # warm paths: the last ratio x and / this
-REUSE_GROWTH = 1.25  # warm runs keep the last choice until the comparisons outgrow it so much
+REUSE_GROWTH = 1.25  # warm runs keep the last choice (or λ per comparison) until the
+                     # comparisons outgrow its count by this factor
 COMPARISON_AXES = ("implicit_per_user", "implicit_sampling")   # change the comparisons
 MODEL_AXES = ("rank", "loss")                                  # change the estimator
+# the order of a sweep: the axes that move the fit's cost the most first, then λ
+SWEEP = ("implicit_per_user", "rank", "reg_ratio", "loss", "implicit_sampling")
 
 
 def comparisons(arrays: dict, family, params: dict, parts, seed: int) -> np.ndarray:
@@ -65,8 +72,8 @@ def _axes(cfg, family) -> dict:
     params = cfg.params
     implicit = family.dataset_param(params, "comparisons") == "implicit"
     axes = {}
-    for axis in (*MODEL_AXES, *COMPARISON_AXES):
-        if axis in COMPARISON_AXES and not implicit:
+    for axis in SWEEP:
+        if axis == "reg_ratio" or axis in COMPARISON_AXES and not implicit:
             continue
         grid = list(cfg.tune[axis])
         own = _current(cfg, family, axis)
@@ -95,6 +102,7 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     began = time.perf_counter()
     cache: dict = {}
     best = {"value": None}
+    fits: dict = {}    # setting -> (λ per comparison, ratio) of its fit
 
     def fit_and_score(params: dict, ratios, warm_start=None, path: bool = False):
         estimator = type(model)(**{**model.get_params(), **{a: params[a] for a in MODEL_AXES
@@ -104,19 +112,27 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
             warnings.simplefilter("ignore")   # the final fit warns as a plain fit does
             if path:
                 estimator.fit_path(c, score=score, ratios=ratios, patience=2,
-                                   warm_start=warm_start, **sizes)
+                                   warm_start=warm_start, max_seconds=budget, **sizes)
             else:
                 estimator.reg, estimator.reg_ratio = None, float(ratios)
                 estimator.fit(c, **sizes)
         value = score(estimator) if not path else max(p["score"] for p in estimator.path_)
+        if path:
+            for p in estimator.path_:
+                fits[_key({**params, "reg_ratio": round(float(p["ratio"]), 5)})] = (
+                    p["reg"] / len(c), float(p["ratio"]))
+        else:
+            fits[_key({**params, "reg_ratio": round(float(ratios), 5)})] = (
+                estimator.reg_ / len(c), estimator.reg_ / estimator.reg_max_)
         if best["value"] is None or value > best["value"]:
             best.update(value=value, model=estimator, params=dict(params),
                         n=len(c), ratio=estimator.reg_ / estimator.reg_max_)
         return estimator, value
 
     # 1. the λ path at the start setting (from the last choice's ratio on a re-tune)
-    ratios = PATH_RATIOS if last is None else \
-        np.array([last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
+    ratios = PATH_RATIOS if last is None else np.array(
+        [last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
+    ratios = ratios[:int(cfg.tune["max_settings"])]   # the path's points count
     path_model, _ = fit_and_score(start, ratios, warm_start=warm if last else None, path=True)
     tried = [{"params": {**start, "reg_ratio": round(float(p["ratio"]), 5)},
               "validation": p["score"], "seconds": round(p.get("seconds", 0.0), 3)}
@@ -132,23 +148,43 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
         return fit_and_score(params, params["reg_ratio"])[1]
 
     left = max(budget - (time.perf_counter() - began), 0.0)
-    _, searched = coordinate_search({**axes, "reg_ratio": ratio_grid}, first, setting_score,
+    grids = {**axes, "reg_ratio": ratio_grid}
+    _, searched = coordinate_search({a: grids[a] for a in SWEEP if a in grids}, first,
+                                    setting_score,
                                     max_settings=max(int(cfg.tune["max_settings"])
                                                      - len(tried) + 1, 1),
                                     budget_seconds=left)
     tried += searched[1:]
-    chosen = best["params"]
+    chosen = _cheapest_near_best(tried, float(cfg.tune["tolerance"]))
     for axis in MODEL_AXES:
-        if axis in chosen:
-            setattr(model, axis, chosen[axis])
-    final = _comparisons_of(arrays, family, cfg.params, chosen, (TRAIN, VALIDATION), seed, {})
-    reg_per_comparison = best["model"].reg_ / best["n"]
-    return {"choice": {a: chosen[a] for a in axes}, "tried": tried,
-            "validated": best["model"], "validation": best["value"],
-            "comparisons": final, "reg_ratio": best["ratio"],
+        if axis in chosen["params"]:
+            setattr(model, axis, chosen["params"][axis])
+    choice = {a: chosen["params"][a] for a in axes}
+    final = _comparisons_of(arrays, family, cfg.params, choice, (TRAIN, VALIDATION), seed, {})
+    reg_per_comparison, ratio = fits[_key(chosen["params"])]
+    return {"choice": choice, "tried": tried, "validated": best["model"],
+            "validation": chosen["validation"], "comparisons": final, "reg_ratio": ratio,
             "reg_per_comparison": reg_per_comparison, "path_n": len(final),
-            "reg_max": best["model"].reg_max_,
             "seconds": time.perf_counter() - began, "source": "tuned"}
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def cost(params: dict) -> float:
+    """A fit's cost grows with its comparisons times its rank (+1: the bias)."""
+    return params.get("implicit_per_user", 1) * (params["rank"] + 1)
+
+
+def _cheapest_near_best(tried: list, tolerance: float) -> dict:
+    """The cheapest setting (by :func:`cost`) within ``tolerance`` (relative) of the best
+    validation score: a difference that small is the validation split's noise, and the
+    cheaper model retrains faster at every run."""
+    scored = [t for t in tried if t["validation"] is not None]
+    top = max(t["validation"] for t in scored)
+    near = [t for t in scored if t["validation"] >= top - tolerance * abs(top)]
+    return min(near, key=lambda t: (cost(t["params"]), -t["validation"]))
 
 
 def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:

@@ -34,7 +34,7 @@ import numpy as np
 
 from pipeline.training import datasets
 from pipeline.training.trainers import Challenger, Trainer, idmap
-from pipeline.training.trainers._tuning import grid_search, neighbours, skipped, validation_mask
+from pipeline.training.tuning import grid_search, neighbours, skipped, validation_mask
 
 MAX_BASELINE_FEATURES = 50   # single features tried as the trivial ranker (both signs)
 
@@ -86,7 +86,7 @@ class TunedLinearRankSVM:
     solver parameters (loss, solver, tol, approximation...), C tuned on validation queries.
 
     ``fit`` holds out validation queries by a stable hash of the query index
-    (:func:`~pipeline.training.trainers._tuning.validation_mask`, ``seed + 1``), fits C in
+    (:func:`~pipeline.training.tuning.validation_mask`, ``seed + 1``), fits C in
     ``C * LINEAR_C_FACTORS`` on the other queries (one estimator: Q is computed once and kept,
     β warm-started along the grid), scores each by ``metric`` on the validation queries, and
     refits at the best C on all queries (only Q's validation rows are new; β from the best

@@ -27,7 +27,7 @@ import numpy as np
 
 from pipeline.training import datasets
 from pipeline.training.trainers import Challenger, Trainer
-from pipeline.training.trainers._tuning import (
+from pipeline.training.tuning import (
     grid_search,
     neighbours,
     skipped,
@@ -107,7 +107,7 @@ class TunedLinearOrdinal:
     better on a validation split of the training events.
 
     ``fit`` carves a validation part out of the events by a stable hash of ``ids``
-    (:func:`~pipeline.training.trainers._tuning.validation_mask`, ``seed + 1``), fits both
+    (:func:`~pipeline.training.tuning.validation_mask`, ``seed + 1``), fits both
     estimators at every C of ``ORDINAL_C`` on the rest, scores each by ``metric`` on the
     validation part, and refits the best on all events. With ``warm`` (a previous
     ``warm_state()``) it tries only the last estimator, at the last C and its neighbours. Only

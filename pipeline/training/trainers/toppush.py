@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.training import datasets
 from pipeline.training.trainers import Challenger, Trainer, idmap
-from pipeline.training.trainers._tuning import (
+from pipeline.training.tuning import (
     grid_search,
     neighbours,
     skipped,
@@ -52,7 +52,7 @@ class TunedLogistic:
     a validation split of the training rows.
 
     ``fit`` carves a validation part out of the rows by a stable hash of ``ids``
-    (:func:`~pipeline.training.trainers._tuning.validation_mask`, ``seed + 1``), fits every C
+    (:func:`~pipeline.training.tuning.validation_mask`, ``seed + 1``), fits every C
     of ``LOGISTIC_C`` on the rest, scores it by ``metric`` on the validation part, and refits
     the best on all rows. With ``warm`` (a previous ``warm_state()``) it tries the last C and
     its neighbours. Only the columns with a non-zero in the training rows enter the fit (a
