@@ -426,10 +426,12 @@ def test_tron_solution_meets_the_optimality_condition_of_3_13():
     C = 2.0
     G = GramMatrix(X, KernelSpec("rbf", 0.25, 3, 1.0), cache_bytes=1e9)
     loss = PairLoss(qptr, level)
-    # tol 1e-7: Q is float32, whose round-off floors the relative gradient norm near 1e-8
-    # (TRON then stops on "round-off", unconverged); the KKT check below asks for 1e-6
+    # tol 1e-7: Q is float32, whose round-off floors the relative gradient norm near 1e-8 to
+    # 1e-6 depending on the BLAS kernels (TRON then stops on "round-off", unconverged); the
+    # KKT checks below, in float64, are what this test asks of the solution
     res = tron(KernelSpace(G), loss, C, tol=1e-7, max_iter=200)
-    assert res.converged
+    assert res.converged or ("round-off" in res.message
+                             and res.grad_norm <= 1e-6 * res.grad_norm0), res
     Q = G.dense()
     beta = res.theta
     # KKT of (3.13): ∇F = Q(β + C ∇L(Qβ)) = 0; Q is positive definite here, so β = −C ∇L.
