@@ -189,6 +189,7 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
                                cold=True, publish=False)
             timings = {"first": total, "warm": summary["seconds"], "cold": cold["seconds"],
                        "first_decision": first["decision"]}
+            tuned = first["train"]    # the first run tuned; the warm one reused its choice
             run_dir = Path(summary["dataset"]["run_dir"])
             _, arrays = read_bundle(run_dir / "dataset", fmt=retrain.DATASET_FORMAT)
             relevance = float(arrays["relevance"])
@@ -236,6 +237,7 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
         tr = summary["train"]
         ch = tr.get("challenger", {})
         chosen = next(t["chosen"] for t in ch.get("tried", []) if "chosen" in t)
+        first_ch = tuned.get("challenger", {})
         from pipeline.training.trainers.als import ITERATIONS, fit_als
         X = interactions(arrays, liked, (TRAIN, VALIDATION), chosen["input"])
         t = time.perf_counter()
@@ -248,8 +250,8 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
                 "altsvm_final_fit": tr["fit_seconds"] - (tr.get("tuning") or {}).get(
                     "seconds", 0.0),
                 "altsvm_fit_total": tr["fit_seconds"], "als_fit": als_fit,
-                "bpr_fit": bpr_seconds, "bpr_tried": bpr_tried, "tuning": tr.get("tuning"),
-                "als_tried": len([t for t in ch.get("tried", []) if "params" in t]),
+                "bpr_fit": bpr_seconds, "bpr_tried": bpr_tried, "tuning": tuned.get("tuning"),
+                "als_tried": len([t for t in first_ch.get("tried", []) if "params" in t]),
                 "als_chosen": chosen, "stats": summary["dataset"]["stats"],
                 "window": summary["dataset"]["window"].get("warning"),
                 "blend": ch.get("blend")}
