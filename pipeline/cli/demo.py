@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def add_arguments(parser) -> None:
                         "(default 3000 synthetic ones, or all of the --letor file; of a file, "
                         "whole queries in file order)")
     parser.add_argument("--home", default=".rankstream/demo",
-                        help="working directory, wiped at the start (default %(default)s)")
+                        help="working directory, wiped at the start if the demo made it; a "
+                        "non-empty directory it did not make is refused (default %(default)s)")
     parser.add_argument("--report", help="JSON report path (default HOME/report.json)")
     parser.add_argument("--users", type=int, default=1500, help="synthetic users")
     parser.add_argument("--items", type=int, default=800, help="synthetic items")
@@ -319,6 +321,33 @@ def _say_query_ranker(say, qr: dict, source: str) -> None:
         "score): " + ", ".join(qr["unknown_query"]["docs"]))
 
 
+MARKER = ".rankstream-demo"   # in a working directory the demo made: it may wipe it
+# what an earlier demo (before the marker) left: such a directory is the demo's too
+EARLIER_DEMO = {"checkpoints", "events", "locks", "report.json", "runs", "store",
+                "dead-letter"}
+
+
+def fresh_home(home: Path) -> None:
+    """Make ``home`` an empty working directory marked as the demo's. An existing directory
+    is wiped only when it carries the marker (the demo made it) or holds exactly what an
+    earlier demo left (its report, store and runs, nothing else); a non-empty directory
+    otherwise, or a file, is refused: the demo deletes nothing it did not make."""
+    if home.exists():
+        if not home.is_dir():
+            raise ValueError(f"--home {home} is a file, not a directory: give a new or empty "
+                             "directory")
+        names = {p.name for p in home.iterdir()}
+        earlier = {"report.json", "store", "runs"} <= names <= EARLIER_DEMO
+        if (home / MARKER).is_file() or earlier:
+            shutil.rmtree(home)
+        elif names:
+            raise ValueError(f"--home {home} holds files the demo did not make; it deletes "
+                             "nothing it did not make: give a new or empty directory")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / MARKER).write_text("made by `rankstream demo`, which wipes this directory when it "
+                               "runs again\n")
+
+
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
@@ -335,7 +364,11 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the embedded Redis stops
     started = time.perf_counter()
     home = Path(args.home)
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        fresh_home(home)
+    except ValueError as err:
+        print(f"rankstream demo: {err}", file=sys.stderr)
+        return 2
     (home / "events").mkdir(parents=True)
     settings = Settings(home=home)
     models = _models()

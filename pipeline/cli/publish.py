@@ -19,6 +19,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--keep-versions", type=int, default=3, help="versions kept, the new "
                         "one included (default 3)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--force", action="store_true", help="publish a run the quality gate "
+                        "rejected (says what it overrides)")
     add_redis_arguments(parser)
 
 
@@ -36,15 +38,53 @@ def artifact_dir(path) -> Path:
     return path
 
 
+def check_publishable(model: str, path, artifact, served: list, force: bool) -> str | None:
+    """Refuse what would serve the wrong thing under ``model``: a run directory of another
+    model, an artifact of another algorithm or kind than the version ``model`` serves, or a
+    run the gate rejected (unless ``force``: then the returned line says what it overrides).
+
+    >>> check_publishable("m", "/nonexistent", None, [], False) is None
+    True
+    """
+    from solvers.persist import read_json
+
+    path = Path(path)
+    trained = read_json(path / "train.json") or {}
+    if trained.get("model") not in (None, model):
+        raise ValueError(f"{path} is a run of model {trained['model']!r}, not {model!r}: "
+                         f"publish it as {trained['model']!r}, or give a run of {model!r}")
+    current = [v for v in served if v.current]
+    if artifact is not None and current:
+        family = (current[0].algorithm or "").split(":")[0]
+        if current[0].kind != artifact.kind or (
+                family and artifact.algorithm and artifact.algorithm.split(":")[0] != family):
+            raise ValueError(f"{model!r} serves a {current[0].kind} model of {family!r}; this "
+                             f"artifact is a {artifact.kind} model of "
+                             f"{artifact.algorithm or 'unknown algorithm'!r}: give an artifact "
+                             "of the same model")
+    gate = read_json(path / "gate.json") or {}
+    if gate and not gate.get("publish"):
+        if not force:
+            raise ValueError(f"the quality gate rejected this run ({gate.get('reason')}); "
+                             "--force publishes it anyway")
+        return f"overriding the quality gate's rejection: {gate.get('reason')}"
+    return None
+
+
 def run(args) -> int:
     import redis
 
     from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.publish import publish
+    from pipeline.training.retrain import served_versions
 
     try:
         artifact = ModelArtifact.load(artifact_dir(args.path))
         with redis_client(args) as (settings, client):
+            said = check_publishable(args.model, args.path, artifact,
+                                     served_versions(settings, client, args.model), args.force)
+            if said:
+                print(f"rankstream publish: {said}")
             res = publish(args.model, artifact, client, top_k=args.top_k,
                           keep_versions=args.keep_versions, namespace=settings.namespace,
                           progress=not args.no_progress)

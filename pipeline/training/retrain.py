@@ -126,9 +126,11 @@ def _summary(manifest: dict) -> dict:
     return {k: v for k, v in manifest.items() if k not in ("format", "format_version")}
 
 
-def train_step(config, model: str, run_dir) -> dict:
+def train_step(config, model: str, run_dir, *, trial: bool = False) -> dict:
     """Fit, warm-started from the checkpoint the dataset step chose; evaluate; write the
-    run's artifact and checkpoint once."""
+    run's artifact and checkpoint once. A checkpoint that cannot warm-start the model is set
+    aside only by a run of the very config that made it; a ``trial`` run (one that will not
+    publish) or a run of another config trains cold and leaves it alone."""
     run_dir = Path(run_dir)
     done = read_json(run_dir / "train.json")
     if done:
@@ -136,12 +138,13 @@ def train_step(config, model: str, run_dir) -> dict:
     cfg = _model(config, model)
     trainer = cfg.family.new_trainer()
     ds, arrays = _dataset(run_dir)
-    warm, warm_failed, last_arrays = None, None, None
+    warm, warm_failed, last_arrays, same_config = None, None, None, False
     if ds["warm_from"] and Path(ds["warm_from"]).is_dir():
         from pipeline.training.trainers import warm_state
 
-        last_arrays = read_checkpoint(ds["warm_from"]).arrays
-        warm = warm_state(last_arrays)
+        last = read_checkpoint(ds["warm_from"])
+        last_arrays, warm = last.arrays, warm_state(last.arrays)
+        same_config = last.manifest.get("config_key") == ds["config_key"]
     try:
         fitted, fit_info = trainer.fit(arrays, cfg, warm)
     except Exception as err:
@@ -151,7 +154,15 @@ def train_step(config, model: str, run_dir) -> dict:
         # that works, the checkpoint was the problem, and it is set aside for good
         fitted, fit_info = trainer.fit(arrays, cfg, None)
         warm_failed = f"{type(err).__name__}: {err}"
-        set_aside(ds["warm_from"], f"cannot warm-start this model ({warm_failed})")
+        if same_config and not trial:
+            set_aside(ds["warm_from"], f"cannot warm-start this model ({warm_failed})")
+        else:
+            import warnings
+
+            warnings.warn(f"checkpoint {Path(ds['warm_from']).name} cannot warm-start this "
+                          f"model ({warm_failed}); trained cold, the checkpoint is left as it "
+                          "is (it was made by another config, or this run will not publish)",
+                          RuntimeWarning, stacklevel=2)
         warm = None
     metrics = trainer.evaluate(fitted, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()
@@ -437,7 +448,7 @@ def _run(model, config, settings, redis_url, cold, publish, ingest, progress) ->
             if summary["served"]["republished"]:
                 summary.update(decision="republished", reason=summary["served"]["reason"])
         return summary
-    summary["train"] = train_step(config, model, ds["run_dir"])
+    summary["train"] = train_step(config, model, ds["run_dir"], trial=not publish)
     if publish:
         if redis_url is None:
             raise ValueError("publishing needs a Redis URL (settings.redis_url or redis_url=)")

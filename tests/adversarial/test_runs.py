@@ -82,7 +82,7 @@ def test_three_trains_of_one_model_at_once_publish_one_version(tmp_path, redis_u
     assert [v.version for v in versions("movies", redis_client, namespace=namespace)] == [1]
 
 
-def test_a_checkpoint_that_no_longer_fits_is_set_aside_and_the_run_trains_cold(
+def test_a_checkpoint_of_another_config_is_left_alone_and_the_run_trains_cold(
         tmp_path, redis_url, redis_client):
     home = tmp_path / "home"
     settings = Settings(home=home, namespace="setaside")
@@ -99,11 +99,19 @@ def test_a_checkpoint_that_no_longer_fits_is_set_aside_and_the_run_trains_cold(
     assert retrain.run("movies", models(6), settings=settings,
                        redis_url=redis_url)["decision"] == "published"
     _ingest(home, events[1200:], "r2")
-    with pytest.warns(RuntimeWarning, match="cannot warm-start this model .*rank"):
-        out = retrain.run("movies", models(3), settings=settings, redis_url=redis_url)
+    production = sorted(p.name for p in (settings.checkpoint_dir / "movies").iterdir())
+    # a trial of another rank (no publish): trains cold, touches no checkpoint
+    with pytest.warns(RuntimeWarning, match="cannot warm-start this model .*rank.* left as it"):
+        trial = retrain.run("movies", models(3), settings=settings, redis_url=redis_url,
+                            publish=False)
+    assert not trial["train"]["warm_start"]
+    assert sorted(p.name for p in (settings.checkpoint_dir / "movies").iterdir()) == production
+    # the new config for real (the trial's fit of the same window is reused): cold,
+    # published; its checkpoint is the next run's warm start
+    out = retrain.run("movies", models(3), settings=settings, redis_url=redis_url)
     assert out["decision"] == "published" and not out["train"]["warm_start"]
     assert "rank" in out["train"]["warm_start_failed"]
-    assert len(list((settings.checkpoint_dir / "movies" / ".set-aside").iterdir())) == 1
+    assert not (settings.checkpoint_dir / "movies" / ".set-aside").exists()
     with warnings.catch_warnings():       # the next run warm-starts from the new checkpoint
         warnings.simplefilter("error")
         _ingest(home, _ratings(seed=4, id_prefix="n"), "r3")

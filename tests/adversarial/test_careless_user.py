@@ -1,0 +1,81 @@
+"""Mistakes a careless user makes, replayed: each must neither destroy nor serve the wrong thing.
+
+(The trial run that must not touch the production checkpoint is in ``test_runs.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.cli.demo import MARKER, fresh_home
+from pipeline.cli.publish import check_publishable
+
+
+def test_demo_refuses_a_home_with_files_it_did_not_make(tmp_path, capsys):
+    home = tmp_path / "mine"
+    home.mkdir()
+    (home / "thesis.tex").write_text("years of work")
+    assert main(["demo", "--home", str(home)]) == 2
+    err = capsys.readouterr().err
+    assert "deletes nothing it did not make" in err and len(err.strip().splitlines()) == 1
+    assert (home / "thesis.tex").read_text() == "years of work"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    assert main(["demo", "--home", str(a_file)]) == 2
+    assert a_file.read_text() == "x"
+
+
+def test_demo_wipes_only_what_it_made(tmp_path):
+    home = tmp_path / "demo"
+    fresh_home(home)                      # new: made and marked
+    assert (home / MARKER).is_file()
+    (home / "runs").mkdir()
+    fresh_home(home)                      # marked: wiped
+    assert sorted(p.name for p in home.iterdir()) == [MARKER]
+    earlier = tmp_path / "earlier"        # what a demo before the marker left
+    for name in ("store", "runs", "events"):
+        (earlier / name).mkdir(parents=True)
+    (earlier / "report.json").write_text("{}")
+    fresh_home(earlier)
+    assert sorted(p.name for p in earlier.iterdir()) == [MARKER]
+    (earlier / MARKER).unlink()
+    (earlier / "report.json").write_text("{}")   # a report alone is not an earlier demo
+    with pytest.raises(ValueError, match="did not make"):
+        fresh_home(earlier)
+
+
+def _run_dir(tmp_path, model="movies", gate=None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text(json.dumps({"model": model}))
+    if gate is not None:
+        (run / "gate.json").write_text(json.dumps(gate))
+    return run
+
+
+def test_publish_refuses_a_run_of_another_model(tmp_path):
+    run = _run_dir(tmp_path, "movies")
+    with pytest.raises(ValueError, match="is a run of model 'movies', not 'search'"):
+        check_publishable("search", run, None, [], force=False)
+    assert check_publishable("movies", run, None, [], force=False) is None
+
+
+def test_publish_refuses_an_artifact_of_another_kind_or_algorithm(tmp_path):
+    served = [SimpleNamespace(current=True, kind="query_docs", algorithm="kernel_ranksvm")]
+    movies = SimpleNamespace(kind="user_item", algorithm="altsvm")
+    with pytest.raises(ValueError, match="serves a query_docs model of 'kernel_ranksvm'"):
+        check_publishable("search", tmp_path, movies, served, force=False)
+    ranker = SimpleNamespace(kind="query_docs", algorithm="kernel_ranksvm:challenger-linear")
+    assert check_publishable("search", tmp_path, ranker, served, force=False) is None
+
+
+def test_publishing_a_rejected_run_needs_force_and_says_what_it_overrides(tmp_path):
+    run = _run_dir(tmp_path, gate={"publish": False, "reason": "worse than served v3"})
+    with pytest.raises(ValueError, match="gate rejected this run .*worse than served v3.*--force"):
+        check_publishable("movies", run, None, [], force=False)
+    said = check_publishable("movies", run, None, [], force=True)
+    assert "overriding the quality gate's rejection: worse than served v3" in said
