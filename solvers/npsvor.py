@@ -405,10 +405,18 @@ def _check_ranks(y, n):
                          "two consecutive ranks")
     lo, hi = int(classes[0]), int(classes[-1])
     if hi - lo + 1 != classes.size:
-        missing = sorted(set(range(lo, hi + 1)) - set(classes.tolist()))
+        # the first missing ranks from the gaps between labels: never a range over the labels'
+        # span, which one stray label (1e9) would make as large as memory
+        n_missing, missing = hi - lo + 1 - classes.size, []
+        for g in np.flatnonzero(np.diff(classes) > 1):
+            start = int(classes[g]) + 1
+            missing += range(start, min(int(classes[g + 1]), start + 10 - len(missing)))
+            if len(missing) >= 10:
+                break
         shown = classes.tolist() if classes.size <= 20 else classes[:20].tolist() + ["..."]
-        gone = (f"{missing[0]} is missing" if len(missing) == 1 else
-                f"{', '.join(map(str, missing[:10]))} are missing")
+        gone = (f"{missing[0]} is missing" if n_missing == 1 else
+                f"{n_missing:,} ranks are missing: {', '.join(map(str, missing))}"
+                + (", ..." if n_missing > len(missing) else ""))
         raise ValueError(f"y has labels {shown}; expected consecutive integers ({gone}: rank "
                          f"{missing[0]} has no instance)")
     return classes.astype(np.int64), y_rank.astype(np.int64).reshape(-1)

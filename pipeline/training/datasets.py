@@ -428,7 +428,7 @@ def event_ids(column) -> np.ndarray:
 
 def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed: int = 0,
             n_features: int | None = None, max_features: int = 2**20,
-            text_features: int = 2**20) -> OrdinalData:
+            text_features: int = 2**20, levels: int = 10) -> OrdinalData:
     """NPSVOR inputs from ordinal events (reviews: item, label, features and/or text).
 
     One row per event, not per item: an item may have many reviews, each a training instance
@@ -442,6 +442,10 @@ def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed:
     The held-out split is by event, by a stable hash of its instance id, so an event stays on
     its side as data grows. The item's published rating is the prediction for its *latest*
     event's features and text (what the item looks like now), not an average over its reviews.
+
+    Labels outside ``1..levels`` are left out and counted (``stats["labels_out_of_range"]``,
+    with a warning): one stray label (1e9) must neither size an allocation nor stop every
+    retrain while it stays in the window.
     """
     from pipeline.features import feature_rows
 
@@ -452,6 +456,11 @@ def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed:
     ids = event_ids(t.column("event_id"))
     keep = _latest_per_key(ids, t.column("ts").to_numpy(), t.column("offset").to_numpy())
     t, ids = t.take(pa.array(keep)), ids[keep]
+    label = t.column("label").to_numpy()
+    in_range = (label >= 1) & (label <= int(levels))
+    out_of_range = int((~in_range).sum())
+    if out_of_range:
+        t, ids = t.filter(pa.array(in_range)), ids[in_range]
     lengths = pc.fill_null(pc.list_value_length(t.column("feature_index")), 0)
     top = pc.max(pc.list_flatten(t.column("feature_index"))).as_py() if t.num_rows else None
     width = min(max(0 if top is None else top + 1, n_features or 0), int(max_features))
@@ -477,9 +486,16 @@ def ordinal(store: EventStore, *, window=None, test_fraction: float = 0.2, seed:
              "features": width, "text_features": int(text_features),
              "feature_values_over_max_features": dropped,
              "empty_rows": int((np.diff(X.indptr) == 0).sum())}
+    warnings = []
     if with_text and not text_features:
-        stats["warning"] = (f"{with_text:,} events carry text, but text_features is 0: their "
-                            "text is ignored")
+        warnings.append(f"{with_text:,} events carry text, but text_features is 0: their "
+                        "text is ignored")
+    if out_of_range:
+        stats["labels_out_of_range"] = out_of_range
+        warnings.append(f"{out_of_range:,} events have a label outside 1..{levels} "
+                        "(params.levels): left out")
+    if warnings:
+        stats["warning"] = "; ".join(warnings)
     return OrdinalData(X=X, y=y, ids=ids, item_ids=uniques.astype(str), row_item=item_of_row,
                        latest=latest, test_mask=test, n_features=width,
                        text_features=int(text_features), window=win, stats=stats)

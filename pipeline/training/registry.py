@@ -149,7 +149,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            kinds=("ordinal",),
            # rows are [features | hashed text]: numeric feature indices of max_features or
            # more are left out (counted); text_features hashed n-gram columns (0: no text)
-           dataset_params={"max_features": 2**20, "text_features": 2**20},
+           # labels outside 1..levels are left out (counted): a stray label sizes nothing
+           dataset_params={"max_features": 2**20, "text_features": 2**20, "levels": 10},
            # rating_ndcg: NDCG of the held-out list ordered by predict_score, gain = rating
            metrics={"mae": -1, "mse": -1, "accuracy": +1, "rating_ndcg": +1},
            # split "random": a stable hash of the event id holds out a fraction of events

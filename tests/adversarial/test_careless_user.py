@@ -79,3 +79,36 @@ def test_publishing_a_rejected_run_needs_force_and_says_what_it_overrides(tmp_pa
         check_publishable("movies", run, None, [], force=False)
     said = check_publishable("movies", run, None, [], force=True)
     assert "overriding the quality gate's rejection: worse than served v3" in said
+
+
+def test_one_huge_label_sizes_nothing_and_stops_no_retrain(tmp_path):
+    """An ordinal label of 1e9 among normal reviews: the solver's error path allocates
+    nothing, and the dataset leaves the event out (counted) so the model still trains."""
+    import time
+
+    import numpy as np
+
+    from pipeline.ingest import synthetic
+    from pipeline.ingest.files import ingest_files
+    from pipeline.settings import Settings
+    from pipeline.training import retrain
+    from pipeline.training.config import parse_model
+    from solvers import NPSVOR
+
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=r"999,999,997 ranks are missing: 3, 4, 5, .*\.\.\."):
+        NPSVOR().fit(np.eye(3), np.array([1, 2, 1_000_000_000]))
+    assert time.perf_counter() - started < 5
+
+    settings = Settings(home=tmp_path / "home")
+    events = synthetic.ordinal_events(n_items=60, n_reviews=300, seed=3)
+    events[17]["label"] = 1_000_000_000
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "reviews.jsonl")], "ordinal",
+                 settings=settings, progress=False)
+    cfg = parse_model("reviews", {"algorithm": "npsvor", "kinds": ["ordinal"],
+                                  "params": {"tol": 0.01, "random_state": 0,
+                                             "text_features": 2**12}}, "test")
+    run = retrain.run("reviews", {"reviews": cfg}, settings=settings, publish=False)
+    stats = run["dataset"]["stats"]
+    assert run["decision"] == "trained" and stats["labels_out_of_range"] == 1
+    assert "label outside 1..10" in stats["warning"]

@@ -241,7 +241,7 @@ class NPSVORTrainer(Trainer):
             store, window=cfg.window, test_fraction=float(ev["fraction"]), seed=int(ev["seed"]),
             n_features=int(previous["n_features"]) if previous and "n_features" in previous
             else None, max_features=int(param("max_features")),
-            text_features=int(param("text_features")))
+            text_features=int(param("text_features")), levels=int(param("levels")))
         X = data.X
         arrays = {"X_data": X.data, "X_indices": X.indices, "X_indptr": X.indptr,
                   "X_shape": np.array(X.shape), "y": data.y, "ids": data.ids,
