@@ -45,8 +45,13 @@ def run(args) -> int:
 
     settings = load_settings(args)
     if args.files:
-        summary = ingest_files(args.files, args.kind, settings=settings, fmt=args.fmt,
-                               progress=args.progress, max_message_bytes=args.max_message_bytes)
+        try:
+            summary = ingest_files(args.files, args.kind, settings=settings, fmt=args.fmt,
+                                   progress=args.progress,
+                                   max_message_bytes=args.max_message_bytes)
+        except (ValueError, OSError) as err:
+            print(f"rankstream ingest: {err}", file=sys.stderr)
+            return 2
     else:
         if not settings.kafka_bootstrap:
             print("rankstream ingest: no Kafka bootstrap servers (--bootstrap or "

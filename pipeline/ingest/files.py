@@ -57,6 +57,9 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
         Records per segment group.
     """
     started = time.monotonic()
+    paths = list(paths)
+    for path in paths:      # a mistake about a source is refused before anything is stored
+        check_source(path, fmt, kind)
     settings = settings or _settings()
     store = store or EventStore.from_settings(settings)
     limits = Limits.from_settings(settings)
@@ -78,6 +81,48 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
     summary.seconds = time.monotonic() - started
     summary.stopped = "all files read"
     return summary
+
+
+def check_source(path, fmt: str | None, kind: str | None) -> None:
+    """Refuse, before anything is read into the store, a source that cannot give events: a
+    missing file, a format that cannot be told, an unknown ``kind``, or records without a
+    ``kind`` field when no default kind is given (every one would be a dead letter, and the
+    file would count as consumed)."""
+    import json
+
+    from pipeline.ingest.events import KIND_NAMES
+    from pipeline.ingest.sources import detect_format
+
+    kinds = ", ".join(KIND_NAMES)
+    if kind is not None and kind not in KIND_NAMES:
+        raise ValueError(f"unknown kind {kind!r}: give --kind one of {kinds}")
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    fmt = fmt or detect_format(path)
+    if kind is not None or fmt == "movielens":
+        return
+    has_kind = True
+    if fmt == "csv":
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+            has_kind = "kind" in next(csv.reader(fh), [])
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        has_kind = "kind" in pq.ParquetFile(path).schema_arrow.names
+    elif fmt == "jsonl":
+        with open(path, "rb") as fh:
+            first = next((line for line in fh if line.strip()), b"{}")
+        try:
+            record = json.loads(first)
+        except ValueError:
+            return       # a malformed line is a dead letter, as always
+        has_kind = not isinstance(record, dict) or "kind" in record
+    if not has_kind:
+        raise ValueError(f"{path} has no 'kind' field and no --kind was given: add "
+                         f"--kind KIND (one of {kinds}); nothing was ingested")
 
 
 def _settings():

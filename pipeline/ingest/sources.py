@@ -9,9 +9,10 @@ Parquet columns keep their types (a ``map<int, double>`` column holds sparse fea
 text ``features`` column is parsed as JSON). CSV cells are text: the fields of the event's kind
 that hold numbers (``ts``, ``rating``, ``label``) are converted when they parse as numbers
 (otherwise they stay text and validation says why the event is rejected), ``features`` is
-parsed as JSON, empty cells count as missing. Ids stay text. A CSV record the csv module
-cannot read (a cell over 128 KiB, a broken quote) is a :class:`Malformed` record: one dead
-letter, and the rest of the file is read.
+parsed as JSON, empty cells count as missing; a plain ``user,item,rating`` CSV without
+``event_id`` (or ``ts``) gets ids derived from each row's content (:func:`with_derived_ids`).
+Ids stay text. A CSV record the csv module cannot read (a cell over 128 KiB, a broken quote)
+is a :class:`Malformed` record: one dead letter, and the rest of the file is read.
 
 Examples
 --------
@@ -94,6 +95,7 @@ def _jsonl(path: Path, kind, start: int):
 def _csv(path: Path, kind, start: int):
     """Records after the header; a record the csv module cannot read (a cell over its 128 KiB
     field limit, a broken quote) is a :class:`Malformed` record, and reading goes on."""
+    default_ts = int(path.stat().st_mtime * 1000)
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -111,7 +113,8 @@ def _csv(path: Path, kind, start: int):
                 number += 1
                 continue
             if cells and number >= start:
-                yield number, coerce_text_row(dict(zip(header, cells)), kind)
+                yield number, with_derived_ids(coerce_text_row(dict(zip(header, cells)), kind),
+                                               default_ts)
             number += bool(cells)
 
 
@@ -194,6 +197,30 @@ def coerce_text_row(row: dict, kind: str | None) -> dict:
                 out[name] = json.loads(value)
             except ValueError:
                 pass
+    return out
+
+
+def with_derived_ids(row: dict, default_ts: int) -> dict:
+    """A row without ``event_id`` gets one derived from its content (``d-`` and 16 hex digits
+    of BLAKE2b over its fields, sorted), so the same record always has the same id and a
+    re-read stores nothing twice; a row without ``ts`` gets ``default_ts`` (the file's
+    modification time), which is not part of the id.
+
+    >>> a = with_derived_ids({"user": "u1", "item": "i1", "rating": 4}, 1000)
+    >>> a["event_id"] == with_derived_ids({"rating": 4, "item": "i1", "user": "u1"}, 5)["event_id"]
+    True
+    >>> a["ts"], with_derived_ids({"event_id": "e1", "ts": 7}, 1000)
+    (1000, {'event_id': 'e1', 'ts': 7})
+    """
+    if "event_id" in row and "ts" in row:
+        return row
+    out = dict(row)
+    if "event_id" not in out:
+        from hashlib import blake2b
+
+        content = json.dumps(sorted((str(k), str(v)) for k, v in row.items()))
+        out["event_id"] = "d-" + blake2b(content.encode(), digest_size=8).hexdigest()
+    out.setdefault("ts", default_ts)
     return out
 
 

@@ -271,7 +271,7 @@ def resolve_kind(event, default_kind: str | None) -> str:
         raise Invalid(f"event is {show(event)}, expected an object")
     kind = event.get("kind", default_kind)
     if kind is None:
-        raise Invalid("missing field 'kind' and no default kind for this source")
+        raise Invalid("missing field 'kind' and no default kind for this source (give --kind)")
     if type(kind) is not str:
         raise Invalid(f"field 'kind' is {show(kind)}, expected a string")
     if kind not in KINDS:

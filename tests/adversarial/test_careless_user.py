@@ -112,3 +112,34 @@ def test_one_huge_label_sizes_nothing_and_stops_no_retrain(tmp_path):
     stats = run["dataset"]["stats"]
     assert run["decision"] == "trained" and stats["labels_out_of_range"] == 1
     assert "label outside 1..10" in stats["warning"]
+
+
+def test_a_forgotten_kind_is_refused_up_front_and_consumes_nothing(tmp_path, capsys):
+    from pipeline.ingest.files import ingest_files
+    from pipeline.ingest.store import EventStore
+    from pipeline.settings import Settings
+
+    settings = Settings(home=tmp_path / "home")
+    plain = tmp_path / "ratings.csv"
+    plain.write_text("user,item,rating\n" + "".join(f"u{i % 7},i{i},{1 + i % 5}\n"
+                                                    for i in range(30)))
+    args = ["ingest", "--files", str(plain), "--home", str(settings.home)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no 'kind' field and no --kind" in err
+    assert "--kind KIND (one of " in err and "rating" in err
+    assert main(args + ["--kind", "ratings"]) == 2
+    assert "unknown kind 'ratings': give --kind one of" in capsys.readouterr().err
+    # nothing was consumed: with the kind, every row is stored, with derived stable ids
+    summary = ingest_files([plain], "rating", settings=settings, progress=False)
+    assert summary.events["rating"] == 30 and not summary.dead_letters
+    table = EventStore.from_settings(settings).read("rating")
+    ids = table.column("event_id").to_pylist()
+    assert len(set(ids)) == 30 and all(i.startswith("d-") for i in ids)
+    copy = tmp_path / "copy.csv"
+    copy.write_text(plain.read_text())
+    ingest_files([copy], "rating", settings=settings, progress=False)
+    again = EventStore.from_settings(settings).read("rating").column("event_id").to_pylist()
+    assert set(again) == set(ids)      # the same rows have the same ids in any file
+    with pytest.raises(ValueError, match="no such file"):
+        ingest_files([tmp_path / "missing.csv"], "rating", settings=settings, progress=False)

@@ -50,7 +50,7 @@ def reason(event, default_kind=None):
     ({"kind": "click", **BASE},
      "unknown kind 'click' (expected comparison, interaction, judgment, ordinal, outcome or "
      "rating)"),
-    ({**BASE, "user": 1}, "missing field 'kind' and no default kind for this source"),
+    ({**BASE, "user": 1}, "missing field 'kind' and no default kind for this source (give --kind)"),
     ({"kind": "rating", "event_id": 7, "ts": 1, "user": 1, "item": 2, "rating": 1},
      "rating: field 'event_id' is 7, expected a string"),
     ({"kind": "rating", "event_id": "e", "ts": -1, "user": 1, "item": 2, "rating": 1},
