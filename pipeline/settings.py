@@ -109,7 +109,10 @@ class Settings:
         config = overrides.get("config") or environ.get(ENV_PREFIX + "CONFIG")
         if config:
             with open(config, "rb") as fh:
-                values.update(tomllib.load(fh).get("rankstream", {}))
+                try:
+                    values.update(tomllib.load(fh).get("rankstream", {}))
+                except tomllib.TOMLDecodeError as err:
+                    raise ValueError(f"{config}: not valid TOML: {err}") from None
             values["config"] = config
         for f in fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())

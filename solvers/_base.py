@@ -74,6 +74,16 @@ class Estimator:
             setattr(self, key, value)
         return self
 
+    def validate_params(self) -> None:
+        """Check every constructor parameter without data (``ValueError`` naming it and its
+        value): what a config loader asks before any training."""
+        self._validate_params()
+
+    def _validate_params(self):
+        """Each family checks its parameters here (and may return what ``fit`` needs, such
+        as the thread count)."""
+        raise NotImplementedError(f"{type(self).__name__} does not check its parameters")
+
     @classmethod
     def param_names(cls) -> tuple[str, ...]:
         """Names the constructor takes (what a model config may set)."""

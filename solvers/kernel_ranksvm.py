@@ -199,7 +199,7 @@ class KernelRankSVM(Estimator):
     # parameters
     # ----------------------------------------------------------------------------------------
 
-    def _check_params(self):
+    def _validate_params(self):
         check_positive("C", self.C)
         check_choice("kernel", self.kernel, KERNELS)
         if self.gamma is not None:
@@ -258,7 +258,7 @@ class KernelRankSVM(Estimator):
         self : KernelRankSVM
         """
         started = time.perf_counter()
-        self._check_params()
+        self._validate_params()
         X, y, query = _check_X_y_query(X, y, query)
         n_samples, n_features = X.shape
         ids = check_ids(ids, n_samples)

@@ -163,7 +163,7 @@ class NPSVOR(Estimator):
         -------
         self
         """
-        C1, C2, eps, tol, max_iter, shrinking, n_threads = self._checked_params()
+        C1, C2, eps, tol, max_iter, shrinking, n_threads = self._validate_params()
         X = _as_kernel_matrix(X)
         n, m = X.shape
         classes, y_rank = _check_ranks(y, n)
@@ -221,7 +221,7 @@ class NPSVOR(Estimator):
             self._warn_not_converged(f"{detail}; the rule needs |v|_1/|v(0)|_1 <= tol={tol:g}")
         return self
 
-    def _checked_params(self):
+    def _validate_params(self):
         check_positive("C1", self.C1)
         if self.C2 is not None:
             check_positive("C2", self.C2)

@@ -167,7 +167,7 @@ class TopPush(Estimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _check_params(self):
+    def _validate_params(self):
         check_positive("reg", self.reg)
         check_choice("loss", self.loss, S.LOSSES)
         check_positive("tol", self.tol, allow_zero=True)
@@ -207,7 +207,7 @@ class TopPush(Estimator):
         -------
         self : TopPush
         """
-        self._check_params()
+        self._validate_params()
         X, y_pos = self._check_X_y(X, y)
         n_samples, n_features = X.shape
         ids = check_ids(ids, n_samples)

@@ -99,12 +99,17 @@ def _num(value) -> str:
 
 def run(args) -> int:
     from pipeline.training import retrain
+    from pipeline.training.config import load_models
     from pipeline.training.lock import ModelBusyError
 
     try:
         config = model_config(settings_of(args))
+        models = config if isinstance(config, dict) else load_models(config)
+        if args.model not in models:      # before any server starts or any data is read
+            raise ValueError(f"model {args.model!r} is not configured; configured: "
+                           f"{sorted(models)}")
         with redis_session(args) as (settings, url):
-            summary = retrain.run(args.model, config, settings=settings,
+            summary = retrain.run(args.model, models, settings=settings,
                                   redis_url=url, cold=args.cold, publish=not args.no_publish,
                                   ingest=args.ingest, progress=sys.stderr.isatty(),
                                   wait=args.wait)

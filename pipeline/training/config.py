@@ -103,6 +103,10 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
             raise ValueError(f"{where}: model {name!r} window.{key} is {value!r}, "
                              "expected a number > 0")
     params = _table(where, name, "params", raw, fam.param_names)
+    try:   # a wrong type or value is refused here, not after a window was read and built
+        fam.estimator_class()(**fam.estimator_params(params)).validate_params()
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: model {name!r} params: {err}") from None
     evaluation = {**fam.evaluation, **_table(where, name, "evaluation", raw, fam.evaluation)}
     if "metric" not in raw.get("evaluation", {}) and "k" in evaluation:
         evaluation["metric"] = fam.evaluation["metric"].split("@")[0] + f"@{evaluation['k']}"
@@ -130,9 +134,39 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
                          f"{gate['challenger_mode']!r}, expected 'replace' or 'blend'")
     publish = {**PUBLISH_KEYS, **_table(where, name, "publish", raw, PUBLISH_KEYS)}
     tune = _tune(where, name, raw, fam)
+    schedule = raw.get("schedule", "@hourly")
+    if not valid_schedule(schedule):
+        raise ValueError(f"{where}: model {name!r} schedule is {schedule!r}, expected an "
+                         f"Airflow preset ({', '.join(SCHEDULE_PRESETS)}) or a cron "
+                         "expression such as '0 * * * *'")
     return ModelConfig(name=name, algorithm=fam.name, kinds=kinds, window=window,
-                       schedule=raw.get("schedule", "@hourly"), params=params,
+                       schedule=schedule, params=params,
                        evaluation=evaluation, gate=gate, publish=publish, tune=tune)
+
+
+SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly",
+                    "@quarterly", "@yearly", "@annually")
+
+
+def valid_schedule(schedule) -> bool:
+    """Whether Airflow takes ``schedule``: a preset or a cron expression (checked by croniter,
+    Airflow's own parser, where it is installed; else five fields of cron's characters).
+
+    >>> valid_schedule("@hourly"), valid_schedule("*/15 * * * *"), valid_schedule("every hour")
+    (True, True, False)
+    """
+    if not isinstance(schedule, str):
+        return False
+    if schedule in SCHEDULE_PRESETS:
+        return True
+    try:
+        from croniter import croniter
+    except ImportError:
+        import re
+
+        return bool(re.fullmatch(r"([0-9A-Za-z*/,?#LW-]+\s+){4}[0-9A-Za-z*/,?#LW-]+",
+                                 schedule.strip()))
+    return bool(croniter.is_valid(schedule))
 
 
 def _tune(where: str, name: str, raw: dict, fam: Family) -> dict:
@@ -162,7 +196,10 @@ def load_models(path) -> dict[str, ModelConfig]:
     """All models of a TOML config file, validated; errors name the model, key and value."""
     path = Path(path)
     with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
+        try:
+            raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path}: not valid TOML: {err}") from None
     models = raw.get("models", {})
     if not models:
         raise ValueError(f"{path}: no [models.NAME] tables found")

@@ -143,3 +143,19 @@ def test_a_forgotten_kind_is_refused_up_front_and_consumes_nothing(tmp_path, cap
     assert set(again) == set(ids)      # the same rows have the same ids in any file
     with pytest.raises(ValueError, match="no such file"):
         ingest_files([tmp_path / "missing.csv"], "rating", settings=settings, progress=False)
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[models.movies]\nalgorithm = "altsvm"\nparams = { rank = "fifty" }\n',
+     "model 'movies' params: rank is 'fifty', expected an integer"),
+    ('[models.movies\nalgorithm = "altsvm"\n', "not valid TOML: Expected ']'"),
+    ('[models.movies]\nalgorithm = "altsvm"\nschedule = "every hour"\n',
+     "schedule is 'every hour', expected an Airflow preset"),
+])
+def test_a_config_mistake_is_one_line_naming_the_file(tmp_path, capsys, text, says):
+    config = tmp_path / "models.toml"
+    config.write_text(text)
+    assert main(["train", "movies", "--config", str(config), "--no-publish",
+                 "--home", str(tmp_path / "home")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(config) in err and says in err, err
