@@ -9,7 +9,8 @@ from pipeline.cli._redis import add_redis_arguments, fail, redis_session
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", help="model name")
-    parser.add_argument("user", nargs="?", help="user or query id (omit for a global list)")
+    parser.add_argument("user", nargs="?", help="user or query id (omit for the list everyone "
+                        "gets: a global list, or a per-user model's fallback list)")
     parser.add_argument("-k", type=int, default=10, help="number of items (default 10)")
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     add_redis_arguments(parser)
@@ -25,7 +26,8 @@ def run(args) -> int:
             with TopK(url, namespace=settings.namespace, timeout=max(settings.redis_timeout,
                                                                      1.0)) as topk:
                 rec = topk.recommend(args.model, args.user, k=args.k)
-    except (LookupError, ValueError, RuntimeError, OSError, redis.RedisError) as err:
+    except (LookupError, ValueError, TypeError, RuntimeError, OSError,
+            redis.RedisError) as err:
         return fail("recommend", err)
     if args.json:
         print(json.dumps({"model": rec.model, "user": rec.user, "version": rec.version,

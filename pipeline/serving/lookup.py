@@ -334,7 +334,8 @@ class TopK:
 
     # ------------------------------------------------------------------ public API
     def recommend(self, model: str, user=None, k: int = 10) -> Recommendation:
-        """Top ``k`` (item id, score) for ``user`` (``None`` for a global-list model).
+        """Top ``k`` (item id, score) for ``user``; ``None``: the model's list for everyone
+        (a global-list model's list, or a per-user model's fallback list).
 
         Examples
         --------
@@ -450,7 +451,7 @@ class TopK:
     def _recommend(self, model: str, user, k: int) -> Recommendation:
         st = self._current.get(model)
         if st is not None and not self._down_until:
-            if st.per_key and 0 <= k and (k <= st.top_k or not st.rank):
+            if st.per_key and user is not None and 0 <= k and (k <= st.top_k or not st.rank):
                 key = user if type(user) is str else key_of(user)
                 b = ((crc32(key.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
                 try:
@@ -479,7 +480,7 @@ class TopK:
         if not users:
             return []
         if (st is not None and st.per_key and not self._down_until and 0 <= k
-                and (k <= st.top_k or not st.rank)):
+                and (k <= st.top_k or not st.rank) and None not in users):
             keys = [u if type(u) is str else key_of(u) for u in users]
             buckets = [((crc32(x.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
                        for x in keys]
@@ -684,6 +685,15 @@ class TopK:
             st = self._current_state(model)
         if not st.per_key:
             return [self._global(st, u, k) for u in users]
+        if None in users:   # no user given: the version's list for everyone (the fallback)
+            known = [i for i, u in enumerate(users) if u is not None]
+            answers = self._resolve_once(model, [users[i] for i in known], k) if known else []
+            source = "fallback" if st.global_items is not None else "missing"
+            out = [Recommendation(model, None, st.global_answer(k), st.version, source)
+                   for _ in users]
+            for i, rec in zip(known, answers):
+                out[i] = rec
+            return out
         names = [key_of(u) for u in users]
         buckets = [bucket_of(x) for x in names]
         prefixes = st.topk_prefixes

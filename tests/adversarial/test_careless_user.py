@@ -159,3 +159,27 @@ def test_a_config_mistake_is_one_line_naming_the_file(tmp_path, capsys, text, sa
                  "--home", str(tmp_path / "home")]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(config) in err and says in err, err
+
+
+def test_recommend_without_a_user_gives_the_list_for_everyone(redis_url, capsys):
+    import numpy as np
+
+    from pipeline.serving.artifact import ModelArtifact
+    from pipeline.serving.lookup import TopK
+    from pipeline.serving.publish import publish
+    from pipeline.serving.redis_client import as_client
+
+    art = ModelArtifact.user_item(user_ids=["ann", "bob"], item_ids=[10, 11, 12],
+                                  user_factors=np.ones((2, 4)), item_factors=np.eye(3, 4),
+                                  seen=([0, 1, 1], [2]), algorithm="altsvm")
+    publish("movies", art, as_client(redis_url), top_k=3, namespace="careless")
+    with TopK(redis_url, namespace="careless") as topk:
+        rec = topk.recommend("movies", None, k=2)
+        assert rec.user is None and rec.source == "fallback" and len(rec.items) == 2
+        many = topk.recommend_many("movies", [None, "ann"], k=2)
+        assert [r.source for r in many] == ["fallback", "precomputed"]
+    base = ["recommend", "movies", "--redis-url", redis_url, "--namespace", "careless"]
+    assert main(base) == 0 and "global list: fallback" in capsys.readouterr().out
+    assert main(base[:2] + [""] + base[2:]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a non-empty str" in err
