@@ -456,7 +456,7 @@ class RetrainLoop(ChildLoop):
             self.kills += kill_after is not None
             return None
         self.children.forget(child)
-        self.failures += child.returncode != 0
+        self.failures += child.returncode not in (0, 3)   # 3: the gate rejected the model
         self.seconds.append(time.monotonic() - started)
         return child.returncode
 

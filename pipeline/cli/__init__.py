@@ -3,6 +3,11 @@
 Each subcommand lives in ``pipeline/cli/<name>.py`` with ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when called, so ``rankstream --help`` stays fast.
 A subcommand whose module does not exist yet says so and exits with status 2.
+
+Exit status: 0 done (``train``: published, unchanged, republished or trained without
+publishing); 1 an error, said in one line on stderr; 2 a usage mistake or a refused input
+(one line: what to do); 3 ``train`` only: the quality gate rejected the model (the served
+version stays).
 """
 
 from __future__ import annotations
@@ -60,5 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sub = argparse.ArgumentParser(prog=f"rankstream {top.command}", description=help_text)
     module.add_arguments(sub)
-    return int(module.run(sub.parse_args(argv[1:])) or 0)
+    try:
+        return int(module.run(sub.parse_args(argv[1:])) or 0)
+    except BrokenPipeError:   # `rankstream store stats | head` closed the pipe: not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 

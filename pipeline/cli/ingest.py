@@ -12,9 +12,12 @@ from pipeline.cli._settings_args import add_settings_arguments, load_settings
 
 def add_arguments(parser):
     source = parser.add_argument_group("source")
+    from pipeline.ingest.events import KIND_NAMES
+
     source.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                         help="topic to consume (repeatable; default: rankstream.<kind> for "
-                             "--kind, else the topics of all five kinds)")
+                             f"--kind, else the topics of all {len(KIND_NAMES)} kinds: "
+                             f"{', '.join(KIND_NAMES)})")
     source.add_argument("--kind", help="kind of events that carry no 'kind' field")
     source.add_argument("--files", nargs="+", metavar="FILE",
                         help="ingest files instead of Kafka (JSON lines, CSV, Parquet, u.data)")

@@ -425,8 +425,10 @@ class IngestSummary:
                 + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
 
-def progress_bar(enabled: bool, total=None, unit="msg"):
-    """A tqdm bar (disabled unless ``enabled``) for an ingestion run."""
+def progress_bar(enabled: bool, total=None, unit="msg", **kwargs):
+    """A tqdm bar for long work: drawn only when ``enabled`` and stderr is a terminal (a bar
+    written to a log file or a pipe is noise)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=unit, disable=not enabled, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, unit=unit, disable=None if enabled else True, dynamic_ncols=True,
+                leave=False, **kwargs)

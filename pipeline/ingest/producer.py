@@ -116,14 +116,13 @@ def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
     reach the consumer's dead letters too); otherwise records are decoded and re-encoded.
     Returns ``{"events": n, "messages": m, "seconds": s}``.
     """
-    from tqdm import tqdm
-
+    from pipeline.ingest.buffer import progress_bar
     from pipeline.ingest.codec import DecodeError, decode
     from pipeline.ingest.sources import read_chunks
 
     started = time.monotonic()
     with EventProducer(bootstrap, encoding=encoding, security=security) as producer, \
-            tqdm(unit="ev", disable=not progress, leave=False) as bar:
+            progress_bar(progress, unit="ev") as bar:
         for path in paths:
             for chunk in read_chunks(path, fmt, kind):
                 if chunk.lines is not None and encoding == "json":

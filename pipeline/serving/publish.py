@@ -341,7 +341,9 @@ def _write_all(w: ShardWriter, vk: VersionKeys, artifact: ModelArtifact, model_n
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=artifact.n_keys, unit="user", desc=f"publish {model_name}")
+            # disable=None: drawn only on a terminal, never into a log file or a pipe
+            bar = tqdm(total=artifact.n_keys, unit="user", desc=f"publish {model_name}",
+                       disable=None)
         try:
             waited = _write_user_lists(w, vk, artifact, key_strs, buckets, top_k, bar)
         finally:

@@ -183,3 +183,24 @@ def test_recommend_without_a_user_gives_the_list_for_everyone(redis_url, capsys)
     assert main(base[:2] + [""] + base[2:]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not a non-empty str" in err
+
+
+def test_a_closed_pipe_is_no_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    from pipeline.ingest import synthetic
+    from pipeline.ingest.files import ingest_files
+    from pipeline.settings import Settings
+
+    settings = Settings(home=tmp_path / "home")
+    for kind, events in (("rating", synthetic.rating_events(n_users=20, n_items=10,
+                                                            per_user=5, seed=1)),
+                         ("ordinal", synthetic.ordinal_events(n_items=10, n_reviews=30,
+                                                              seed=1))):
+        ingest_files([synthetic.write_jsonl(events, tmp_path / f"{kind}.jsonl")], kind,
+                     settings=settings, progress=False)
+    cmd = (f"{sys.executable} -m pipeline.cli store stats --home {settings.home} "
+           "| true")   # the reader is gone before the first write
+    out = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
