@@ -58,6 +58,9 @@ def state_dir(*parts: str) -> Path:
     return path
 
 
+ON_ERROR = ("raise", "last_known")   # what lookups do when Redis is down or slow
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path = Path(".rankstream")
@@ -106,19 +109,24 @@ class Settings:
         environ = os.environ if environ is None else environ
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         values: dict = {}
+        where: dict = {}    # setting -> where its value came from, for error messages
         config = overrides.get("config") or environ.get(ENV_PREFIX + "CONFIG")
         if config:
             with open(config, "rb") as fh:
                 try:
-                    values.update(tomllib.load(fh).get("rankstream", {}))
+                    table = tomllib.load(fh).get("rankstream", {})
                 except tomllib.TOMLDecodeError as err:
                     raise ValueError(f"{config}: not valid TOML: {err}") from None
+            values.update(table)
+            where.update({k: f"{config} [rankstream] {k}" for k in table})
             values["config"] = config
         for f in fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":
                 values[f.name] = raw
+                where[f.name] = ENV_PREFIX + f.name.upper()
         values.update(overrides)
+        where.update({k: f"--{k.replace('_', '-')}" for k in overrides})
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown settings {sorted(unknown)}; "
@@ -130,12 +138,18 @@ class Settings:
                 raise ValueError(f"RANKSTREAM_KAFKA_SECURITY is not a JSON object: {err}") from None
         for f in fields(cls):   # numbers given as text (environment variables)
             value = values.get(f.name)
-            if f.type in ("float", "int") and isinstance(value, str):
+            if f.type in ("float", "int") and isinstance(value, (str, bool)):
                 try:
+                    if isinstance(value, bool):
+                        raise ValueError
                     values[f.name] = float(value) if f.type == "float" else int(value)
                 except ValueError:
-                    raise ValueError(f"{ENV_PREFIX}{f.name.upper()} is {value!r}, expected "
+                    raise ValueError(f"{where.get(f.name, f.name)} is {value!r}, expected "
                                      f"a number") from None
+        on_error = values.get("redis_on_error", "raise")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{where.get('redis_on_error', 'redis_on_error')} is "
+                             f"{on_error!r}, expected one of {', '.join(ON_ERROR)}")
         for key in ("home", "config"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])

@@ -93,6 +93,21 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def check_redis(url: str) -> None:
+    """One line, before any training, when the Redis a run will publish to does not answer."""
+    import redis
+
+    from pipeline.serving.redis_client import as_client
+    from pipeline.settings import redact
+
+    try:
+        as_client(url, timeout=2.0, retries=1).ping()
+    except (redis.RedisError, OSError) as err:
+        raise ValueError(f"Redis at {redact(url)} does not answer ({type(err).__name__}: "
+                         f"{err}): start it, fix --redis-url, or train with --no-publish"
+                         ) from None
+
+
 def _num(value) -> str:
     return "-" if value is None else f"{value:.4f}"
 
@@ -109,6 +124,8 @@ def run(args) -> int:
             raise ValueError(f"model {args.model!r} is not configured; configured: "
                            f"{sorted(models)}")
         with redis_session(args) as (settings, url):
+            if not args.no_publish:
+                check_redis(url)      # before minutes of training, not after
             summary = retrain.run(args.model, models, settings=settings,
                                   redis_url=url, cold=args.cold, publish=not args.no_publish,
                                   ingest=args.ingest, progress=sys.stderr.isatty(),

@@ -204,3 +204,34 @@ def test_a_closed_pipe_is_no_traceback(tmp_path):
            "| true")   # the reader is gone before the first write
     out = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RANKSTREAM_REDIS_ON_ERROR": "ignore"},
+     "RANKSTREAM_REDIS_ON_ERROR is 'ignore', expected one of raise, last_known"),
+    ({"RANKSTREAM_REDIS_TIMEOUT": "fast"}, "RANKSTREAM_REDIS_TIMEOUT is 'fast'"),
+])
+def test_a_settings_mistake_names_where_it_came_from(tmp_path, env, says):
+    from pipeline.settings import Settings
+
+    with pytest.raises(ValueError, match=says):
+        Settings.load(environ=env)
+    config = tmp_path / "c.toml"
+    config.write_text('[rankstream]\nredis_timeout = "fast"\n')
+    with pytest.raises(ValueError, match=r"c.toml \[rankstream\] redis_timeout is 'fast'"):
+        Settings.load(environ={"RANKSTREAM_CONFIG": str(config)})
+
+
+def test_train_checks_redis_before_training(tmp_path, capsys):
+    import time
+
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[2] / "dags" / "models.toml"
+    started = time.perf_counter()
+    assert main(["train", "movies", "--home", str(tmp_path / "home"), "--config", str(config),
+                 "--redis-url", "redis://127.0.0.1:1/0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not answer" in err and "--no-publish" in err
+    assert time.perf_counter() - started < 30
+    assert not (tmp_path / "home" / "runs").exists()     # nothing was built or trained
