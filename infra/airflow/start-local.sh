@@ -13,11 +13,14 @@ run_dir=$AIRFLOW_HOME/run
 mkdir -p "$run_dir"
 start() {
   local name=$1; shift
-  if [[ -f $run_dir/$name.pid ]] && kill -0 "$(cat "$run_dir/$name.pid")" 2>/dev/null; then
-    echo "$name already running (pid $(cat "$run_dir/$name.pid"))"; return
+  if [[ -f $run_dir/$name.pid ]] && kill -0 "$(cut -d' ' -f1 "$run_dir/$name.pid")" 2>/dev/null
+  then
+    echo "$name already running (pid $(cut -d' ' -f1 "$run_dir/$name.pid"))"; return
   fi
   nohup airflow "$@" > "$run_dir/$name.log" 2>&1 < /dev/null &
-  echo $! > "$run_dir/$name.pid"
+  # pid and start time: the api-server renames its process, so its command line cannot tell
+  # stop-local.sh that it is ours; /proc/PID/stat's start time can
+  echo "$! $(sed 's/.*) //' "/proc/$!/stat" | cut -d' ' -f20)" > "$run_dir/$name.pid"
   echo "$name started (pid $!, log $run_dir/$name.log)"
 }
 start api-server api-server --host 127.0.0.1 --port "$AIRFLOW__API__PORT"

@@ -224,7 +224,6 @@ def test_a_settings_mistake_names_where_it_came_from(tmp_path, env, says):
 
 def test_train_checks_redis_before_training(tmp_path, capsys):
     import time
-
     from pathlib import Path
 
     config = Path(__file__).resolve().parents[2] / "dags" / "models.toml"
