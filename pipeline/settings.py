@@ -3,7 +3,8 @@
 Environment variables (all optional):
 
 ``RANKSTREAM_HOME``              working directory for the store, checkpoints, dead letters
-                                 (default ``./.rankstream``)
+                                 (default ``$XDG_DATA_HOME/rankstream``, i.e.
+                                 ``~/.local/share/rankstream``: the same from any directory)
 ``RANKSTREAM_KAFKA_BOOTSTRAP``   e.g. ``127.0.0.1:9092``; unset means embedded (files) mode
 ``RANKSTREAM_KAFKA_SECURITY``    JSON object passed to kafka-python (``security_protocol``,
                                  ``sasl_mechanism``, ``sasl_plain_username``, ``ssl_cafile`` ...)
@@ -48,6 +49,14 @@ def redact(url: str) -> str:
     return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
+def default_home() -> Path:
+    """Where the store, runs and checkpoints live unless told: the user's data directory,
+    ``$XDG_DATA_HOME/rankstream`` (default ``~/.local/share/rankstream``), so a command run
+    from another directory finds the same data and never litters the working directory."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / \
+        "rankstream"
+
+
 def state_dir(*parts: str) -> Path:
     """A directory for rankstream's own state under the user's home, never a shared /tmp:
     ``$XDG_STATE_HOME/rankstream/...`` (default ``~/.local/state/rankstream/...``), created with
@@ -63,7 +72,7 @@ ON_ERROR = ("raise", "last_known")   # what lookups do when Redis is down or slo
 
 @dataclass(frozen=True)
 class Settings:
-    home: Path = Path(".rankstream")
+    home: Path = field(default_factory=lambda: default_home())
     kafka_bootstrap: str | None = None
     kafka_security: dict = field(default_factory=dict)
     redis_url: str | None = None

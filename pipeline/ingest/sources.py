@@ -59,8 +59,8 @@ def detect_format(path: str | Path) -> str:
                         (".csv", "csv"), (".parquet", "parquet"), (".data", "movielens")):
         if name.endswith(suffix):
             return fmt
-    raise ValueError(f"cannot tell the format of {path!s} from its name; "
-                     f"give one of {', '.join(FORMATS)}")
+    raise ValueError(f"cannot tell the format of {path!s} from its name: pass --format "
+                     f"(one of {', '.join(FORMATS)})")
 
 
 def read_chunks(path: str | Path, fmt: str | None = None, kind: str | None = None,

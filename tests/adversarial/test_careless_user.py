@@ -234,3 +234,17 @@ def test_train_checks_redis_before_training(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "does not answer" in err and "--no-publish" in err
     assert time.perf_counter() - started < 30
     assert not (tmp_path / "home" / "runs").exists()     # nothing was built or trained
+
+
+def test_the_default_home_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    from pipeline.settings import Settings
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    homes = set()
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+        monkeypatch.chdir(tmp_path / where)
+        home = Settings.load(environ={}).home
+        assert home.is_absolute() and not (tmp_path / where / ".rankstream").exists()
+        homes.add(home)
+    assert homes == {tmp_path / "data" / "rankstream"}
