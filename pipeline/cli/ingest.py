@@ -60,6 +60,13 @@ def run(args) -> int:
             print("rankstream ingest: no Kafka bootstrap servers (--bootstrap or "
                   "RANKSTREAM_KAFKA_BOOTSTRAP); use --files for embedded mode", file=sys.stderr)
             return 2
+        from pipeline.settings import check_kafka_reachable
+
+        try:
+            check_kafka_reachable(settings.kafka_bootstrap)
+        except ValueError as err:
+            print(f"rankstream ingest: {err}", file=sys.stderr)
+            return 2
         if args.topics:
             topics = dict.fromkeys(args.topics, args.kind)
         elif args.kind:

@@ -33,6 +33,16 @@ def run(args) -> int:
     if topic is None:
         print("rankstream produce: give --topic or --kind", file=sys.stderr)
         return 2
+    from pipeline.ingest.files import check_source
+    from pipeline.settings import check_kafka_reachable
+
+    try:
+        for path in args.files:
+            check_source(path, args.fmt, kind)
+        check_kafka_reachable(settings.kafka_bootstrap)
+    except ValueError as err:
+        print(f"rankstream produce: {err}", file=sys.stderr)
+        return 2
     result = produce_files(args.files, topic, bootstrap=settings.kafka_bootstrap, kind=kind,
                            fmt=args.fmt, encoding=args.encoding,
                            security=settings.kafka_security, progress=args.progress)

@@ -248,3 +248,19 @@ def test_the_default_home_does_not_depend_on_the_working_directory(tmp_path, mon
         assert home.is_absolute() and not (tmp_path / where / ".rankstream").exists()
         homes.add(home)
     assert homes == {tmp_path / "data" / "rankstream"}
+
+
+@pytest.mark.parametrize("command", ["ingest", "produce"])
+def test_kafka_down_is_one_line_at_once(tmp_path, capsys, command):
+    import time
+
+    events = tmp_path / "e.jsonl"
+    events.write_text('{"kind": "rating", "event_id": "e1", "ts": 1, "user": 1, "item": 2, '
+                      '"rating": 4}\n')
+    args = [command, "--bootstrap", "127.0.0.1:1", "--home", str(tmp_path / "home")]
+    args += [str(events), "--kind", "rating"] if command == "produce" else ["--until-end"]
+    started = time.perf_counter()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Kafka does not answer at 127.0.0.1:1" in err, err
+    assert time.perf_counter() - started < 10
