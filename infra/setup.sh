@@ -35,6 +35,19 @@ if [[ ! -f $stamp ]]; then
   touch "$stamp"
 fi
 
+# numba compiles the solvers' kernels on first use (about two minutes on 2 cores) and caches
+# them on disk: do it here, with progress, so the demo's first run does not sit silent
+say "compiling the solvers' kernels (numba; cached after the first time)"
+.venv/bin/python - <<'PY'
+import time
+import solvers
+from solvers.topk import warm_up as topk_warm_up
+for name in (*solvers.ESTIMATORS, "topk"):
+    t = time.perf_counter()
+    (topk_warm_up() if name == "topk" else getattr(solvers, name).warm_up())
+    print(f"  {name}: {time.perf_counter() - t:.1f} s", flush=True)
+PY
+
 if command -v mvn >/dev/null && command -v java >/dev/null; then
   say "fetching the Kafka broker's jars (Maven Central, cached)"
   infra/kafka/fetch.sh

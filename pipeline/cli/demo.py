@@ -403,6 +403,8 @@ def run(args) -> int:
     say(f"1. ingested the first 90% of the stream: {report['ingest_initial']['events']:,} "
         f"events in {report['ingest_initial']['seconds']:.2f} s ({source})")
 
+    say("   compiling the solvers' kernels, or loading them from numba's cache (the first run "
+        "on a machine compiles: about two minutes; infra/setup.sh does it ahead)", flush=True)
     jit = _warm_up()
     report["jit_warm_up_seconds"] = round(jit, 2)
     with EmbeddedRedis() as server:
