@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Start a real Apache Kafka 4.x broker in KRaft mode (one combined broker+controller), bound to
 # 127.0.0.1, from the jars on Maven Central. Idempotent: if the broker of this port already runs,
-# it says so and exits 0. Waits until the broker answers on its port.
+# it says so and exits 0. Waits until the broker answers on its port. The broker's data (topics,
+# offsets, committed group offsets) survives a restart; `start.sh --fresh` wipes it first.
 #
 #   RANKSTREAM_KAFKA_PORT   client port (default 9092); the controller uses port+1
 #   RANKSTREAM_KAFKA_DIR    state dir (default ~/.local/state/rankstream/kafka-$PORT): pid, logs, data
 #   RANKSTREAM_KAFKA_LIBS   jar cache (default ~/.cache/rankstream/kafka-libs)
 #   RANKSTREAM_KAFKA_HEAP   JVM heap (default 512m)
 set -euo pipefail
+fresh=0
+case ${1:-} in
+  --fresh) fresh=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--fresh]   (--fresh: wipe the broker's data first)" >&2; exit 2 ;;
+esac
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../state.sh"
 port=${RANKSTREAM_KAFKA_PORT:-9092}
@@ -30,7 +37,7 @@ fi
 
 "$here/fetch.sh" "$libs"
 
-rm -rf "$dir"
+if [[ $fresh == 1 ]]; then rm -rf "$dir"; fi
 (umask 077 && mkdir -p "$dir/data" "$dir/logs")
 cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
@@ -57,10 +64,15 @@ PROPS
 java_opts=(-Xms128m "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true
   "-Dkafka.logs.dir=$dir/logs" "-Dlog4j2.configurationFile=$here/log4j2.properties")
 cp="$libs/*"
-cluster_id=$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
-java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format --standalone \
-  -t "$cluster_id" -c "$dir/server.properties" > "$dir/logs/format.log" 2>&1
+if [[ ! -f $dir/data/meta.properties ]]; then   # a new data dir: format it once
+  cluster_id=$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null \
+    | tail -n 1)
+  java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format --standalone \
+    -t "$cluster_id" -c "$dir/server.properties" > "$dir/logs/format.log" 2>&1
+fi
 
+# the last run's log would say "started" before this broker does
+if [[ -f $dir/logs/server.log ]]; then mv "$dir/logs/server.log" "$dir/logs/server.log.1"; fi
 nohup java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$dir/server.properties" \
   > "$dir/logs/stdout.log" 2>&1 < /dev/null &
 echo $! > "$pidfile"
