@@ -405,6 +405,7 @@ class IngestSummary:
     seconds: float = 0.0
     stopped: str = ""
     unit: str = "messages"
+    recreated: list = field(default_factory=list)   # "topic/partition -> its new generation"
 
     def add(self, flushed: Flushed) -> None:
         self.events.update(flushed.events)
@@ -422,7 +423,9 @@ class IngestSummary:
                 f"dead letters: {sum(self.dead_letters.values()):,}"
                 + (f" ({dead})" if dead else "")
                 + f"; {self.segments} segment files in {self.flushes} flushes"
-                + (f"; stopped: {self.stopped}" if self.stopped else ""))
+                + (f"; stopped: {self.stopped}" if self.stopped else "")
+                + (f"; RE-CREATED TOPICS, stored as new generations: "
+                   f"{', '.join(self.recreated)}" if self.recreated else ""))
 
 
 def progress_bar(enabled: bool, total=None, unit="msg", **kwargs):

@@ -16,6 +16,13 @@ store refuses a group (``OverlapError``: another consumer stored those offsets),
 partition buffered since (and the rest of the poll's records of it) is dropped as well and the
 consumer seeks back to the store's end.
 
+A topic deleted and created again restarts its offsets at 0, below what the store holds from
+it: when a partition's log ends before the store's next offset (checked at every assignment,
+and when the store refuses a group), its events are stored as a new generation of the topic
+(``TOPIC~g2``, ...) from its beginning, beside the old ones, and the run's summary says so.
+(A re-created topic that already grew past the old end is not detected that way: it would take
+Kafka's topic ids.)
+
 Two run modes: ``until_end=True`` captures the end offsets at start, drains up to them and
 returns (for Airflow tasks); otherwise it follows the topics until SIGTERM/SIGINT (or
 ``stop()``), then flushes, commits and leaves the group cleanly.
@@ -230,6 +237,7 @@ class _KafkaRun:
         self.inflight: dict = {}   # tp -> (future of SegmentGroup.write, last offset)
         self.dropped: set = set()  # partitions sent back to the store's end during this poll
         self.writer: ThreadPoolExecutor | None = None
+        self.stored_as: dict = {}  # tp -> the store's name of its topic (its generation)
 
     # -- Kafka clients
 
@@ -270,8 +278,9 @@ class _KafkaRun:
     def assigned(self, partitions) -> None:
         resumes = {}
         for tp in partitions:
-            self.store.recover(tp.topic, tp.partition)
-            resumes[tp] = self.store.next_offset(tp.topic, tp.partition)
+            name = self.stored_as[tp] = self.store.generation(tp.topic, tp.partition)
+            self.store.recover(name, tp.partition)
+            resumes[tp] = self.store.next_offset(name, tp.partition)
             if resumes[tp] is None:
                 self.consumer.seek_to_beginning(tp)
             else:
@@ -301,11 +310,35 @@ class _KafkaRun:
         with self.lock:       # the new owner reads them again from the store's end
             self.pending.append(("lost", set(partitions)))
 
+    def _recreated(self, resumes: dict) -> list:
+        """Partitions (of ``{tp: the store's next offset}``) whose log ends before what the
+        store holds from them: their topic was deleted and created again, its offsets
+        restarted at 0. Each is switched to a new generation in the store and read from its
+        beginning, beside the old events, and the run says so loudly."""
+        known = {tp: n for tp, n in resumes.items() if n}
+        ends = self.consumer.end_offsets(list(known)) if known else {}
+        found = [tp for tp, n in known.items() if ends.get(tp) is not None and ends[tp] < n]
+        for tp in found:
+            new = self.stored_as[tp] = self.store.next_generation(tp.topic, tp.partition)
+            log.error("%s/%s was re-created: its log ends at offset %s but the store holds "
+                      "offsets up to %s from the topic before; storing its events as %s from "
+                      "its beginning (the old events stay)", tp.topic, tp.partition, ends[tp],
+                      known[tp] - 1, new)
+            self.summary.recreated.append(f"{tp.topic}/{tp.partition} -> {new}")
+            self.buffers[tp] = self._buffer(tp)
+            self.dropped.add(tp)          # this poll's records of tp come again from 0
+            self.consumer.seek_to_beginning(tp)
+        return found
+
     def apply_pending(self) -> None:
-        """Create the buffers of new partitions, drop those of lost ones (main thread)."""
+        """Create the buffers of new partitions, drop those of lost ones; a new partition whose
+        topic was re-created starts a new generation (main thread)."""
         with self.lock:
             events, self.pending = self.pending, []
         for what, partitions in events:
+            if what == "assigned":
+                for tp in self._recreated(partitions):
+                    partitions[tp] = 0
             for tp in partitions:
                 if what == "lost":
                     self.buffers.pop(tp, None)
@@ -317,8 +350,9 @@ class _KafkaRun:
                     self.bar.refresh()
 
     def _buffer(self, tp) -> PartitionBuffer:
-        return PartitionBuffer(tp.topic, tp.partition, self.default_kinds.get(tp.topic),
-                               self.max_message_bytes, self.limits)
+        return PartitionBuffer(self.stored_as.get(tp, tp.topic), tp.partition,
+                               self.default_kinds.get(tp.topic), self.max_message_bytes,
+                               self.limits)
 
     # -- flushing
 
@@ -347,13 +381,18 @@ class _KafkaRun:
         try:
             flushed = future.result()
         except OverlapError as err:
-            log.warning("%s; dropping the buffer and resuming after the stored offsets", err)
             buf = self.buffers.get(tp)
             if buf is not None:
                 buf.detach()
             self.dropped.add(tp)      # and the rest of this poll's records of tp
-            if tp in self.consumer.assignment():
-                self.consumer.seek(tp, self.store.next_offset(tp.topic, tp.partition))
+            if tp not in self.consumer.assignment():
+                return
+            name = self.stored_as.get(tp, tp.topic)
+            stored = self.store.next_offset(name, tp.partition) or 0
+            if self._recreated({tp: stored}):
+                return
+            log.warning("%s; dropping the buffer and resuming after the stored offsets", err)
+            self.consumer.seek(tp, stored)
             return
         self.summary.add(flushed)
         self._commit({tp: last + 1}, blocking_commit)
@@ -373,9 +412,10 @@ class _KafkaRun:
         monitoring is right also for a partition that got nothing new in this run while an
         earlier run stored up to its end but failed before its commit went out."""
         assigned = self.consumer.assignment()
-        ends = self.store.next_offsets({tp.topic for tp in assigned})   # one listing
-        offsets = {tp: ends[(tp.topic, tp.partition)] for tp in assigned
-                   if (tp.topic, tp.partition) in ends}
+        names = {tp: self.stored_as.get(tp, tp.topic) for tp in assigned}
+        ends = self.store.next_offsets(set(names.values()))   # one listing
+        offsets = {tp: ends[(names[tp], tp.partition)] for tp in assigned
+                   if (names[tp], tp.partition) in ends}
         if offsets:
             self._commit(offsets, blocking=True)
 
@@ -454,8 +494,8 @@ class _KafkaRun:
             if timeout is not None and time.monotonic() - started > timeout:
                 return f"timeout after {timeout:g} s"
             records = self.consumer.poll(timeout_ms=500, max_records=self.max_poll_records)
-            self.apply_pending()
             self.dropped.clear()
+            self.apply_pending()
             self.settle_done()
             for tp, batch in records.items():
                 if until_end and batch[-1].offset >= ends.get(tp, 0):

@@ -85,6 +85,22 @@ class Segment:
         return self.topic, self.partition, self.first, self.last
 
 
+GENERATION_MARK = "~g"   # TOPIC~g2: the events of TOPIC after it was deleted and re-created
+
+
+def _generation_number(topic: str, name: str) -> int:
+    """1 for ``topic`` itself, N for ``topic~gN``, 0 for any other name.
+
+    >>> [_generation_number("r", n) for n in ("r", "r~g3", "rx", "r~gx")]
+    [1, 3, 0, 0]
+    """
+    if name == topic:
+        return 1
+    rest = name[len(topic):] if name.startswith(topic) else ""
+    digits = rest[len(GENERATION_MARK):]
+    return int(digits) if rest.startswith(GENERATION_MARK) and digits.isdigit() else 0
+
+
 def file_source_topic(path: str | Path) -> str:
     """The synthetic topic under which a file source is stored: same file, same topic.
 
@@ -183,6 +199,30 @@ class EventStore:
     def next_offset(self, topic: str, partition: int) -> int | None:
         """Where a consumer of this partition resumes; ``None`` if nothing is stored yet."""
         return self.next_offsets([topic]).get((topic, partition))
+
+    # ------------------------------------------------------------------ topic generations
+    #
+    # A Kafka topic deleted and created again restarts its offsets at 0; its events are stored
+    # under a new name, "TOPIC~gN" (N = 2, 3, ...), so they never clash with the offsets the
+    # store holds from the old one, and every reader (datasets read a kind across topics)
+    # sees both.
+
+    def generation(self, topic: str, partition: int) -> str:
+        """The store's name for the newest generation of ``topic``'s ``partition`` that holds
+        segments (``topic`` itself when none has been re-created)."""
+        names = {name for _, root in self._kind_roots()
+                 for name in (d.name[len("topic="):] for d in _subdirs(root, "topic="))}
+        best, best_n = topic, 1
+        for name in names:
+            n = _generation_number(topic, name)
+            if n > best_n and (self.next_offset(name, partition) is not None):
+                best, best_n = name, n
+        return best
+
+    def next_generation(self, topic: str, partition: int) -> str:
+        """The name for events of a re-created ``topic``: one past the newest generation."""
+        current = self.generation(topic, partition)
+        return f"{topic}{GENERATION_MARK}{_generation_number(topic, current) + 1}"
 
     # ------------------------------------------------------------------ writing
 
