@@ -110,7 +110,9 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
         done = read_manifest(existing / "dataset", fmt=DATASET_FORMAT)
         if done:   # same snapshot, config and warm start as an earlier run: reuse it
             return {**_summary(done), "reused": True}
-    run_key = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + fingerprint
+    # microseconds: run directories and checkpoints are ordered by name, and two runs of a
+    # model within one second must not be ordered by their fingerprints
+    run_key = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f") + "-" + fingerprint
     run_dir = _runs_root(settings, model) / run_key
     summary = {"model": model, "algorithm": cfg.algorithm, "run_dir": str(run_dir),
                "run_key": run_key, "data_key": data_key, "config_key": config_key, **info,
