@@ -124,18 +124,13 @@ def topk_of(factors: tuple, arrays: dict, users: np.ndarray) -> np.ndarray:
     """Top-K item indices of ``users`` (indices) over the items each did not meet."""
     from scipy.sparse import csr_matrix
 
-    from solvers.topk import user_topk_blocks
+    from solvers.topk import user_topk
 
     U, V, b = factors
     met = csr_matrix((np.ones(len(arrays["met_user"])), (arrays["met_user"], arrays["met_item"])),
                      shape=(len(arrays["user_ids"]), len(arrays["item_ids"])))[users]
-    out = np.full((len(users), K), -1, np.int64)
-    for blk in user_topk_blocks(U[users], V, K, item_bias=b, seen_indptr=met.indptr,
-                                seen_indices=met.indices):
-        valid = np.arange(blk.indices.shape[1]) < blk.counts[:, None]
-        out[blk.start:blk.start + len(blk.counts), :blk.indices.shape[1]] = np.where(
-            valid, blk.indices, -1)
-    return out
+    return user_topk(U[users], V, K, item_bias=b, seen_indptr=met.indptr,
+                     seen_indices=met.indices)[0]
 
 
 def score_lists(lists: dict, held: dict) -> dict:

@@ -49,24 +49,6 @@ def redact(url: str) -> str:
     return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
-def check_kafka_reachable(bootstrap: str, timeout: float = 3.0) -> None:
-    """One line, at once, when no bootstrap server accepts a TCP connection (kafka-python would
-    otherwise log dozens of lines and time out after 30 s)."""
-    import socket
-
-    tried = []
-    for server in bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "localhost", int(port)),
-                                          timeout=timeout):
-                return
-        except (OSError, ValueError) as err:
-            tried.append(f"{server.strip()} ({type(err).__name__})")
-    raise ValueError(f"Kafka does not answer at {', '.join(tried)}: start it "
-                     "(infra/kafka/start.sh) or fix --bootstrap / RANKSTREAM_KAFKA_BOOTSTRAP")
-
-
 def default_home() -> Path:
     """Where the store, runs and checkpoints live unless told: the user's data directory,
     ``$XDG_DATA_HOME/rankstream`` (default ``~/.local/share/rankstream``), so a command run

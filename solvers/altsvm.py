@@ -34,7 +34,7 @@ from solvers._base import (
     rng_of,
 )
 from solvers.pairs import as_ids, implicit_comparisons, pairs_from_ratings
-from solvers.topk import user_topk_blocks
+from solvers.topk import user_topk
 
 __all__ = ["AltSVM", "CollapseWarning"]
 
@@ -530,16 +530,10 @@ class AltSVM(Estimator):
         k = check_int("k", k, minimum=1)
         indptr, indices = self._exclusions(users, exclude)
         bias = self.item_bias_ if self.item_bias else None
-        out_items = np.full((users.shape[0], k), -1, dtype=np.int64)
-        out_scores = np.full((users.shape[0], k), -np.inf)
-        for blk in user_topk_blocks(self.user_factors_[users], self.item_factors_, k,
-                                    item_bias=bias, seen_indptr=indptr, seen_indices=indices,
-                                    workers=check_threads(self.n_threads)):
-            rows = slice(blk.start, blk.start + blk.counts.shape[0])
-            valid = np.arange(blk.indices.shape[1]) < blk.counts[:, None]
-            width = blk.indices.shape[1]
-            out_items[rows, :width] = np.where(valid, blk.indices, -1)
-            out_scores[rows, :width] = np.where(valid, blk.scores, -np.inf)
+        out_items, out_scores = user_topk(self.user_factors_[users], self.item_factors_, k,
+                                          item_bias=bias, seen_indptr=indptr,
+                                          seen_indices=indices,
+                                          workers=check_threads(self.n_threads))
         if scalar:
             return out_items[0], out_scores[0]
         return out_items, out_scores

@@ -151,6 +151,34 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
                 yield fut.result()
 
 
+def user_topk(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,
+              item_bias: np.ndarray | None = None, seen_indptr: np.ndarray | None = None,
+              seen_indices: np.ndarray | None = None,
+              workers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`user_topk_blocks` gathered into dense arrays: every user's top-``k`` item
+    indices (int64, best first) and scores (float64); where fewer than ``k`` items remain
+    after the seen ones, the tail is item -1 with score -inf.
+
+    >>> import numpy as np
+    >>> items, scores = user_topk(np.eye(2, dtype=np.float32),
+    ...                           np.array([[1, 0], [0, 1]], np.float32), 3)
+    >>> items.tolist(), float(scores[0, 2])
+    ([[0, 1, -1], [1, 0, -1]], -inf)
+    """
+    n_users = user_factors.shape[0]
+    items = np.full((n_users, k), -1, dtype=np.int64)
+    scores = np.full((n_users, k), -np.inf)
+    for blk in user_topk_blocks(user_factors, item_factors, k, item_bias=item_bias,
+                                seen_indptr=seen_indptr, seen_indices=seen_indices,
+                                workers=workers):
+        rows = slice(blk.start, blk.start + blk.counts.shape[0])
+        width = blk.indices.shape[1]
+        valid = np.arange(width) < blk.counts[:, None]
+        items[rows, :width] = np.where(valid, blk.indices, -1)
+        scores[rows, :width] = np.where(valid, blk.scores, -np.inf)
+    return items, scores
+
+
 def warm_up() -> float:
     """Compile (or load from cache) the selection kernel, so timings exclude it; returns the
     seconds."""

@@ -60,7 +60,7 @@ def run(args) -> int:
             print("rankstream ingest: no Kafka bootstrap servers (--bootstrap or "
                   "RANKSTREAM_KAFKA_BOOTSTRAP); use --files for embedded mode", file=sys.stderr)
             return 2
-        from pipeline.settings import check_kafka_reachable
+        from pipeline.ingest.kafka import check_kafka_reachable
 
         try:
             check_kafka_reachable(settings.kafka_bootstrap)

@@ -34,7 +34,7 @@ def run(args) -> int:
         print("rankstream produce: give --topic or --kind", file=sys.stderr)
         return 2
     from pipeline.ingest.files import check_source
-    from pipeline.settings import check_kafka_reachable
+    from pipeline.ingest.kafka import check_kafka_reachable
 
     try:
         for path in args.files:

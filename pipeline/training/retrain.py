@@ -201,7 +201,8 @@ def train_step(config, model: str, run_dir, *, trial: bool = False) -> dict:
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
-def _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir: Path, **describe):
+def _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir: Path, *,
+                trained_at: str):
     """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
     its artifact (and its blend's) in the run directory; ``(summary, warm arrays)`` or None."""
     name = cfg.gate["challenger"]
@@ -209,20 +210,20 @@ def _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir: Path, **desc
         return None
     from pipeline.training.trainers import CHALLENGER_PREFIX, warm_state
 
+    def save(artifact, served_as: str, metrics: dict) -> None:
+        """Save as ``run_dir/served_as``, marked as what it serves."""
+        artifact.served_as, artifact.algorithm = served_as, f"{cfg.algorithm}:{served_as}"
+        artifact.metrics, artifact.trained_at = metrics, trained_at
+        artifact.save(run_dir / served_as)
+
     warm = warm_state(last_arrays, CHALLENGER_PREFIX) if last_arrays else None
     ch = trainer.challenger(fitted, arrays, cfg, warm or None)
-    ch.artifact.served_as = f"challenger-{ch.name}"
-    ch.artifact.algorithm = f"{cfg.algorithm}:challenger-{ch.name}"
-    ch.artifact.metrics, ch.artifact.trained_at = ch.metrics, describe["trained_at"]
-    ch.artifact.save(run_dir / f"challenger-{ch.name}")
+    save(ch.artifact, f"challenger-{ch.name}", ch.metrics)
     summary = {"name": ch.name, "metrics": ch.metrics, "tried": ch.tried,
                "fit_seconds": round(ch.fit_seconds, 4)}
     if ch.blend is not None:
         blend_metrics, blend_artifact, info = ch.blend
-        blend_artifact.served_as = f"blend-{ch.name}"
-        blend_artifact.algorithm = f"{cfg.algorithm}:blend-{ch.name}"
-        blend_artifact.metrics, blend_artifact.trained_at = blend_metrics, describe["trained_at"]
-        blend_artifact.save(run_dir / f"blend-{ch.name}")
+        save(blend_artifact, f"blend-{ch.name}", blend_metrics)
         summary["blend"] = {"metrics": blend_metrics, **info}
     return summary, ch.warm
 

@@ -198,7 +198,7 @@ class AltSVMTrainer(Trainer):
         from scipy.sparse import csr_matrix
 
         from solvers.metrics import topk_hit_metrics
-        from solvers.topk import user_topk_blocks
+        from solvers.topk import user_topk
 
         k = int(cfg.evaluation["k"])
         u, i, p = arrays["met_user"], arrays["met_item"], arrays["met_part"]
@@ -211,13 +211,8 @@ class AltSVMTrainer(Trainer):
         U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
         seen = p != part
         exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
-        ranked = np.full((len(users), k), -1, np.int64)
-        for blk in user_topk_blocks(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
-                                    seen_indices=exclude.indices):
-            width = blk.indices.shape[1]
-            valid = np.arange(width) < blk.counts[:, None]
-            ranked[blk.start:blk.start + len(blk.counts), :width] = np.where(
-                valid, blk.indices, -1)
+        ranked, _ = user_topk(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
+                              seen_indices=exclude.indices)
         positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
         hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
         return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
