@@ -82,6 +82,7 @@ class Settings:
     dead_letter_topic: str = "rankstream.dead-letter"
     max_future_seconds: float = 86_400.0
     max_feature_index: int = 2**24 - 1
+    min_event_time: str = "1990-01-01"
     config: Path | None = None
 
     def __repr__(self) -> str:
@@ -159,6 +160,15 @@ class Settings:
         if on_error not in ON_ERROR:
             raise ValueError(f"{where.get('redis_on_error', 'redis_on_error')} is "
                              f"{on_error!r}, expected one of {', '.join(ON_ERROR)}")
+        if "min_event_time" in values:
+            from pipeline.ingest.events import parse_iso_ts
+
+            try:
+                parse_iso_ts(str(values["min_event_time"]))
+            except ValueError:
+                raise ValueError(f"{where.get('min_event_time', 'min_event_time')} is "
+                                 f"{values['min_event_time']!r}, expected an ISO-8601 date "
+                                 "such as 1990-01-01") from None
         for key in ("home", "config"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])

@@ -40,19 +40,31 @@ def __getattr__(name):
     return module if module.__name__ == f"solvers.{name}" else getattr(module, name)
 
 
-def warm_up(n_threads=None) -> dict:
-    """Compile, or load from numba's disk cache, the kernels of every estimator family and the
-    top-K selection; returns the seconds each took. Call it at service start (the demo and the
-    benchmarks do) so that first calls are not compile calls.
+# the kernels compiled together: each estimator family, the comparison samplers, top-K
+WARM_UPS = (*ESTIMATORS, "pairs", "topk")
+
+
+def warm_up(n_threads=None, only: str | None = None) -> dict:
+    """Compile, or load from numba's disk cache, the kernels of every estimator family, the
+    comparison samplers and the top-K selection (or ``only`` one of :data:`WARM_UPS`);
+    returns the seconds each took. Call it at service start (the demo and the benchmarks do)
+    so that first calls are not compile calls; ``infra/setup.sh`` compiles the groups in
+    parallel processes.
 
     Examples
     --------
     >>> seconds = warm_up(n_threads=1)
     >>> sorted(seconds)
-    ['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush', 'topk']
+    ['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush', 'pairs', 'topk']
     """
-    from solvers.topk import warm_up as topk_warm_up
+    import importlib
 
-    seconds = {name: __getattr__(name).warm_up(n_threads=n_threads) for name in ESTIMATORS}
-    seconds["topk"] = topk_warm_up()
+    if only is not None and only not in WARM_UPS:
+        raise ValueError(f"only is {only!r}, expected one of {', '.join(WARM_UPS)}")
+    seconds = {}
+    for name in WARM_UPS if only is None else (only,):
+        if name in ESTIMATORS:
+            seconds[name] = __getattr__(name).warm_up(n_threads=n_threads)
+        else:
+            seconds[name] = importlib.import_module(f"solvers.{name}").warm_up()
     return seconds

@@ -39,10 +39,10 @@ rebuild sums v_j per contiguous range of users into one accumulator per range, s
 rounding depends on the number of ranges (1 with one thread, up to 4 per thread; see
 :func:`v_accumulators`). The V-step is lock-free (Hogwild, §4.1): comparisons grouped by user
 are cut into blocks of 256, visited in a fresh random block order every epoch, each block
-sequentially, blocks dealt to threads dynamically; its result depends on timing. With
-``n_threads=1`` the V- and U-steps are the serial kernels and a fit is bit-for-bit
-reproducible; with more threads fits agree to the V-step's noise (the tests allow 2e-3 of
-the objective).
+sequentially, blocks dealt to threads dynamically; its result depends on timing, so it runs
+only when asked (``hogwild=True``; ``AltSVM(deterministic=False)``). By default the V-step is
+the serial kernel and a fit is bit-for-bit reproducible for a given thread count; Hogwild
+fits agree with it to the V-step's noise (the tests allow 2e-3 of the objective).
 
 Stopping rule: the decrease of the objective in an outer iteration, measured against the
 whole decrease from the point w = 0 (U = V = 0, b = 0, where P(0) = n L(0))::
@@ -277,7 +277,8 @@ def _seed(rng) -> np.uint64:
 
 
 def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max_iter: int,
-          tol: float, rng, parallel: bool, verbose: bool = False) -> Result:
+          tol: float, rng, parallel: bool, hogwild: bool = False,
+          verbose: bool = False) -> Result:
     """Algorithm 1 with the monotone safeguards and the stopping rule of the module docstring.
     ``rng`` (a numpy Generator) seeds every epoch's coordinate order."""
     loss_code = LOSSES[loss]
@@ -285,7 +286,7 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     n = lay["cu"].shape[0]
     n_users, r = U.shape
     ustep = K.ustep_parallel if parallel else K.ustep_serial
-    vstep = K.vstep_hogwild if parallel else K.vstep_serial
+    vstep = K.vstep_hogwild if parallel and hogwild else K.vstep_serial
     user_ptr, cw, cl = lay["user_ptr"], lay["cw"], lay["cl"]
     pos_w, pos_l = lay["pos_w"], lay["pos_l"]
     entry_ptr, entry_item, users = lay["entry_ptr"], lay["entry_item"], lay["blocks"]

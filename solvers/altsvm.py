@@ -33,7 +33,7 @@ from solvers._base import (
     numba_threads,
     rng_of,
 )
-from solvers.pairs import as_ids, implicit_comparisons, pairs_from_ratings
+from solvers.pairs import as_ids
 from solvers.topk import user_topk
 
 __all__ = ["AltSVM", "CollapseWarning"]
@@ -114,7 +114,13 @@ class AltSVM(Estimator):
     n_threads : int or None, default None
         Threads for the numba kernels; None uses all. Every pass of a fit over the comparisons
         runs on them (checks, sort by user, layout, reg_max, rebuilds, V- and U-steps).
-        ``n_threads=1`` with an integer ``random_state`` gives bit-for-bit reproducible fits.
+    deterministic : bool, default True
+        With an integer ``random_state``, a fit on the same comparisons and ``n_threads`` is
+        bit-for-bit reproducible: the V-step runs on one thread (every other pass stays
+        parallel; a user owns its comparisons and row of U, so those passes are race-free).
+        ``False`` runs the V-step lock-free on every thread (Hogwild, the paper's §4.1):
+        faster on many cores, but threads update shared item factors in an order set by
+        timing, so two fits differ in the last digits and may stop an iteration apart.
     random_state : int, numpy.random.Generator or None
         Seed for the initial U and the coordinate orders.
     verbose : bool, default False
@@ -166,8 +172,8 @@ class AltSVM(Estimator):
     warm_keys = ("U", "V", "b", "user", "winner", "loser", "alpha", "beta")
 
     def __init__(self, *, rank=10, reg=None, reg_ratio=0.3, loss="squared_hinge",
-                 item_bias=False, max_iter=50, tol=3e-4, n_threads=None, random_state=None,
-                 verbose=False):
+                 item_bias=False, max_iter=50, tol=3e-4, n_threads=None, deterministic=True,
+                 random_state=None, verbose=False):
         self.rank = rank
         self.reg = reg
         self.reg_ratio = reg_ratio
@@ -176,6 +182,7 @@ class AltSVM(Estimator):
         self.max_iter = max_iter
         self.tol = tol
         self.n_threads = n_threads
+        self.deterministic = deterministic
         self.random_state = random_state
         self.verbose = verbose
 
@@ -192,6 +199,7 @@ class AltSVM(Estimator):
         check_bool("item_bias", self.item_bias)
         check_int("max_iter", self.max_iter, minimum=1)
         check_positive("tol", self.tol, allow_zero=True)
+        check_bool("deterministic", self.deterministic)
         return check_threads(self.n_threads)
 
     # ---------------------------------------------------------------- fitting
@@ -265,6 +273,7 @@ class AltSVM(Estimator):
                 res = S.solve(lay, start, reg=reg, loss=self.loss,
                               fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
                               tol=float(self.tol), rng=rng, parallel=n_threads > 1,
+                              hogwild=not self.deterministic,
                               verbose=bool(self.verbose))
         self.user_factors_, self.item_factors_, self.item_bias_ = res.U, res.V, res.b
         self._comparisons, self._alpha, self._beta = lay["cols"], res.alpha, res.beta
@@ -628,10 +637,9 @@ class AltSVM(Estimator):
     @classmethod
     def warm_up(cls, n_threads=None) -> float:
         """Compile, or load from numba's disk cache, every AltSVM kernel (serial and parallel,
-        the warm start's dual join, fold-in, top-K, reg_max and the pair kernels of
-        :func:`solvers.pairs_from_ratings` and :func:`solvers.pairs.implicit_comparisons`);
-        returns the seconds. Call it at service start so the first real fit does not pay the
-        compile.
+        the warm start's dual join, fold-in, top-K and reg_max; the comparison samplers are
+        :func:`solvers.pairs.warm_up`'s); returns the seconds. Call it at service start so the
+        first real fit does not pay the compile.
 
         Examples
         --------
@@ -656,11 +664,4 @@ class AltSVM(Estimator):
             _ = m.reg_max_  # the layout kernels on the model's own int32 columns
             for loss in ("squared_hinge", "logistic"):  # the bias-only fit of reg_max
                 cls(item_bias=True, loss=loss, n_threads=t).reg_max(c)
-        ratings = rng.integers(1, 6, 40).astype(float)
-        users, items = np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4)
-        for cap, strategy in ((None, "random"), (3, "random"), (3, "largest_gap")):
-            pairs_from_ratings(users, items, ratings, max_pairs_per_user=cap, strategy=strategy,
-                               random_state=0)
-        implicit_comparisons(users, items, 12, per_user=5, positive=ratings >= 3,
-                             max_per_user=4, random_state=0)
         return time.perf_counter() - t0

@@ -328,3 +328,24 @@ def split_ratings_per_user(users, n_train, min_test=10, random_state=None):
     train = order[eligible & (pos < n_train)]
     test = order[eligible & (pos >= n_train)]
     return np.sort(train), np.sort(test)
+
+
+def warm_up() -> float:
+    """Compile, or load from numba's disk cache, the kernels of :func:`pairs_from_ratings`
+    (every strategy, with and without a cap) and :func:`implicit_comparisons`; returns the
+    seconds.
+
+    >>> seconds = warm_up()
+    """
+    import time
+
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    ratings = rng.integers(1, 6, 40).astype(float)
+    users, items = np.repeat(np.arange(4), 10), np.tile(np.arange(10), 4)
+    for cap, strategy in ((None, "random"), (3, "random"), (3, "largest_gap")):
+        pairs_from_ratings(users, items, ratings, max_pairs_per_user=cap, strategy=strategy,
+                           random_state=0)
+    implicit_comparisons(users, items, 12, per_user=5, positive=ratings >= 3, max_per_user=4,
+                         random_state=0)
+    return time.perf_counter() - t0

@@ -106,6 +106,7 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
     U = np.ascontiguousarray(user_factors, dtype=np.float32)
     VT = np.ascontiguousarray(np.asarray(item_factors, dtype=np.float32).T)
     bias = None if item_bias is None else np.asarray(item_bias, dtype=np.float32)
+    U, VT, bias, unshift = _unit_scale(U, VT, bias)
     if seen_indptr is None:
         seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
         seen_indices = np.zeros(0, dtype=np.int32)
@@ -134,6 +135,8 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
         out = TopKBlock(start, np.empty((stop - start, k), np.int32),
                         np.empty((stop - start, k), np.float32), np.empty(stop - start, np.int32))
         block_topk(scores, indptr, indices, start, k, out.indices, out.scores, out.counts)
+        if unshift:
+            out.scores[:] = np.ldexp(out.scores, unshift)
         return out
 
     starts = range(0, n_users, block)
@@ -149,6 +152,38 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
                     yield pending.pop(0).result()
             for fut in pending:
                 yield fut.result()
+
+
+def _unit_scale(U, VT, bias, far: int = 16, room: int = 100):
+    """``(U·2^a, Vᵀ·2^c, b·2^(a+c), −(a+c))``: factors scaled by powers of two to a largest
+    magnitude near 1 when theirs is more than 2^±far away from it, else unchanged (shift 0).
+
+    A power-of-two scale is exact, so every score is the same number times 2^(a+c): the same
+    order, and the same scores once shifted back. It keeps the time of a top-K independent of
+    the factors' scale: the products of a near-collapsed model's tiny factors would be
+    subnormal floats, which many CPUs multiply and add tens of times slower (and with less
+    precision). ``a`` is lowered so the bias stays below 2^room.
+
+    >>> U, VT, b, shift = _unit_scale(np.full((1, 2), 2.0**-60, np.float32),
+    ...                               np.full((2, 3), 2.0**-70, np.float32), None)
+    >>> float(U.max()), float(VT.max()), shift
+    (0.5, 0.5, -128)
+    """
+    def exponent(a):
+        top = float(np.abs(a).max()) if a is not None and a.size else 0.0
+        return int(np.frexp(top)[1]) if top > 0 and np.isfinite(top) else None
+
+    eu, ev = exponent(U), exponent(VT)
+    if eu is None or ev is None or (abs(eu) <= far and abs(ev) <= far):
+        return U, VT, bias, 0
+    a, c = -eu, -ev
+    eb = exponent(bias)
+    if eb is not None and eb + a + c > room:
+        a = room - eb - c
+    U, VT = np.ldexp(U, a).astype(np.float32), np.ldexp(VT, c).astype(np.float32)
+    if bias is not None:
+        bias = np.ldexp(bias, a + c).astype(np.float32)
+    return U, VT, bias, -(a + c)
 
 
 def user_topk(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,

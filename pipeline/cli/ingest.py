@@ -83,7 +83,9 @@ def run(args) -> int:
         print(json.dumps({"messages": summary.messages, "events": dict(summary.events),
                           "dead_letters": dict(summary.dead_letters),
                           "segments": summary.segments, "seconds": round(summary.seconds, 3),
-                          "stopped": summary.stopped}))
+                          "stopped": summary.stopped, "recreated": summary.recreated,
+                          "already_stored": summary.already_stored,
+                          "removed": summary.removed}))
     else:
         print(summary)
     return 0

@@ -25,6 +25,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from pipeline.ingest.events import MAX_ABS_NUMBER
+
 # Element types, as bits of a column's type mask.
 NIL, INT, BIG, FLOAT, STR, OTHER = 1, 2, 4, 8, 16, 32
 ARRAY, MAP = 64, 128          # container headers; never part of a column's mask
@@ -33,7 +35,7 @@ ARRAY, MAP = 64, 128          # container headers; never part of a column's mask
 (C_NAME, C_NAME_LEN, C_BASE, C_COUNT, C_MASK, C_INT_MIN, C_INT_MAX, C_FLAGS) = range(8)
 N_STATS = 8
 # Bits of C_FLAGS.
-EMPTY_STR, CONTROL_CHAR, LONG_STR, NOT_FINITE = 1, 2, 4, 8
+EMPTY_STR, CONTROL_CHAR, LONG_STR, OUT_OF_RANGE = 1, 2, 4, 8   # OUT_OF_RANGE: NaN, ±inf, > 1e15
 
 # Where read_batch's header values say "absent".
 ABSENT = -1
@@ -313,8 +315,8 @@ def _read_columns(data, pos, n_columns, max_chars, stats, ints, floats, valid, c
                     flags |= LONG_STR
             elif code == FLOAT:
                 floats[i] = fval
-                if not np.isfinite(fval):
-                    flags |= NOT_FINITE
+                if not abs(fval) <= MAX_ABS_NUMBER:
+                    flags |= OUT_OF_RANGE
             elif code == NIL:
                 valid[i] = 0
             elif code != BIG:   # OTHER, ARRAY, MAP

@@ -8,7 +8,7 @@ Examples
 >>> from pipeline.ingest.buffer import PartitionBuffer
 >>> from pipeline.ingest.store import EventStore
 >>> buf = PartitionBuffer("ratings", 0, default_kind="rating")
->>> buf.add_messages([encode_json({"event_id": "e1", "ts": 1, "user": 1, "item": 2,
+>>> buf.add_messages([encode_json({"event_id": "e1", "ts": 1_700_000_000_001, "user": 1, "item": 2,
 ...                                "rating": 5}), b"{oops"], [0, 1])
 >>> buf.events, len(buf.dead)
 (1, 1)
@@ -321,7 +321,8 @@ def _fast_reader(default_kind: str | None, limits: Limits, values: Sequence):
     fast = _FAST_PATH.get()
     if fast is None:
         return None
-    return fast.BatchReader(default_kind, limits.max_ts(), sum(map(len, filter(None, values))))
+    return fast.BatchReader(default_kind, limits.max_ts(), sum(map(len, filter(None, values))),
+                            min_ts=limits.min_ts)
 
 
 def _read_fast(reader, value: bytes, offset: int) -> bool:
@@ -406,6 +407,8 @@ class IngestSummary:
     stopped: str = ""
     unit: str = "messages"
     recreated: list = field(default_factory=list)   # "topic/partition -> its new generation"
+    already_stored: int = 0                          # file records the store held already
+    removed: list = field(default_factory=list)      # "path: n" records gone from a file
 
     def add(self, flushed: Flushed) -> None:
         self.events.update(flushed.events)
@@ -425,7 +428,12 @@ class IngestSummary:
                 + f"; {self.segments} segment files in {self.flushes} flushes"
                 + (f"; stopped: {self.stopped}" if self.stopped else "")
                 + (f"; RE-CREATED TOPICS, stored as new generations: "
-                   f"{', '.join(self.recreated)}" if self.recreated else ""))
+                   f"{', '.join(self.recreated)}" if self.recreated else "")
+                + (f"; {self.already_stored:,} {self.unit} already stored"
+                   if self.already_stored else "")
+                + (f"; RECORDS REMOVED OR CHANGED IN FILES since their last ingestion (what "
+                   f"was stored stays; a changed event is stored again and wins): "
+                   f"{', '.join(self.removed)}" if self.removed else ""))
 
 
 def progress_bar(enabled: bool, total=None, unit="msg", **kwargs):

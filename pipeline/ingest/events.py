@@ -6,12 +6,13 @@ Every event is a JSON object (or msgpack map) with the common fields
 ``event_id``  non-empty string, unique per event (the producer's id; the store never invents one)
 ``ts``        event time: integer epoch **milliseconds**, or an ISO-8601 string
               (``"2024-05-01T12:00:00Z"``; a naive time is taken as UTC); stored as int64 ms.
-              Epoch *seconds* are not detected: convert them before sending.
+              From 1990-01-01 (``RANKSTREAM_MIN_EVENT_TIME``; so ``0``, a "no time" default,
+              and epoch *seconds* are refused) to a day past the ingesting machine's clock.
 
 and the fields of its kind:
 
 ============  ===================================================================
-rating        ``user`` id, ``item`` id, ``rating`` finite number
+rating        ``user`` id, ``item`` id, ``rating`` number within ±1e15
 interaction   ``user`` id, ``item`` id, optional ``action`` string (view, click, purchase)
 comparison    ``user`` id, ``winner`` id, ``loser`` id (winner != loser)
 judgment      ``query`` id, ``doc`` id, ``label`` integer >= 0, ``features``
@@ -22,10 +23,11 @@ ordinal       ``item`` id, ``label`` integer >= 1, ``features`` and/or ``text`` 
 Ids are strings or integers as the producer sends them and are **stored as strings**:
 ``42`` and ``"42"`` are the same id. Features are a dense list ``[0.5, 0, 1.2]`` or a sparse
 map ``{"3": 0.5, "17": 1.0}`` (JSON keys are strings; msgpack may use integer keys); both are
-stored sparse, as ``feature_index`` (int32, ascending within an event) and ``feature_value``
-(float64) list columns, so a dense list of n values becomes indices 0..n-1. Fields that are not
-listed are ignored. Every stored row also carries ``offset``: the Kafka offset of the message
-that carried it (or the record number, for file sources).
+stored sparse, as ``feature_index`` (int32, ascending within an event, at most
+``RANKSTREAM_MAX_FEATURE_INDEX``) and ``feature_value`` (float64, within ±1e15) list columns,
+so a dense list of n values becomes indices 0..n-1. Fields that are not listed are ignored.
+Every stored row also carries ``offset``: the Kafka offset of the message that carried it (or
+its append position in the file log, for file sources).
 
 Examples
 --------
@@ -49,6 +51,11 @@ ID, NUMBER, GRADE, BINARY, ORDINAL, FEATURES, TEXT = (
 
 MAX_ID_CHARS = 512                 # longer ids and event_ids are rejected
 MAX_TS_MS = 253402300799999        # 9999-12-31T23:59:59.999Z
+MIN_EVENT_TIME = "1990-01-01"      # the earliest event time accepted by default
+# Ratings and feature values beyond this magnitude are refused: no rating scale or feature
+# needs more, and one such value squared overflows float32 (3.4e38) in a solver, or pulls the
+# "auto" relevance threshold above every real rating.
+MAX_ABS_NUMBER = 1e15
 MAX_FEATURE_INDEX = 2**31 - 1      # feature indices are stored as int32
 
 _ARROW_TYPES = {

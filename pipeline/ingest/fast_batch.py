@@ -24,10 +24,10 @@ What the summaries decide, per stored field (the rules of pipeline.ingest.valida
 =========  ==========================================================================
 event_id   every value a string: non-empty, at most MAX_ID_CHARS characters, no C0 control
            character or DEL
-ts         every value an integer, 0 <= min and max <= Limits.max_ts()
+ts         every value an integer, Limits.min_ts <= min and max <= Limits.max_ts()
 id field   every value a string (as event_id), or every value an integer (stored as its
            decimal text, like ``str(int)``)
-number     every value an integer or a float, none of them NaN or infinite
+number     every value an integer or a float within ±MAX_ABS_NUMBER (none NaN or infinite)
 label      every value an integer in the label's range (min and max)
 text       every value a string or nil (an optional field)
 =========  ==========================================================================
@@ -63,6 +63,7 @@ from pipeline.ingest.events import (
     GRADE,
     ID,
     KINDS,
+    MAX_ABS_NUMBER,
     MAX_ID_CHARS,
     NUMBER,
     ORDINAL,
@@ -178,13 +179,16 @@ class BatchReader:
         Kind of a batch that does not name one.
     max_ts : int
         The largest event time accepted (``Limits.max_ts()``).
+    min_ts : int
+        The earliest (``Limits.min_ts``).
     size_hint : int
         About how many bytes of messages will be read (the columns start that large and grow
         if need be; memory the columns do not use is never touched).
     """
 
-    def __init__(self, default_kind: str | None, max_ts: int, size_hint: int = 1 << 20):
-        self.default_kind, self.max_ts = default_kind, max_ts
+    def __init__(self, default_kind: str | None, max_ts: int, size_hint: int = 1 << 20,
+                 min_ts: int = 0):
+        self.default_kind, self.max_ts, self.min_ts = default_kind, max_ts, min_ts
         # a compact rating takes ~31 bytes; no string column holds more bytes than its message
         self.rows, self.chars = max(1024, size_hint // 16), max(1 << 16, size_hint // 2)
         self.columns: dict[str, _Columns] = {}
@@ -252,12 +256,15 @@ class BatchReader:
         if check in (_EVENT_ID, ID) and mask == K.STR:
             return None if flags & _BAD_ID else K.STR_FROM_STR
         if mask == K.INT and check in (ID, *_INT_CHECKS):
-            low, high = ((0, self.max_ts) if check == _TS
+            low, high = ((max(0, self.min_ts), self.max_ts) if check == _TS
                          else LABEL_RANGE.get(check, (None, None)))
             if low is not None and not (low <= row[K.C_INT_MIN] and row[K.C_INT_MAX] <= high):
                 return None
             return K.STR_FROM_INT if check == ID else K.INT64
-        if check == NUMBER and mask & _NUMBER_TYPES == mask and not flags & K.NOT_FINITE:
+        if check == NUMBER and mask & _NUMBER_TYPES == mask and not flags & K.OUT_OF_RANGE:
+            if mask & K.INT and not (-MAX_ABS_NUMBER <= row[K.C_INT_MIN]
+                                     and row[K.C_INT_MAX] <= MAX_ABS_NUMBER):
+                return None
             return K.FLOAT64
         if check == TEXT and not required and mask & _TEXT_TYPES == mask:
             return K.STR_FROM_STR
@@ -283,11 +290,11 @@ class BatchReader:
         return tables
 
 
-def read_batch(value: bytes, offset: int, default_kind: str | None, max_ts: int
-               ) -> tuple[str, pa.Table] | None:
+def read_batch(value: bytes, offset: int, default_kind: str | None, max_ts: int,
+               min_ts: int = 0) -> tuple[str, pa.Table] | None:
     """``(kind, events)`` of one column-batch message whose events are all valid, in the kind's
     schema with ``offset`` in the offset column; ``None`` if it must take the general path."""
-    reader = BatchReader(default_kind, max_ts)
+    reader = BatchReader(default_kind, max_ts, min_ts=min_ts)
     if not reader.add(value, offset):
         return None
     return next(iter(reader.take().items()))

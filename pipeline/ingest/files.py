@@ -1,6 +1,7 @@
 """File ingestion (embedded mode, no Kafka): JSON lines, CSV, Parquet or MovieLens files are
-validated into the same event store as Kafka messages, each file under its own synthetic topic
-with record numbers as offsets, so ingesting a file again adds only what is new.
+validated into the same event store as Kafka messages, appended to one log of file records
+keyed by content (:mod:`pipeline.ingest.ledger`): ingesting a file again, edited or copied,
+stores only its new and changed records and reports the removed ones.
 
 Examples
 --------
@@ -9,7 +10,7 @@ Examples
 >>> from pipeline.settings import Settings
 >>> home = pathlib.Path(tempfile.mkdtemp())
 >>> _ = (home / "r.jsonl").write_text(
-...     '{"event_id": "e1", "ts": 1, "user": 1, "item": 2, "rating": 5}\\n{"oops\\n')
+...     '{"event_id": "e1", "ts": 1700000000001, "user": 1, "item": 2, "rating": 5}\\n{"oops\\n')
 >>> summary = ingest_files([home / "r.jsonl"], kind="rating",
 ...                        settings=Settings(home=home), progress=False)
 >>> summary.events, summary.dead_letters
@@ -22,14 +23,17 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.ingest.buffer import (
     DEFAULT_MAX_MESSAGE_BYTES,
     IngestSummary,
     PartitionBuffer,
     progress_bar,
 )
-from pipeline.ingest.sources import read_chunks
-from pipeline.ingest.store import EventStore, file_source_topic
+from pipeline.ingest.ledger import FILE_TOPIC, FileLedger, contains, record_key
+from pipeline.ingest.sources import detect_format, read_chunks
+from pipeline.ingest.store import EventStore, legacy_file_topic
 from pipeline.ingest.validate import Limits
 
 
@@ -39,9 +43,11 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> IngestSummary:
     """Validate events from files into the store (embedded mode, no Kafka).
 
-    Each file is its own source (:func:`pipeline.ingest.store.file_source_topic`) with record
-    numbers as offsets, written one durable segment group per chunk, so ingesting the same file
-    again (or after a crash) adds only the records not yet stored.
+    Records go to the store's file log (:data:`pipeline.ingest.ledger.FILE_TOPIC`), one durable
+    segment group per chunk of records the store does not hold yet (by content): ingesting the
+    same file again, a copy of it, or the file after a crash adds only what is not stored;
+    after an edit, its changed and appended records. Records stored before and no longer in
+    the file are counted in ``summary.removed`` (they stay in the store).
 
     Parameters
     ----------
@@ -64,23 +70,66 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
     store = store or EventStore.from_settings(settings)
     limits = Limits.from_settings(settings)
     summary = IngestSummary(unit="records")
-    with progress_bar(progress, unit="rec") as bar:
+    ledger = FileLedger(store.root)
+    with store.lock(f"{FILE_TOPIC}.ingest", 0), progress_bar(progress, unit="rec") as bar:
+        store.recover(FILE_TOPIC, 0)
+        offset = store.next_offset(FILE_TOPIC, 0) or 0
+        held, added = ledger.stored_keys(offset), set()
         for path in paths:
-            topic = file_source_topic(path)
-            store.recover(topic, 0)
-            start = store.next_offset(topic, 0) or 0
-            for chunk in read_chunks(path, fmt, kind, start, chunk_size):
-                buf = PartitionBuffer(topic, 0, kind, max_message_bytes, limits)
+            how = f"{fmt or detect_format(path)}|{kind or ''}|".encode()
+            before = ledger.last_seen(path)
+            legacy = _legacy_records(store, path) if before is None else 0
+            keys_now, inherited = [], []
+            for chunk in read_chunks(path, fmt, kind, chunk_size):
+                keys = [record_key(how + content) for content in chunk.contents]
+                keys_now += keys
+                inherited += [k for k, n in zip(keys, chunk.numbers) if n < legacy]
+                added.update(inherited)
+                new = _new_records(keys, held, added)
+                summary.messages += len(keys)
+                summary.already_stored += len(keys) - len(new)
+                bar.update(len(keys))
+                if not new:
+                    continue
+                chunk = chunk.take(new)
+                offsets = range(offset, offset + len(new))
+                ledger.add(offset, offsets[-1], [keys[i] for i in new])
+                buf = PartitionBuffer(FILE_TOPIC, 0, kind, max_message_bytes, limits)
                 if chunk.lines is not None:
-                    buf.add_messages(chunk.lines, chunk.offsets)
+                    buf.add_messages(chunk.lines, offsets)
                 else:
-                    buf.add_rows(chunk.rows, chunk.offsets)
+                    buf.add_rows(chunk.rows, offsets)
                 summary.add(buf.flush(store))
-                summary.messages += len(chunk.offsets)
-                bar.update(len(chunk.offsets))
+                offset += len(new)
+            if inherited:
+                ledger.add_legacy(path, inherited)
+            if before is not None:
+                removed = int((~contains(np.unique(np.asarray(keys_now, np.uint64)),
+                                         before)).sum())
+                if removed:
+                    summary.removed.append(f"{path}: {removed:,}")
+            ledger.remember(path, keys_now)
     summary.seconds = time.monotonic() - started
     summary.stopped = "all files read"
     return summary
+
+
+def _legacy_records(store: EventStore, path) -> int:
+    """How many of ``path``'s first records a store written before the file ledger holds
+    (under the file's own topic, record numbers as offsets): they count as stored."""
+    return store.next_offset(legacy_file_topic(path), 0) or 0
+
+
+def _new_records(keys: list[int], held: np.ndarray, added: set) -> list[int]:
+    """Positions of the records whose key is neither in the store (``held``, sorted) nor
+    added earlier in this run; adds them to ``added``."""
+    known = contains(held, np.asarray(keys, np.uint64))
+    new = []
+    for i, key in enumerate(keys):
+        if not known[i] and key not in added:
+            added.add(key)
+            new.append(i)
+    return new
 
 
 def check_source(path, fmt: str | None, kind: str | None) -> None:
@@ -91,7 +140,6 @@ def check_source(path, fmt: str | None, kind: str | None) -> None:
     import json
 
     from pipeline.ingest.events import KIND_NAMES
-    from pipeline.ingest.sources import detect_format
 
     kinds = ", ".join(KIND_NAMES)
     if kind is not None and kind not in KIND_NAMES:

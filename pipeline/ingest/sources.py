@@ -1,9 +1,10 @@
 """Events from files, for runs without Kafka: JSON lines, CSV with a header, Parquet, and
 MovieLens ``u.data``.
 
-Each record gets an offset, its 0-based number in the file (JSON lines: line number; CSV: data
-row after the header; Parquet and MovieLens: row), so that the store knows how far a file has
-been ingested and ingesting it again adds only what is new.
+Each record comes with its 0-based number in the file (JSON lines: line number; CSV: data row
+after the header; Parquet and MovieLens: row) and its content as bytes (the line, the CSV
+cells with their header, the Parquet row as JSON), from which the file ledger keys it
+(:mod:`pipeline.ingest.ledger`): ingesting a file again stores only what is new or changed.
 
 Parquet columns keep their types (a ``map<int, double>`` column holds sparse features; a
 text ``features`` column is parsed as JSON). CSV cells are text: the fields of the event's kind
@@ -21,7 +22,7 @@ Examples
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "ratings.csv"
 >>> _ = path.write_text("event_id,ts,user,item,rating\\ne1,1000,u1,i1,4.5\\n")
 >>> chunk = next(read_chunks(path, kind="rating"))
->>> chunk.offsets, chunk.rows
+>>> chunk.numbers, chunk.rows
 ([0], [{'event_id': 'e1', 'ts': 1000, 'user': 'u1', 'item': 'i1', 'rating': 4.5}])
 """
 
@@ -41,11 +42,23 @@ FORMATS = ("jsonl", "csv", "parquet", "movielens")
 
 @dataclass
 class Chunk:
-    """Records ``offsets`` of a file: raw ``lines`` (JSON lines) or decoded ``rows``."""
+    """Records ``numbers`` of a file: raw ``lines`` (JSON lines) or decoded ``rows``, and the
+    ``contents`` the ledger keys them by."""
 
-    offsets: list[int] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    contents: list[bytes] = field(default_factory=list)
     lines: list[bytes] | None = None
     rows: list[dict] | None = None
+
+    def records(self) -> list:
+        return self.lines if self.lines is not None else self.rows
+
+    def take(self, keep) -> "Chunk":
+        """The records at positions ``keep``."""
+        def pick(values):
+            return None if values is None else [values[i] for i in keep]
+
+        return Chunk(pick(self.numbers), pick(self.contents), pick(self.lines), pick(self.rows))
 
 
 def detect_format(path: str | Path) -> str:
@@ -64,8 +77,8 @@ def detect_format(path: str | Path) -> str:
 
 
 def read_chunks(path: str | Path, fmt: str | None = None, kind: str | None = None,
-                start: int = 0, chunk_size: int = 100_000) -> Iterator[Chunk]:
-    """Records of a file from offset ``start`` on, ``chunk_size`` at a time.
+                chunk_size: int = 100_000) -> Iterator[Chunk]:
+    """The records of a file, ``chunk_size`` at a time.
 
     ``kind`` is the default kind (used to convert CSV cells; MovieLens is always ``rating``).
     """
@@ -73,26 +86,31 @@ def read_chunks(path: str | Path, fmt: str | None = None, kind: str | None = Non
     readers = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet, "movielens": _movielens}
     if fmt not in readers:
         raise ValueError(f"unknown file format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    chunk = Chunk(lines=[] if fmt == "jsonl" else None, rows=None if fmt == "jsonl" else [])
-    for offset, record in readers[fmt](Path(path), kind, start):
-        chunk.offsets.append(offset)
-        (chunk.lines if fmt == "jsonl" else chunk.rows).append(record)
-        if len(chunk.offsets) >= chunk_size:
+
+    def fresh() -> Chunk:
+        return Chunk(lines=[] if fmt == "jsonl" else None, rows=None if fmt == "jsonl" else [])
+
+    chunk = fresh()
+    for number, content, record in readers[fmt](Path(path), kind):
+        chunk.numbers.append(number)
+        chunk.contents.append(content)
+        chunk.records().append(record)
+        if len(chunk.numbers) >= chunk_size:
             yield chunk
-            chunk = Chunk(lines=[] if fmt == "jsonl" else None,
-                          rows=None if fmt == "jsonl" else [])
-    if chunk.offsets:
+            chunk = fresh()
+    if chunk.numbers:
         yield chunk
 
 
-def _jsonl(path: Path, kind, start: int):
+def _jsonl(path: Path, kind):
     with open(path, "rb") as fh:
         for number, line in enumerate(fh):
-            if number >= start and line.strip():
-                yield number, line.rstrip(b"\r\n")
+            if line.strip():
+                line = line.rstrip(b"\r\n")
+                yield number, line, line
 
 
-def _csv(path: Path, kind, start: int):
+def _csv(path: Path, kind):
     """Records after the header; a record the csv module cannot read (a cell over its 128 KiB
     field limit, a broken quote) is a :class:`Malformed` record, and reading goes on."""
     default_ts = int(path.stat().st_mtime * 1000)
@@ -108,17 +126,18 @@ def _csv(path: Path, kind, start: int):
             except StopIteration:
                 return
             except csv.Error as err:
-                if number >= start:
-                    yield number, Malformed(f"CSV record on line {reader.line_num}: {err}")
+                reason = f"CSV record on line {reader.line_num}: {err}"
+                yield number, reason.encode(), Malformed(reason)
                 number += 1
                 continue
-            if cells and number >= start:
-                yield number, with_derived_ids(coerce_text_row(dict(zip(header, cells)), kind),
-                                               default_ts)
+            if cells:
+                content = json.dumps(sorted(zip(header, cells))).encode()   # ASCII escapes
+                yield number, content, with_derived_ids(
+                    coerce_text_row(dict(zip(header, cells)), kind), default_ts)
             number += bool(cells)
 
 
-def _parquet(path: Path, kind, start: int):
+def _parquet(path: Path, kind):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -126,11 +145,10 @@ def _parquet(path: Path, kind, start: int):
     maps = {f.name for f in source.schema_arrow if pa.types.is_map(f.type)}
     number = 0
     for batch in source.iter_batches(batch_size=65_536):
-        if number + batch.num_rows > start:
-            for i, row in enumerate(batch.to_pylist()):
-                if number + i >= start:
-                    yield number + i, _parquet_row(row, maps)
-        number += batch.num_rows
+        for row in batch.to_pylist():
+            content = json.dumps(row, sort_keys=True, default=str).encode()
+            yield number, content, _parquet_row(row, maps)
+            number += 1
 
 
 def _parquet_row(row: dict, maps: set) -> dict:
@@ -146,12 +164,12 @@ def _parquet_row(row: dict, maps: set) -> dict:
     return out
 
 
-def _movielens(path: Path, kind, start: int):
+def _movielens(path: Path, kind):
     """MovieLens ``u.data``: ``user item rating timestamp`` (tab separated, seconds)."""
     with open(path, encoding="latin-1") as fh:
         for number, line in enumerate(fh):
-            if number >= start and line.strip():
-                yield number, movielens_event(line)
+            if line.strip():
+                yield number, line.rstrip("\r\n").encode("latin-1"), movielens_event(line)
 
 
 def movielens_event(line: str) -> dict:

@@ -17,8 +17,8 @@ process was killed. Writers hold an ``flock`` per topic partition and refuse a g
 overlaps what is stored (a consumer that lost its partition without noticing cannot write it
 twice).
 
-File sources use the same store under a synthetic topic ``file.<name>.<hash of the absolute
-path>``, partition 0, with record numbers as offsets (see :func:`file_source_topic`).
+File sources use the same store under one synthetic topic, ``~files`` (a name no Kafka topic
+can have), partition 0, whose offsets are append positions (see :mod:`pipeline.ingest.ledger`).
 
 Examples
 --------
@@ -101,10 +101,11 @@ def _generation_number(topic: str, name: str) -> int:
     return int(digits) if rest.startswith(GENERATION_MARK) and digits.isdigit() else 0
 
 
-def file_source_topic(path: str | Path) -> str:
-    """The synthetic topic under which a file source is stored: same file, same topic.
+def legacy_file_topic(path: str | Path) -> str:
+    """The topic under which stores written before the file ledger kept a file (one per
+    absolute path, record numbers as offsets); still read, never written.
 
-    >>> file_source_topic("/data/u.data").startswith("file.u.data.")
+    >>> legacy_file_topic("/data/u.data").startswith("file.u.data.")
     True
     """
     resolved = str(Path(path).resolve())

@@ -49,9 +49,11 @@ from pipeline.ingest.events import (
     ID,
     KIND_NAMES,
     KINDS,
+    MAX_ABS_NUMBER,
     MAX_FEATURE_INDEX,
     MAX_ID_CHARS,
     MAX_TS_MS,
+    MIN_EVENT_TIME,
     NUMBER,
     ORDINAL,
     TEXT,
@@ -68,7 +70,9 @@ MISSING = _Missing()      # a field the event does not have
 _MISSING_TYPES = (type(MISSING), type(None))
 _INT32_MAX = 2**31 - 1
 _KIND_LIST = ", ".join(KIND_NAMES[:-1]) + " or " + KIND_NAMES[-1]
-LABEL_RANGE = {GRADE: (0, _INT32_MAX), ORDINAL: (1, _INT32_MAX), BINARY: (0, 1)}
+# Declared label ranges: a relevance grade's gain 2^grade - 1 stays finite and meaningful; no
+# star scale has a thousand levels (a model's own ``levels`` narrows it when its data is read).
+LABEL_RANGE = {GRADE: (0, 100), ORDINAL: (1, 1000), BINARY: (0, 1)}
 _CONTROL = re.compile("[\x00-\x1f\x7f]")  # C0 controls and DEL: never in an id
 _EXPECTED = {ID: "a string or an integer", NUMBER: "a number", TEXT: "a string",
              GRADE: "an integer >= 0", ORDINAL: "an integer >= 1", BINARY: "0 or 1"}
@@ -83,19 +87,23 @@ class Limits:
     """Bounds that belong to a deployment rather than to the event schema (``Settings``:
     ``RANKSTREAM_MAX_FUTURE_SECONDS``, ``RANKSTREAM_MAX_FEATURE_INDEX``).
 
-    ``future_seconds``: an event time more than this far ahead of the ingesting machine's clock
-    is refused (one event dated 9999-12-31 would otherwise be the newest event of every
-    ``last_days`` window forever). ``max_feature_index``: larger feature indices are refused (a
+    ``min_ts``: an earlier event time (epoch ms) is refused: ``0`` is a "no time" default, and
+    epoch *seconds* read as milliseconds fall in January 1970. ``future_seconds``: an event
+    time more than this far ahead of the ingesting machine's clock is refused (one event
+    dated 9999-12-31 would otherwise be the newest event of every ``last_days`` window
+    forever). ``max_feature_index``: larger feature indices are refused (a
     single index of 2^31 - 1 would make every model of those events allocate gigabytes).
     """
 
     future_seconds: float = 86_400.0
     max_feature_index: int = 2**24 - 1
+    min_ts: int = parse_iso_ts(MIN_EVENT_TIME)
 
     @classmethod
     def from_settings(cls, settings) -> Limits:
         return cls(future_seconds=float(settings.max_future_seconds),
-                   max_feature_index=int(settings.max_feature_index))
+                   max_feature_index=int(settings.max_feature_index),
+                   min_ts=parse_iso_ts(settings.min_event_time))
 
     def max_ts(self) -> int:
         """The largest event time (epoch ms) accepted now."""
@@ -165,7 +173,7 @@ def check_event_id(kind: str, value) -> str:
     return _check_text(kind, "event_id", value, is_id=True)
 
 
-def check_ts(kind: str, value, max_ts: int = MAX_TS_MS) -> int:
+def check_ts(kind: str, value, max_ts: int = MAX_TS_MS, min_ts: int = 0) -> int:
     if type(value) is int:
         ms = value
     elif type(value) is str:
@@ -177,6 +185,11 @@ def check_ts(kind: str, value, max_ts: int = MAX_TS_MS) -> int:
         raise _field_error(kind, "ts", value, "epoch milliseconds or an ISO-8601 string")
     if ms < 0:
         raise Invalid(f"{kind}: field 'ts' is {show(value)}, before 1970-01-01 (epoch ms)")
+    if ms < min_ts:
+        raise Invalid(f"{kind}: field 'ts' is {show(value)}, before "
+                      f"{_iso(min_ts).replace('T00:00:00+00:00', '')}, the "
+                      "earliest time accepted (RANKSTREAM_MIN_EVENT_TIME)"
+                      + ("; ts is epoch milliseconds, not seconds" if type(value) is int else ""))
     if ms > max_ts:
         raise Invalid(f"{kind}: field 'ts' is {show(value)}, after {_iso(max_ts)}: more than "
                       "the allowed clock skew in the future (RANKSTREAM_MAX_FUTURE_SECONDS)")
@@ -198,6 +211,9 @@ def check_number(kind: str, name: str, value) -> float:
         number = math.inf
     if not math.isfinite(number):
         raise Invalid(f"{kind}: field '{name}' is {show(value)}, expected a finite number")
+    if abs(number) > MAX_ABS_NUMBER:
+        raise Invalid(f"{kind}: field '{name}' is {show(value)}, beyond ±{MAX_ABS_NUMBER:g}, "
+                      "the largest magnitude accepted")
     return number
 
 
@@ -262,6 +278,9 @@ def _feature_value(kind: str, value, where: str) -> float:
     if not math.isfinite(number):
         raise Invalid(f"{kind}: features: value at {where} is {show(value)}, "
                       "expected a finite number")
+    if abs(number) > MAX_ABS_NUMBER:
+        raise Invalid(f"{kind}: features: value at {where} is {show(value)}, beyond "
+                      f"±{MAX_ABS_NUMBER:g}, the largest magnitude accepted")
     return number
 
 
@@ -289,7 +308,7 @@ def normalize_event(event, default_kind: str | None = None,
     kind = resolve_kind(event, default_kind)
     get = event.get
     out = {"kind": kind, "event_id": check_event_id(kind, get("event_id", MISSING)),
-           "ts": check_ts(kind, get("ts", MISSING), limits.max_ts())}
+           "ts": check_ts(kind, get("ts", MISSING), limits.max_ts(), limits.min_ts)}
     for f in KINDS[kind].fields:
         value = get(f.name, MISSING)
         if not f.required and type(value) in _MISSING_TYPES:
@@ -379,7 +398,7 @@ def validate_columns(kind: str, columns: Mapping[str, list], n: int, offsets: np
         return [MISSING] * n if values is None else values
 
     arrays = {"event_id": _ids(kind, "event_id", column("event_id"), bad, event_id=True),
-              "ts": _timestamps(kind, column("ts"), bad, limits.max_ts()),
+              "ts": _timestamps(kind, column("ts"), bad, limits.max_ts(), limits.min_ts),
               "offset": pa.array(np.asarray(offsets, dtype=np.int64))}
     for f in spec.fields:
         values = column(f.name)
@@ -446,15 +465,16 @@ def _texts(kind: str, name: str, values: list, bad: dict) -> pa.Array:
     return pa.array(_slow(values, check, None, bad), pa.string())
 
 
-def _timestamps(kind: str, values: list, bad: dict, max_ts: int) -> pa.Array:
+def _timestamps(kind: str, values: list, bad: dict, max_ts: int, min_ts: int) -> pa.Array:
     if set(map(type, values)) == {int}:
         try:
             ts = np.array(values, dtype=np.int64)
         except OverflowError:
             ts = None
-        if ts is not None and ts.size and 0 <= ts.min() and ts.max() <= max_ts:
+        if ts is not None and ts.size and max(0, min_ts) <= ts.min() and ts.max() <= max_ts:
             return pa.array(ts)
-    return pa.array(_slow(values, lambda v: check_ts(kind, v, max_ts), 0, bad), pa.int64())
+    return pa.array(_slow(values, lambda v: check_ts(kind, v, max_ts, min_ts), 0, bad),
+                    pa.int64())
 
 
 def _numbers(kind: str, name: str, values: list, bad: dict) -> pa.Array:
@@ -463,9 +483,14 @@ def _numbers(kind: str, name: str, values: list, bad: dict) -> pa.Array:
             numbers = np.array(values, dtype=np.float64)
         except OverflowError:
             numbers = None
-        if numbers is not None and np.isfinite(numbers).all():
+        if numbers is not None and in_range(numbers):
             return pa.array(numbers)
     return pa.array(_slow(values, lambda v: check_number(kind, name, v), 0.0, bad), pa.float64())
+
+
+def in_range(numbers: np.ndarray) -> bool:
+    """Whether every number is within ±MAX_ABS_NUMBER (NaN is not)."""
+    return bool((np.abs(numbers) <= MAX_ABS_NUMBER).all())
 
 
 def _labels(kind: str, name: str, values: list, check: str, bad: dict) -> pa.Array:
@@ -526,7 +551,7 @@ def _dense_fast(values: list, max_index: int):
         numbers = np.array(flat, dtype=np.float64)
     except OverflowError:
         return None
-    if not np.isfinite(numbers).all():
+    if not in_range(numbers):
         return None
     offsets = _row_offsets(np.fromiter(map(len, values), np.int64, len(values)))
     lengths = np.diff(offsets)
@@ -554,7 +579,7 @@ def _sparse_fast(values: list, max_index: int):
         return None
     if indices.size and (indices.min() < 0 or indices.max() > max_index):
         return None
-    if not np.isfinite(numbers).all():
+    if not in_range(numbers):
         return None
     offsets = _row_offsets(np.fromiter(map(len, values), np.int64, len(values)))
     rows = np.repeat(np.arange(len(values)), np.diff(offsets))

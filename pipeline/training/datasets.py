@@ -201,6 +201,10 @@ def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | N
         return value, (f"no rating reaches the relevance threshold {value:g} ({scale}): every "
                        "rated item counts as not relevant; set evaluation.relevance within "
                        'the scale, or "auto"')
+    if share < 0.01 and rated.size >= 100 and configured == "auto":
+        return value, (f"only {share:.2%} of the ratings reach the relevance threshold "
+                       f"{value:g} ({scale}): a stray rating stretches the scale? declare it "
+                       "with params.rating_range")
     if share > 0.95 and rated.size >= 20:
         return value, (f"{share:.0%} of the ratings reach the relevance threshold {value:g} "
                        f"({scale}): almost every rated item counts as relevant; raise "
@@ -214,7 +218,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                   implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                   implicit_per_user: int = 0, implicit_min_rating=0.0,
                   max_pairs_per_user: int | None = None, relevance="auto",
-                  seed: int = 0) -> CollaborativeData:
+                  rating_range=None, seed: int = 0) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
     Every (user, item) a user met (rated or interacted with; the latest event wins) is a
@@ -234,10 +238,15 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a stable hash, and
     the stats say how many were dropped. ``relevance`` is resolved by
     :func:`relevance_threshold` on the window's ratings (``stats["relevance"]``).
+
+    ``rating_range = [low, high]`` declares the model's rating scale: ratings outside it are
+    left out and counted (``stats["ratings_out_of_range"]``, with a warning), so one stray
+    rating (-3 on a 1–5 scale) neither counts as a preference nor moves the "auto" threshold.
     """
+    low, high = parse_rating_range(rating_range)
     columns = {"rating": ["ts", "offset", "user", "item", "rating"],
                "interaction": ["ts", "offset", "user", "item"],
-               "comparison": ["ts", "offset", "user", "winner", "loser"]}
+               "comparison": ["ts", "offset", "event_id", "user", "winner", "loser"]}
     known_users = 0 if users is None else len(users)
     tables, win = _window_tables(store, kinds, window or {}, columns, key="user")
     users, items = users or IdMap(), items or IdMap()
@@ -252,7 +261,10 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         parts.append((u, i, r, t.column("ts").to_numpy(), t.column("offset").to_numpy()))
     explicit = np.zeros((0, 3), np.int64)
     if "comparison" in tables and tables["comparison"].num_rows:
-        t = tables["comparison"]
+        t = tables["comparison"]      # an event re-sent (or re-read from an edited file) once
+        t = t.take(pa.array(_latest_per_key(event_ids(t.column("event_id")),
+                                            t.column("ts").to_numpy(),
+                                            t.column("offset").to_numpy())))
         users, c_user = _indices(users, t.column("user"))
         items, c_win = _indices(items, t.column("winner"))
         items, c_lose = _indices(items, t.column("loser"))
@@ -263,6 +275,9 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         u = i = ts = off = np.zeros(0, np.int64)
         r = np.zeros(0)
     u, i = u.astype(np.int64), i.astype(np.int64)
+    outside = ~np.isnan(r) & ((r < low) | (r > high))
+    if outside.any():       # before the latest is taken: the rating before a stray one counts
+        u, i, r, ts, off = (a[~outside] for a in (u, i, r, ts, off))
     keep = _latest_per_key(u * (2**31) + i, ts, off)    # a rating after a view wins, ...
     u, i, r, ts = u[keep], i[keep], r[keep], ts[keep]
     relevance, relevance_warning = relevance_threshold(r, relevance)
@@ -299,12 +314,35 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                             "seen before (events from "
                             f"{_iso(win.start_ts) if win.start_ts else 'the start'}); the "
                             "others get the fallback list: widen the window?")
+    if outside.any():
+        stats["ratings_out_of_range"] = int(outside.sum())
+        relevance_warning = "; ".join(filter(None, [
+            f"{int(outside.sum()):,} ratings are outside {low:g}..{high:g} "
+            "(params.rating_range): left out", relevance_warning]))
     if relevance_warning:
         stats["warning"] = "; ".join(filter(None, [stats.get("warning"), relevance_warning]))
     return CollaborativeData(users=users, items=items, comparisons=comps,
                              path_comparisons=path_comps,
                              met={"user": u, "item": i, "rating": r, "part": part},
                              window=win, stats=stats)
+
+
+def parse_rating_range(declared) -> tuple[float, float]:
+    """``(low, high)`` of a declared rating scale (``None``: any rating).
+
+    >>> parse_rating_range([1, 5]), parse_rating_range(None)
+    ((1.0, 5.0), (-inf, inf))
+    """
+    if declared is None:
+        return -np.inf, np.inf
+    try:
+        low, high = (float(v) for v in declared)
+    except (TypeError, ValueError):
+        low = high = np.nan
+    if not low < high:
+        raise ValueError(f"params.rating_range is {declared!r}, expected [low, high] with "
+                         "low < high (the model's rating scale)")
+    return low, high
 
 
 def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",

@@ -118,6 +118,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                # comparisons of each kind per user (0: no cap); a bot with millions of
                # ratings would otherwise make all its pairs (the report says what was dropped)
                "max_pairs_per_user": 10_000,
+               # the rating scale, [low, high]: ratings outside it are left out (counted)
+               "rating_range": None,
                # choose λ on a validation split along a warm-started path (unless the config
                # gives reg or reg_ratio)
                "reg_path": True},

@@ -7,6 +7,12 @@ best setting, moving whenever one scores higher, until a whole sweep brings no i
 ``max_settings``-th setting has been scored or ``budget_seconds`` have passed. Every scored
 setting is recorded with its validation score and time, for the run report.
 
+Reproducibility: every fit is seeded, so the search is the same from run to run as long as
+``max_settings`` ends it; ``budget_seconds`` is a cap on wall time, and a search it cuts short
+depends on the machine's speed and load (the report's list of tried settings shows where it
+stopped). Where runs must repeat exactly, give a budget with room to spare, so that
+``max_settings`` (or a sweep without improvement) ends the search.
+
 Why a coordinate search: the quality surfaces of factor models over rank, sample size and
 regularization are smooth and nearly separable (a better λ at one rank is a good λ at the
 next), so moving one axis at a time finds a near-best point with a handful of fits, where a

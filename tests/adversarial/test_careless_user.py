@@ -1,6 +1,12 @@
 """Mistakes a careless user makes, replayed: each must neither destroy nor serve the wrong thing.
 
-(The trial run that must not touch the production checkpoint is in ``test_runs.py``.)
+Elsewhere, beside the code they exercise: the trial run that must not touch the production
+checkpoint (``test_runs.py``), the stop script that did not know its own server
+(``test_stop_pid.py``), a re-created topic and a restarted broker against the real broker
+(``tests/ingest/test_recreated_topic.py``, ``test_broker_restart.py``), an edited or copied
+file (``tests/ingest/test_edited_files.py``), two runs with the same seed
+(``tests/training/test_reproducible.py``) and the top-K of tiny factors
+(``tests/serving/test_topk.py``).
 """
 
 from __future__ import annotations
@@ -102,9 +108,11 @@ def test_one_huge_label_sizes_nothing_and_stops_no_retrain(tmp_path):
 
     settings = Settings(home=tmp_path / "home")
     events = synthetic.ordinal_events(n_items=60, n_reviews=300, seed=3)
-    events[17]["label"] = 1_000_000_000
-    ingest_files([synthetic.write_jsonl(events, tmp_path / "reviews.jsonl")], "ordinal",
-                 settings=settings, progress=False)
+    events[17]["label"] = 1_000_000_000       # outside the kind's range: a dead letter
+    events[18]["label"] = 50                  # inside it, outside the model's levels
+    summary = ingest_files([synthetic.write_jsonl(events, tmp_path / "reviews.jsonl")],
+                           "ordinal", settings=settings, progress=False)
+    assert sum(summary.dead_letters.values()) == 1
     cfg = parse_model("reviews", {"algorithm": "npsvor", "kinds": ["ordinal"],
                                   "params": {"tol": 0.01, "random_state": 0,
                                              "text_features": 2**12}}, "test")
@@ -112,6 +120,40 @@ def test_one_huge_label_sizes_nothing_and_stops_no_retrain(tmp_path):
     stats = run["dataset"]["stats"]
     assert run["decision"] == "trained" and stats["labels_out_of_range"] == 1
     assert "label outside 1..10" in stats["warning"]
+
+
+def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_rest(tmp_path):
+    """Ratings 1e308, 1e24 and ts = 0 are dead letters at ingest (each kind's declared range);
+    -3 on a 1-5 scale is a valid rating for the kind, left out (counted) by a model that
+    declares ``rating_range = [1, 5]``, and does not move its "auto" relevance threshold."""
+    from pipeline.ingest import synthetic
+    from pipeline.ingest.files import ingest_files
+    from pipeline.ingest.store import EventStore
+    from pipeline.settings import Settings
+    from pipeline.training import datasets
+
+    settings = Settings(home=tmp_path / "home")
+    events = synthetic.rating_events(n_users=40, n_items=30, per_user=8, seed=1)
+    odd = [{**events[0], "event_id": "huge", "rating": 1e308},
+           {**events[1], "event_id": "huger", "rating": 10**24},
+           {**events[2], "event_id": "epoch", "ts": 0},
+           {**events[3], "event_id": "seconds", "ts": 1_700_000_000},
+           {**events[4], "event_id": "negative", "user": "u-neg", "rating": -3}]
+    summary = ingest_files([synthetic.write_jsonl(events + odd, tmp_path / "r.jsonl")],
+                           "rating", settings=settings, progress=False)
+    reasons = EventStore.from_settings(settings).read_dead_letters().column("reason")
+    assert summary.events == {"rating": len(events) + 1} and len(reasons) == 4
+    assert sum("beyond ±1e+15" in r for r in reasons.to_pylist()) == 2
+    assert sum("before 1990-01-01" in r for r in reasons.to_pylist()) == 2
+    store = EventStore.from_settings(settings)
+    declared = datasets.collaborative(store, rating_range=[1, 5], holdout=0)
+    assert declared.stats["ratings_out_of_range"] == 1 and declared.stats["relevance"] == 4.0
+    assert "outside 1..5 (params.rating_range)" in declared.stats["warning"]
+    assert datasets.collaborative(store, holdout=0).stats["relevance"] == 3.0   # -3 stretched it
+    from pipeline.training.config import parse_model
+
+    with pytest.raises(ValueError, match=r"params.rating_range is \[5, 1\], expected"):
+        parse_model("m", {"algorithm": "altsvm", "params": {"rating_range": [5, 1]}}, "x.toml")
 
 
 def test_a_forgotten_kind_is_refused_up_front_and_consumes_nothing(tmp_path, capsys):
@@ -255,8 +297,8 @@ def test_kafka_down_is_one_line_at_once(tmp_path, capsys, command):
     import time
 
     events = tmp_path / "e.jsonl"
-    events.write_text('{"kind": "rating", "event_id": "e1", "ts": 1, "user": 1, "item": 2, '
-                      '"rating": 4}\n')
+    events.write_text('{"kind": "rating", "event_id": "e1", "ts": 1700000000001, "user": 1, '
+                      '"item": 2, "rating": 4}\n')
     args = [command, "--bootstrap", "127.0.0.1:1", "--home", str(tmp_path / "home")]
     args += [str(events), "--kind", "rating"] if command == "produce" else ["--until-end"]
     started = time.perf_counter()

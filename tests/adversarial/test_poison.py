@@ -19,17 +19,19 @@ from pipeline.ingest.store import EventStore
 from pipeline.settings import Settings
 from tests.ingest.factory import consume_all, new_topic, settings_for
 
+TS = 1_700_000_000_000    # a valid event time (2023-11-14)
+
 
 def _event(i: int, **extra) -> dict:
-    return {"kind": "rating", "event_id": f"ev-{i}", "ts": 1_700_000_000_000 + i,
+    return {"kind": "rating", "event_id": f"ev-{i}", "ts": TS + i,
             "user": f"u{i % 7}", "item": f"i{i % 11}", "rating": 1 + i % 5, **extra}
 
 
 DEEP = 5000
 POISON = {
     "tombstone": None,
-    "integer of 5000 digits": b'{"kind": "rating", "event_id": "p", "ts": 1, "user": "u", '
-                              b'"item": "i", "rating": ' + b"7" * 5000 + b"}",
+    "integer of 5000 digits": b'{"kind": "rating", "event_id": "p", "ts": 1700000000001, '
+                              b'"user": "u", "item": "i", "rating": ' + b"7" * 5000 + b"}",
     "kind is a list": encode_json(_event(-1, kind=["rating"])),
     "kind is a map": encode_json(_event(-2, kind={"rating": 1})),
     "invalid message of 1.1 MiB": b'{"kind": "rating", "text": "' + b"x" * (1_150_000),
@@ -37,14 +39,15 @@ POISON = {
     # parses (just under Python's recursion limit), then re-encoding the event for its dead
     # letter recursed too deeply
     "a field nested 990 deep in an array": (
-        b'[{"kind": "rating", "event_id": "d", "ts": 1, "item": "i", "rating": 1, "user": '
+        b'[{"kind": "rating", "event_id": "d", "ts": 1700000000001, "item": "i", "rating": 1, '
+        b'"user": '
         + b"[" * 990 + b"]" * 990 + b"}]"),
     "msgpack nested 5000 deep": b"\x91" * DEEP + b"\x90",
     "id with a NUL": encode_json(_event(-3, user="u\x00")),
-    "feature index 2^31-1": encode_json({"kind": "outcome", "event_id": "f", "ts": 1,
+    "feature index 2^31-1": encode_json({"kind": "outcome", "event_id": "f", "ts": TS + 1,
                                          "item": "i", "label": 1,
                                          "features": {str(2**31 - 1): 1.0}}),
-    "feature index of 40 digits": encode_json({"kind": "outcome", "event_id": "g", "ts": 1,
+    "feature index of 40 digits": encode_json({"kind": "outcome", "event_id": "g", "ts": TS + 1,
                                                "item": "i", "label": 1,
                                                "features": {"9" * 40: 1.0}}),
     "msgpack batch with a huge int": msgpack.packb({"batch": 1, "kind": "rating", "n": 1,

@@ -14,6 +14,8 @@ import msgpack
 from pipeline.ingest.codec import encode_json
 from pipeline.settings import Settings
 
+TS = 1_700_000_000_000    # a valid event time (2023-11-14)
+
 REPO = Path(__file__).resolve().parents[2]
 UNICODE_NAMES = ["Zoë", "用户", "Ελένη", "🙂emoji", "ñandú", "Ærø"]
 
@@ -80,24 +82,24 @@ def malformed(i: int, rng: random.Random, max_bytes: int) -> tuple[bytes, str]:
                  "missing field 'kind'"),
         lambda: (json.dumps([marker]).encode(), f"event is '{marker}', expected an object"),
         lambda: (msgpack.packb({"event_id": marker})[:-2], "bad msgpack: "),
-        lambda: (encode_json({"kind": "rating", "event_id": marker, "ts": 5, "user": "u",
+        lambda: (encode_json({"kind": "rating", "event_id": marker, "ts": TS + 5, "user": "u",
                               "item": "i", "rating": "five"}),
                  "rating: field 'rating' is 'five', expected a number"),
-        lambda: (encode_json({"kind": "comparison", "event_id": marker, "ts": 5, "user": "u",
+        lambda: (encode_json({"kind": "comparison", "event_id": marker, "ts": TS + 5, "user": "u",
                               "winner": "i42", "loser": "i42"}),
                  "comparison: winner == loser == 'i42'"),
-        lambda: (encode_json({"kind": "judgment", "event_id": marker, "ts": 5, "query": "q",
+        lambda: (encode_json({"kind": "judgment", "event_id": marker, "ts": TS + 5, "query": "q",
                               "doc": "d", "label": 1, "features": {"-3": 1.0}}),
                  "judgment: features: index -3 < 0"),
-        lambda: (encode_json({"kind": "outcome", "event_id": marker, "ts": 5, "item": "i",
+        lambda: (encode_json({"kind": "outcome", "event_id": marker, "ts": TS + 5, "item": "i",
                               "label": 2, "features": [1.0]}),
                  "outcome: field 'label' is 2, expected 0 or 1"),
-        lambda: (encode_json({"kind": "ordinal", "event_id": marker, "ts": 5, "item": "i",
+        lambda: (encode_json({"kind": "ordinal", "event_id": marker, "ts": TS + 5, "item": "i",
                               "label": 0, "text": "x"}),
                  "ordinal: field 'label' is 0, expected an integer >= 1"),
         lambda: (encode_json({**good, "event_id": marker, "ts": "yesterday"}),
                  f"{good['kind']}: field 'ts' is 'yesterday', not an ISO-8601 time"),
-        lambda: (encode_json({"kind": "judgment", "event_id": marker, "ts": 5, "query": "q",
+        lambda: (encode_json({"kind": "judgment", "event_id": marker, "ts": TS + 5, "query": "q",
                               "doc": "d", "label": 1, "features": [1.0, "x"]}),
                  "judgment: features: value at position 1 is 'x', expected a number"),
         lambda: (json.dumps(marker).encode(), f"message is '{marker}', expected an event"),

@@ -28,9 +28,12 @@ from pipeline.ingest import buffer as buffer_module
 from pipeline.ingest import codec
 from pipeline.ingest.buffer import PartitionBuffer
 from pipeline.ingest.codec import encode_batch
-from pipeline.ingest.events import KIND_NAMES, MAX_ID_CHARS
+from pipeline.ingest.events import KIND_NAMES, MAX_ABS_NUMBER, MAX_ID_CHARS
 from pipeline.ingest.fast_batch import FAST_KINDS, read_batch
+from pipeline.ingest.validate import Limits
 from tests.ingest.test_validate import events
+
+TS = 1_700_000_000_000    # a valid event time (2023-11-14)
 
 MAX_TS = 2**41          # > every timestamp the strategies draw (up to 2026 or 2^40)
 
@@ -84,7 +87,8 @@ def fast_rows(draw):
 
     rows = []
     for i in range(draw(st.integers(1, 30))):
-        row = {"event_id": draw(text), "ts": draw(st.integers(0, 2**40)), "user": an_id("user")}
+        row = {"event_id": draw(text), "ts": draw(st.integers(Limits().min_ts, 2**40)),
+               "user": an_id("user")}
         if kind == "comparison":
             row["winner"], row["loser"] = an_id("winner"), an_id("loser")
             if str(row["winner"]) == str(row["loser"]):     # another of the same type
@@ -95,7 +99,7 @@ def fast_rows(draw):
             row["item"] = an_id("item")
         if kind == "rating":
             row["rating"] = draw(st.one_of(st.integers(-10**9, 10**9),
-                                           st.floats(allow_nan=False, allow_infinity=False)))
+                                           st.floats(-MAX_ABS_NUMBER, MAX_ABS_NUMBER)))
         if kind == "interaction" and draw(st.booleans()):
             row["action"] = draw(st.text(max_size=6))
         rows.append(row)
@@ -114,7 +118,7 @@ def column_batches(draw):
     try:
         batch = msgpack.unpackb(encode_batch(kind, rows), raw=False, strict_map_key=False)
     except (OverflowError, TypeError, ValueError, UnicodeEncodeError):   # not sendable
-        batch = msgpack.unpackb(encode_batch(kind, rows[:0] + [{"event_id": "e", "ts": 1}]))
+        batch = msgpack.unpackb(encode_batch(kind, rows[:0] + [{"event_id": "e", "ts": TS + 1}]))
     columns, n = batch["columns"], batch["n"]
     for _ in range(draw(st.sampled_from([0, 0, 0, 1, 2, 3]))):
         name = draw(st.sampled_from(sorted(columns) + ["extra", "kind"]))
@@ -178,16 +182,16 @@ def test_the_fast_path_takes_every_valid_batch_of_its_kinds(kind_and_rows, singl
 
 
 def test_the_fast_path_leaves_other_messages_to_the_general_path(monkeypatch):
-    good = {"event_id": "e1", "ts": 5, "user": 7, "item": "a", "rating": 4.5}
+    good = {"event_id": "e1", "ts": TS + 5, "user": 7, "item": "a", "rating": 4.5}
     taken = encode_batch("rating", [good])
     assert read_batch(taken, 0, None, MAX_TS) is not None
     declined = [
         encode_batch("rating", [{**good, "rating": "five"}]),          # a bad value
         encode_batch("rating", [good, {**good, "user": "u7"}]),         # an id column mixing
         encode_batch("rating", [{**good, "ts": MAX_TS + 1}]),           # in the future
-        encode_batch("comparison", [{"event_id": "e", "ts": 1, "user": 1, "winner": 42,
+        encode_batch("comparison", [{"event_id": "e", "ts": TS + 1, "user": 1, "winner": 42,
                                      "loser": "42"}]),                 # winner == loser
-        encode_batch("judgment", [{"event_id": "e", "ts": 1, "query": 1, "doc": 2,
+        encode_batch("judgment", [{"event_id": "e", "ts": TS + 1, "query": 1, "doc": 2,
                                    "label": 1, "features": [1.0]}]),   # features: not here
         encode_batch("click", [good]),                                  # unknown kind
         taken[:-1], taken + b"\xc0",                                    # cut short, trailing
@@ -202,7 +206,7 @@ def test_the_fast_path_leaves_other_messages_to_the_general_path(monkeypatch):
 
 
 def test_nulls_in_an_optional_text_column(monkeypatch):
-    rows = [{"event_id": f"e{i}", "ts": i, "user": i, "item": "i",
+    rows = [{"event_id": f"e{i}", "ts": TS + i, "user": i, "item": "i",
              **({"action": "view"} if i % 3 else {})} for i in range(10)]
     kind, batch = read_batch(encode_batch("interaction", rows), 3, None, MAX_TS)
     assert batch.column("action").to_pylist() == [None if i % 3 == 0 else "view"
@@ -214,7 +218,7 @@ def test_nulls_in_an_optional_text_column(monkeypatch):
 def test_a_failing_fast_path_costs_speed_not_events(monkeypatch, broken):
     """Should the fast path raise (a bug), the general path takes the messages: the same rows
     and dead letters, no message lost or turned into a dead letter."""
-    rows = [{"event_id": f"e{i}", "ts": i, "user": i, "item": "i", "rating": 1.5}
+    rows = [{"event_id": f"e{i}", "ts": TS + i, "user": i, "item": "i", "rating": 1.5}
             for i in range(20)]
     values = [encode_batch("rating", rows[:10]), encode_batch("rating", rows[10:]),
               encode_batch("rating", [{**rows[0], "event_id": "bad", "rating": "x"}])]

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.ingest.dead_letters import DeadLetters, export_jsonl
 from pipeline.ingest.events import schema
-from pipeline.ingest.store import EventStore, OverlapError, file_source_topic
+from pipeline.ingest.store import EventStore, OverlapError, legacy_file_topic
 
 
 def rating_table(offsets, ts0=0):
@@ -121,7 +121,7 @@ def test_stats_and_dead_letter_export(store, tmp_path):
     assert '"raw_base64": "ew=="' in out.read_text()
 
 
-def test_file_source_topic_is_stable_per_path(tmp_path):
+def test_legacy_file_topic_is_stable_per_path(tmp_path):
     a = tmp_path / "u.data"
-    assert file_source_topic(a) == file_source_topic(str(a))
-    assert file_source_topic(a) != file_source_topic(tmp_path / "other" / "u.data")
+    assert legacy_file_topic(a) == legacy_file_topic(str(a))
+    assert legacy_file_topic(a) != legacy_file_topic(tmp_path / "other" / "u.data")

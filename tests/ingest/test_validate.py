@@ -51,7 +51,7 @@ def reason(event, default_kind=None):
      "unknown kind 'click' (expected comparison, interaction, judgment, ordinal, outcome or "
      "rating)"),
     ({**BASE, "user": 1}, "missing field 'kind' and no default kind for this source (give --kind)"),
-    ({"kind": "rating", "event_id": 7, "ts": 1, "user": 1, "item": 2, "rating": 1},
+    ({"kind": "rating", "event_id": 7, "ts": 1_700_000_000_001, "user": 1, "item": 2, "rating": 1},
      "rating: field 'event_id' is 7, expected a string"),
     ({"kind": "rating", "event_id": "e", "ts": -1, "user": 1, "item": 2, "rating": 1},
      "rating: field 'ts' is -1, before 1970-01-01 (epoch ms)"),
@@ -67,6 +67,25 @@ def reason(event, default_kind=None):
     ({"kind": "rating", **BASE, "user": 4.5, "item": 2, "rating": 1},
      "rating: field 'user' is 4.5, expected a string or an integer"),
     ("just text", "event is 'just text', expected an object"),
+    # declared ranges: a "no time" 0, epoch seconds, ratings and features no scale has
+    ({"kind": "rating", "event_id": "e", "ts": 0, "user": 1, "item": 2, "rating": 1},
+     "rating: field 'ts' is 0, before 1990-01-01, the earliest time accepted "
+     "(RANKSTREAM_MIN_EVENT_TIME); ts is epoch milliseconds, not seconds"),
+    ({"kind": "rating", "event_id": "e", "ts": 1_700_000_000, "user": 1, "item": 2,
+      "rating": 1}, "rating: field 'ts' is 1700000000, before 1990-01-01, the earliest time "
+     "accepted (RANKSTREAM_MIN_EVENT_TIME); ts is epoch milliseconds, not seconds"),
+    ({"kind": "rating", **BASE, "user": 1, "item": 2, "rating": 1e308},
+     "rating: field 'rating' is 1e+308, beyond ±1e+15, the largest magnitude accepted"),
+    ({"kind": "rating", **BASE, "user": 1, "item": 2, "rating": 10**24},
+     "rating: field 'rating' is 1000000000000000000000000, beyond ±1e+15, the largest "
+     "magnitude accepted"),
+    ({"kind": "outcome", **BASE, "item": 1, "label": 1, "features": [1, -1e24]},
+     "outcome: features: value at position 1 is -1e+24, beyond ±1e+15, the largest "
+     "magnitude accepted"),
+    ({"kind": "judgment", **BASE, "query": 1, "doc": 2, "label": 101, "features": [1]},
+     "judgment: field 'label' is 101, expected an integer <= 100"),
+    ({"kind": "ordinal", **BASE, "item": 1, "label": 1_000_000_000, "text": "x"},
+     "ordinal: field 'label' is 1000000000, expected an integer <= 1000"),
 ])
 def test_reasons_name_kind_field_and_value(event, expected):
     assert reason(event) == expected
@@ -155,8 +174,8 @@ VALID = {"id": valid_ids, "number": numbers, "grade": st.integers(0, 4),
          "features": st.one_of(st.lists(numbers, max_size=6),
                                st.dictionaries(st.integers(0, 40).map(str), numbers,
                                                max_size=5))}
-timestamps = st.one_of(st.integers(0, 2**40),   # up to 2004: never after the future limit
-                       st.datetimes(min_value=datetime(1970, 1, 2),
+timestamps = st.one_of(st.integers(631_152_000_000, 2**40),   # 1990 to 2004: valid
+                       st.datetimes(min_value=datetime(1990, 1, 2),
                                     max_value=datetime(2026, 1, 1)).map(datetime.isoformat))
 
 

@@ -86,3 +86,23 @@ def test_topk_of_scores_orders_ties_by_index():
     assert idx.tolist() == [1, 2] and sc.tolist() == [3, 3]
     idx, _ = T.topk_of_scores(np.array([1, 3, 3], np.float32), 5, exclude=[1])
     assert idx.tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_top_k_of_tiny_factors_is_the_same_ranking_scaled(with_bias):
+    """A near-collapsed model (factors 2^-70: products 2^-140, subnormal in float32, slow on
+    many CPUs and imprecise) gets the ranking of the same model at scale 1, and its scores
+    times 2^-140: top-K time and answers do not depend on the factors' scale."""
+    rng = np.random.default_rng(3)
+    U = rng.standard_normal((600, 8)).astype(np.float32)
+    V = rng.standard_normal((700, 8)).astype(np.float32)
+    # a bias of few significant bits, so that times 2^-140 (subnormal) it is still exact
+    bias = (np.round(rng.standard_normal(700) * 16) / 16).astype(np.float32) if with_bias \
+        else None
+    items, scores = T.user_topk(U, V, 10, item_bias=bias, workers=2)
+    tiny_bias = None if bias is None else np.ldexp(bias, -140)
+    tiny_items, tiny_scores = T.user_topk(np.ldexp(U, -70), np.ldexp(V, -70), 10,
+                                          item_bias=tiny_bias, workers=2)
+    assert np.array_equal(items, tiny_items)
+    assert np.array_equal(np.ldexp(scores.astype(np.float32), -140),
+                          tiny_scores.astype(np.float32))

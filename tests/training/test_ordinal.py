@@ -201,7 +201,7 @@ def test_features_only_and_text_only_reviews_train(settings, redis_url):
 def test_dataset_rows_are_events_with_stable_ids_and_the_serving_layout(tmp_path):
     settings = Settings(home=tmp_path)
     events = synthetic.ordinal_events(n_items=30, n_reviews=200, seed=7)
-    events.append(dict(events[5]))                                  # re-sent: counts once
+    events.append({**events[5], "retry": 1})    # re-sent (a field the kind ignores): once
     events.append({"event_id": "wide", "ts": events[-1]["ts"] + 1, "item": "p-wide",
                    "label": 3, "features": {"2": 1.0, "70": 5.0}})   # index 70 >= max_features
     _ingest(events, settings, "e")
@@ -243,8 +243,8 @@ def test_errors_name_expected_and_actual(settings, redis_url, tmp_path):
     for e in events:
         if e["label"] == 3:
             e["label"] = 4       # no 3-star review: ranks are not consecutive
-    bad = [{"event_id": "b1", "ts": 1, "item": "x", "label": 0, "text": "fine"},
-           {"event_id": "b2", "ts": 2, "item": "x", "label": 2}]
+    bad = [{"event_id": "b1", "ts": 1_700_000_000_001, "item": "x", "label": 0, "text": "fine"},
+           {"event_id": "b2", "ts": 1_700_000_000_002, "item": "x", "label": 2}]
     summary = _ingest(events + bad, settings, "holes")
     reasons = EventStore.from_settings(settings).read_dead_letters().column("reason").to_pylist()
     assert sum(summary.dead_letters.values()) == 2

@@ -61,7 +61,8 @@ class AltSVMTrainer(Trainer):
             implicit_per_user=int(param("implicit_per_user")),
             implicit_min_rating=_number_or(param("implicit_min_rating"), "relevance"),
             max_pairs_per_user=param("max_pairs_per_user") or None,
-            relevance=_number_or(ev["relevance"], "auto"), seed=int(ev["seed"]))
+            relevance=_number_or(ev["relevance"], "auto"),
+            rating_range=param("rating_range"), seed=int(ev["seed"]))
         arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
                   "relevance": np.float64(data.stats["relevance"]),
                   "comparisons": data.comparisons, "path_comparisons": data.path_comparisons,
