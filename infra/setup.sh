@@ -27,15 +27,17 @@ if [[ ! -x .venv/bin/python ]]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.rankstream-$(cat pyproject.toml infra/constraints.txt | sha256sum | cut -c1-16)
+extras=
 if [[ ! -f $stamp ]]; then
-  say "installing rankstream with extras [airflow,dev] (pinned by infra/constraints.txt)"
+  say "installing rankstream (pinned by infra/constraints.txt)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,dev]"
-  rm -f .venv/.rankstream-*
-  touch "$stamp"
+  .venv/bin/python -m pip install -q -c infra/constraints.txt -e .
+  extras=yes
 fi
 
-# the broker's jars download while the kernels compile (network and CPU, side by side)
+# the broker's jars download while the kernels compile (network and CPU, side by side); a step
+# that fails stops what still runs beside it
+trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT
 fetch_pid=
 if command -v mvn >/dev/null && command -v java >/dev/null; then
   say "fetching the Kafka broker's jars (Maven Central, cached), in the background"
@@ -50,7 +52,7 @@ fi
 # caches them on disk: do it here, one process per family on every core, with progress, so the
 # demo's first run does not sit silent
 say "compiling the solvers' kernels (numba; cached after the first time)"
-.venv/bin/python - <<'PY'
+.venv/bin/python - <<'PY' &
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -71,6 +73,17 @@ if __name__ == "__main__":
             print(f"  {name}: {seconds:.1f} s", flush=True)
     print(f"  all kernels in {time.perf_counter() - started:.1f} s", flush=True)
 PY
+compile_pid=$!
+
+# the extras (Airflow for the DAG tests, the test tools) install while the kernels compile: they
+# pin the same versions of what the kernels import, so pip leaves those alone
+if [[ -n $extras ]]; then
+  say "installing the extras [airflow,dev] while the kernels compile"
+  .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,dev]"
+  rm -f .venv/.rankstream-*
+  touch "$stamp"
+fi
+wait "$compile_pid" || { say "compiling the kernels failed (see above)"; exit 1; }
 if [[ -n $fetch_pid ]] && ! wait "$fetch_pid"; then
   say "fetching the Kafka broker's jars failed (.venv/log/kafka-fetch.log):"
   tail -20 .venv/log/kafka-fetch.log >&2
