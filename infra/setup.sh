@@ -27,12 +27,12 @@ if [[ ! -x .venv/bin/python ]]; then
   "$python" -m venv .venv
 fi
 stamp=.venv/.rankstream-$(cat pyproject.toml infra/constraints.txt | sha256sum | cut -c1-16)
-extras=
+install=
 if [[ ! -f $stamp ]]; then
-  say "installing rankstream (pinned by infra/constraints.txt)"
+  say "installing what the solvers' kernels need (pinned by infra/constraints.txt)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c infra/constraints.txt -e .
-  extras=yes
+  .venv/bin/python -m pip install -q -c infra/constraints.txt numpy scipy numba threadpoolctl
+  install=yes
 fi
 
 # the broker's jars download while the kernels compile (network and CPU, side by side); a step
@@ -75,10 +75,10 @@ if __name__ == "__main__":
 PY
 compile_pid=$!
 
-# the extras (Airflow for the DAG tests, the test tools) install while the kernels compile: they
-# pin the same versions of what the kernels import, so pip leaves those alone
-if [[ -n $extras ]]; then
-  say "installing the extras [airflow,dev] while the kernels compile"
+# the rest (the package, Airflow for the DAG tests, the test tools) installs while the kernels
+# compile: the same pinned versions of what the kernels import, so pip leaves those alone
+if [[ -n $install ]]; then
+  say "installing rankstream with extras [airflow,dev] while the kernels compile"
   .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,dev]"
   rm -f .venv/.rankstream-*
   touch "$stamp"
