@@ -8,8 +8,8 @@ their median wall time, and the Hogwild/serial time ratio.
 
 Data: MovieLens 100K (``$RANKSTREAM_DATA``/movielens-100k/u.data, default ../shared/data),
 implicit comparisons as the shipped ``movies`` model makes them (1,000 per user: a met item
-beats an unmet one), rank 20, λ 100 (0.11 reg_max), 10 outer iterations. Without the data, a planted problem of the
-same size.
+beats an unmet one), rank 20, λ 100 (0.11 reg_max), 10 outer iterations. Without the data, a
+planted problem of the same size.
 
 Run: ``.venv/bin/python bench/altsvm_determinism.py [--repeats 3]``.
 """

@@ -170,7 +170,7 @@ def dataset_throughput(n_users=20000, per_user=100, n_items=5000):
 
     from pipeline.ingest.events import schema
     from pipeline.ingest.store import EventStore
-    from pipeline.training import datasets
+    from pipeline.training.trainers.altsvm_data import collaborative
 
     rng = np.random.default_rng(0)
     n = n_users * per_user
@@ -190,8 +190,7 @@ def dataset_throughput(n_users=20000, per_user=100, n_items=5000):
         times = []
         for _ in range(3):
             t = time.perf_counter()
-            data = datasets.collaborative(store, ("rating",), holdout=5,
-                                          max_pairs_per_user=200)
+            data = collaborative(store, ("rating",), holdout=5, max_pairs_per_user=200)
             times.append(time.perf_counter() - t)
     best = statistics.median(times)
     print(f"\ndataset building: {n:,} rating events -> {len(data.comparisons):,} comparisons "

@@ -40,6 +40,20 @@ def __getattr__(name):
     return module if module.__name__ == f"solvers.{name}" else getattr(module, name)
 
 
+def scorer_estimator(kind: str):
+    """The estimator class whose published model is a request-time scorer of ``kind`` (its
+    ``scorer_kind``; ``pipeline.serving.scorers``), which rebuilds it with ``from_scorer``.
+
+    >>> scorer_estimator("kernel").__name__
+    'KernelRankSVM'
+    """
+    for name in ESTIMATORS:
+        cls = __getattr__(name)
+        if getattr(cls, "scorer_kind", "") == kind:
+            return cls
+    raise ValueError(f"no estimator makes a {kind!r} scorer")
+
+
 # the kernels compiled together: each estimator family, the comparison samplers, top-K
 WARM_UPS = (*ESTIMATORS, "pairs", "topk")
 

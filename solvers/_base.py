@@ -1,9 +1,12 @@
 """The estimator base every rankstream solver derives from, and the input checks they share.
 
-What a family writes: its keyword-only ``__init__`` (parameters only), ``fit`` (validate, call
-its solver driver, set the learned ``*_`` attributes), ``_warm_arrays()`` (the warm state),
+What a family writes: its keyword-only ``__init__`` (parameters only), the table
+``_parameter_constraints`` (a :mod:`solvers._params` constraint for every parameter) and, for
+what couples parameters, ``_check_joint_params``; ``fit`` (check, call its solver driver, set
+the learned ``*_`` attributes), ``_warm_arrays()`` (the warm state),
 ``_state_arrays()``/``_from_state()`` (what ``save``/``load`` keep) and ``_tiny_problem()`` (a
-small fit for :meth:`Estimator.warm_up`). The base gives every family the same behaviour for
+small fit for :meth:`Estimator.warm_up`). The abstract ones are declared with :mod:`abc`: a
+family that lacks one cannot be instantiated. The base gives every family the same behaviour for
 the rest: ``get_params``/``set_params``, one :class:`NotFittedError`, warm-state checks that
 name the algorithm and the missing keys, persistence without pickle through
 :mod:`solvers.persist` with a per-algorithm format version, ``random_state`` handling, thread
@@ -12,6 +15,7 @@ counts for numba kernels, and the wording of the :class:`ConvergenceWarning`.
 
 from __future__ import annotations
 
+import abc
 import inspect
 import numbers
 import time
@@ -43,19 +47,24 @@ class NotFittedError(ValueError, AttributeError):
     """A method that needs a fitted model was called before ``fit`` (or ``load``)."""
 
 
-class Estimator:
+class Estimator(abc.ABC):
     """Base of every rankstream estimator (see the module docstring for what a family adds).
 
     Class attributes a family sets: ``algorithm`` (its name in saved files and warm states),
     ``format_version`` (of its saved arrays; bump it when they change), ``fitted_attribute``
-    (a learned attribute that exists once fitted) and ``warm_keys`` (the arrays of its warm
-    state).
+    (a learned attribute that exists once fitted), ``warm_keys`` (the arrays of its warm
+    state) and ``_parameter_constraints`` (constructor parameter -> constraint).
     """
 
     algorithm: str = ""
     format_version: int = 1
     fitted_attribute: str = ""
     warm_keys: tuple[str, ...] = ()
+    _parameter_constraints: dict = {}
+
+    @abc.abstractmethod
+    def fit(self, *args, **kwargs):
+        """Learn from data; returns ``self``."""
 
     # ------------------------------------------------------------------ parameters
 
@@ -77,12 +86,19 @@ class Estimator:
     def validate_params(self) -> None:
         """Check every constructor parameter without data (``ValueError`` naming it and its
         value): what a config loader asks before any training."""
-        self._validate_params()
+        self._check_params()
 
-    def _validate_params(self):
-        """Each family checks its parameters here (and may return what ``fit`` needs, such
-        as the thread count)."""
-        raise NotImplementedError(f"{type(self).__name__} does not check its parameters")
+    def _check_params(self):
+        """Every constructor parameter against its entry of ``_parameter_constraints``, then
+        :meth:`_check_joint_params`; returns what that returns (what ``fit`` needs, such as
+        the thread count)."""
+        for name, constraint in self._parameter_constraints.items():
+            constraint(name, getattr(self, name))
+        return self._check_joint_params()
+
+    def _check_joint_params(self):
+        """What couples parameters (a family overrides it); ``None`` by default."""
+        return None
 
     @classmethod
     def param_names(cls) -> tuple[str, ...]:
@@ -111,8 +127,9 @@ class Estimator:
         state["algorithm"] = np.array(self.algorithm)
         return state
 
+    @abc.abstractmethod
     def _warm_arrays(self) -> dict:
-        raise NotImplementedError
+        """The arrays of the warm state (:meth:`warm_state` copies and tags them)."""
 
     def _check_warm_state(self, state) -> dict:
         """``state`` as {key: ndarray}, checked to be this algorithm's warm state with every
@@ -156,11 +173,13 @@ class Estimator:
         model._from_state(arrays)
         return model
 
+    @abc.abstractmethod
     def _state_arrays(self) -> dict:
-        raise NotImplementedError
+        """The learned arrays :meth:`save` writes."""
 
+    @abc.abstractmethod
     def _from_state(self, arrays: dict) -> None:
-        raise NotImplementedError
+        """Set the learned attributes from what :meth:`_state_arrays` gave."""
 
     def _json_params(self) -> dict:
         params = self.get_params()

@@ -153,12 +153,6 @@ class PairLoss:
         n_lo, _, n_hi, _ = self._sums(f, order, 0.0, np.inf, np.zeros((self.n, 0)))
         return n_lo - n_hi, float(n_lo.sum())
 
-    def hinge_sum(self, f):
-        """Σ_P max(0, z_ij) (the L1 loss of (3.12))."""
-        order = self._sort(f)
-        n_lo, s_lo, _, _ = self._sums(f, order, 0.0, np.inf, f[:, None])
-        return float(np.sum(n_lo * (1.0 - f) + s_lo[:, 0]))
-
 
 @dataclass
 class TronResult:

@@ -20,15 +20,13 @@ import numpy as np
 
 from solvers import _altsvm_layout as L
 from solvers import _altsvm_solver as S
+from solvers import _params as P
 from solvers._base import (
     CollapseWarning,
     ConvergenceWarning,
     Estimator,
-    check_bool,
-    check_choice,
     check_finite,
     check_int,
-    check_positive,
     check_threads,
     numba_threads,
     rng_of,
@@ -188,20 +186,17 @@ class AltSVM(Estimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _validate_params(self) -> int:
-        """Check every parameter; returns the thread count to use."""
-        check_int("rank", self.rank)
+    _parameter_constraints = {
+        "rank": P.Int(0), "reg": P.Optional(P.Positive()), "reg_ratio": P.Positive(),
+        "loss": P.Choice(tuple(S.LOSSES)), "item_bias": P.Bool(), "max_iter": P.Int(1),
+        "tol": P.Positive(allow_zero=True), "n_threads": P.Threads(),
+        "deterministic": P.Bool(), "random_state": P.Seed(), "verbose": P.Bool()}
+
+    def _check_joint_params(self) -> int:
+        """A model of rank 0 needs the item bias; returns the thread count to use."""
         if self.rank == 0 and not self.item_bias:
             raise ValueError("rank is 0 and item_bias is False: the model would be empty; "
                              "use rank >= 1 or item_bias=True (a global ranking)")
-        if self.reg is not None:
-            check_positive("reg", self.reg)
-        check_positive("reg_ratio", self.reg_ratio)
-        check_choice("loss", self.loss, S.LOSSES)
-        check_bool("item_bias", self.item_bias)
-        check_int("max_iter", self.max_iter, minimum=1)
-        check_positive("tol", self.tol, allow_zero=True)
-        check_bool("deterministic", self.deterministic)
         return check_threads(self.n_threads)
 
     # ---------------------------------------------------------------- fitting
@@ -232,7 +227,7 @@ class AltSVM(Estimator):
     def _fit(self, comparisons, n_users, n_items, warm_start, reg_max):
         """:meth:`fit`, with ``reg_max`` of these comparisons when the caller knows it
         (:meth:`fit_path`), else None."""
-        n_threads = self._validate_params()
+        n_threads = self._check_params()
         given = {"n_users": n_users, "n_items": n_items}
         with numba_threads(n_threads):  # every pass below is parallel, on n_threads threads
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
@@ -332,7 +327,7 @@ class AltSVM(Estimator):
         >>> AltSVM(loss="hinge").reg_max(c)   # G = [[-2, 1, 1], [-1, -1, 2]]: GGᵀ has eigenvalue 9
         3.0
         """
-        n_threads = self._validate_params()
+        n_threads = self._check_params()
         with numba_threads(n_threads):
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             return self._threshold(c, n_users, n_items)
@@ -397,7 +392,7 @@ class AltSVM(Estimator):
         """
         import time
 
-        n_threads = self._validate_params()
+        n_threads = self._check_params()
         with numba_threads(n_threads):
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             reg_max = self._threshold(c, n_users, n_items)

@@ -16,21 +16,17 @@ starts, sets the learned attributes and persists.
 
 from __future__ import annotations
 
-import numbers
 import time
 
 import numpy as np
 import scipy.sparse as sp
 
+from solvers import _params as P
 from solvers import _ranksvm_kernels as _k
 from solvers._base import (
     Estimator,
-    check_bool,
-    check_choice,
     check_finite,
     check_ids,
-    check_int,
-    check_positive,
     check_threads,
     check_X,
     map_by_id,
@@ -170,6 +166,7 @@ class KernelRankSVM(Estimator):
     """
 
     algorithm = "KernelRankSVM"
+    scorer_kind = "kernel"           # published as pipeline.serving.scorers' kernel expansion
     format_version = 1
     fitted_attribute = "dual_coef_"
     warm_keys = ("ids", "beta", "landmark_ids", "landmark_w")
@@ -199,32 +196,21 @@ class KernelRankSVM(Estimator):
     # parameters
     # ----------------------------------------------------------------------------------------
 
-    def _validate_params(self):
-        check_positive("C", self.C)
-        check_choice("kernel", self.kernel, KERNELS)
-        if self.gamma is not None:
-            check_positive("gamma", self.gamma)
-        check_int("degree", self.degree, minimum=1)
-        if not isinstance(self.coef0, numbers.Real) or isinstance(self.coef0, bool) \
-                or not np.isfinite(self.coef0):
-            raise ValueError(f"coef0 is {self.coef0!r}, expected a finite number")
-        check_choice("loss", self.loss, _LOSSES)
-        check_choice("solver", self.solver, _SOLVERS)
+    _parameter_constraints = {
+        "C": P.Positive(), "kernel": P.Choice(tuple(KERNELS)),
+        "gamma": P.Optional(P.Positive()), "degree": P.Int(1), "coef0": P.Finite(),
+        "loss": P.Choice(tuple(_LOSSES)), "solver": P.Choice(tuple(_SOLVERS)),
+        "tol": P.Positive(allow_zero=True), "max_iter": P.Int(1), "cache_size": P.Positive(),
+        "approximation": P.Optional(P.Choice(tuple(a for a in _APPROXIMATIONS if a))),
+        "n_components": P.Int(1), "keep_gram": P.Bool(), "n_threads": P.Threads(),
+        "random_state": P.Seed(), "verbose": P.Bool()}
+
+    def _check_joint_params(self):
+        """The Frank-Wolfe solver is the hinge loss's dual."""
         if self.solver == "frank_wolfe" and self.loss != HINGE:
             raise ValueError(f"solver='frank_wolfe' solves the dual of the hinge loss, but loss "
                              f"is {self.loss!r}; use loss='hinge' with it, or solver='tron' "
                              f"for loss={self.loss!r}")
-        check_positive("tol", self.tol, allow_zero=True)
-        check_int("max_iter", self.max_iter, minimum=1)
-        check_positive("cache_size", self.cache_size)
-        if self.approximation not in _APPROXIMATIONS:
-            raise ValueError(f"approximation is {self.approximation!r}, expected None or "
-                             "'nystroem'")
-        check_int("n_components", self.n_components, minimum=1)
-        check_bool("keep_gram", self.keep_gram)
-        check_threads(self.n_threads)
-        rng_of(self.random_state)
-        check_bool("verbose", self.verbose)
 
     def _spec(self, n_features: int) -> KernelSpec:
         gamma = 1.0 / n_features if self.gamma is None else float(self.gamma)
@@ -258,7 +244,7 @@ class KernelRankSVM(Estimator):
         self : KernelRankSVM
         """
         started = time.perf_counter()
-        self._validate_params()
+        self._check_params()
         X, y, query = _check_X_y_query(X, y, query)
         n_samples, n_features = X.shape
         ids = check_ids(ids, n_samples)
@@ -405,6 +391,16 @@ class KernelRankSVM(Estimator):
     # ----------------------------------------------------------------------------------------
     # prediction
     # ----------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_scorer(cls, params: dict, arrays: dict) -> "KernelRankSVM":
+        """A predict-only model from a published ``kernel`` scorer (the kernel, and the
+        ``support_vectors`` with their ``dual_coef``)."""
+        m = cls(kernel=params["kernel"], degree=params["degree"], coef0=params["coef0"])
+        m.support_vectors_ = arrays["support_vectors"].astype(np.float64)
+        m.dual_coef_, m.gamma_ = arrays["dual_coef"], params["gamma"]
+        m.n_features_in_ = params["n_features"]
+        return m
 
     def decision_function(self, X):
         """Scores ``Σ_s dual_coef_[s] K(support_vectors_[s], x)`` of the rows of X (float64)."""

@@ -19,14 +19,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from solvers import _npsvor_kernels as K
+from solvers import _params as P
 from solvers._base import (
     ConvergenceWarning,
     Estimator,
-    check_bool,
-    check_choice,
     check_ids,
-    check_int,
-    check_positive,
     check_threads,
     check_X,
     map_by_id,
@@ -120,6 +117,7 @@ class NPSVOR(Estimator):
     """
 
     algorithm = "NPSVOR"
+    scorer_kind = "ordinal_linear"   # published as pipeline.serving.scorers' linear rater
     format_version = 1
     fitted_attribute = "coef_"
     warm_keys = ("ids", "duals", "classes")
@@ -163,7 +161,7 @@ class NPSVOR(Estimator):
         -------
         self
         """
-        C1, C2, eps, tol, max_iter, shrinking, n_threads = self._validate_params()
+        C1, C2, eps, tol, max_iter, shrinking, n_threads = self._check_params()
         X = _as_kernel_matrix(X)
         n, m = X.shape
         classes, y_rank = _check_ranks(y, n)
@@ -221,21 +219,19 @@ class NPSVOR(Estimator):
             self._warn_not_converged(f"{detail}; the rule needs |v|_1/|v(0)|_1 <= tol={tol:g}")
         return self
 
-    def _validate_params(self):
-        check_positive("C1", self.C1)
-        if self.C2 is not None:
-            check_positive("C2", self.C2)
-        check_positive("epsilon", self.epsilon, allow_zero=True)
-        check_positive("tol", self.tol)
-        max_iter = check_int("max_iter", self.max_iter, minimum=1)
-        check_bool("fit_intercept", self.fit_intercept)
-        check_choice("predictor", self.predictor, ("new", "old"))
-        shrinking = check_bool("shrinking", self.shrinking)
-        check_bool("verbose", self.verbose)
-        n_threads = check_threads(self.n_threads)
+    _parameter_constraints = {
+        "C1": P.Positive(), "C2": P.Optional(P.Positive()),
+        "epsilon": P.Positive(allow_zero=True), "fit_intercept": P.Bool(),
+        "predictor": P.Choice(("new", "old")), "tol": P.Positive(), "max_iter": P.Int(1),
+        "shrinking": P.Bool(), "n_threads": P.Threads(), "random_state": P.Seed(),
+        "verbose": P.Bool()}
+
+    def _check_joint_params(self):
+        """C2 defaults to C1; returns the parameters as ``fit`` uses them."""
         C1 = float(self.C1)
         C2 = C1 if self.C2 is None else float(self.C2)
-        return C1, C2, float(self.epsilon), float(self.tol), max_iter, shrinking, n_threads
+        return (C1, C2, float(self.epsilon), float(self.tol), int(self.max_iter),
+                bool(self.shrinking), check_threads(self.n_threads))
 
     def _warm_duals(self, state, ids, classes, y_rank, C1, C2):
         """The warm start's duals on this fit's rows and ranks, clipped into the box, as (p, n)."""
@@ -281,6 +277,16 @@ class NPSVOR(Estimator):
         index = np.empty(F.shape[0], dtype=np.int64)
         (K.rank_new if self.predictor == "new" else K.rank_old)(F, index)
         return self.classes_[index]
+
+    @classmethod
+    def from_scorer(cls, params: dict, arrays: dict) -> "NPSVOR":
+        """A predict-only model from a published ``ordinal_linear`` scorer (its
+        ``predictor``, and ``coef``, ``intercept``, ``classes`` of the kept columns)."""
+        m = cls(predictor=params["predictor"])
+        m.coef_ = arrays["coef"].astype(np.float64)
+        m.intercept_, m.classes_ = arrays["intercept"], arrays["classes"]
+        m.n_features_in_ = m.coef_.shape[1]
+        return m
 
     def predict_score(self, X):
         """Continuous rank score: the predicted rank plus an offset in [−½, ½].

@@ -19,15 +19,12 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from solvers import _params as P
 from solvers import _toppush_solver as S
 from solvers._base import (
     DegenerateFitWarning,
     Estimator,
-    check_bool,
-    check_choice,
     check_ids,
-    check_int,
-    check_positive,
     check_X,
     map_by_id,
     rng_of,
@@ -167,12 +164,10 @@ class TopPush(Estimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    def _validate_params(self):
-        check_positive("reg", self.reg)
-        check_choice("loss", self.loss, S.LOSSES)
-        check_positive("tol", self.tol, allow_zero=True)
-        check_int("max_iter", self.max_iter, minimum=1)
-        check_bool("fit_intercept", self.fit_intercept)
+    _parameter_constraints = {
+        "reg": P.Positive(), "loss": P.Choice(tuple(S.LOSSES)),
+        "tol": P.Positive(allow_zero=True), "max_iter": P.Int(1), "fit_intercept": P.Bool(),
+        "random_state": P.Seed(), "verbose": P.Bool()}
 
     # ----------------------------------------------------------------------------------------
     # fit
@@ -207,7 +202,7 @@ class TopPush(Estimator):
         -------
         self : TopPush
         """
-        self._validate_params()
+        self._check_params()
         X, y_pos = self._check_X_y(X, y)
         n_samples, n_features = X.shape
         ids = check_ids(ids, n_samples)

@@ -2,7 +2,6 @@
 
 Each subcommand lives in ``pipeline/cli/<name>.py`` with ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when called, so ``rankstream --help`` stays fast.
-A subcommand whose module does not exist yet says so and exits with status 2.
 
 Exit status: 0 done (``train``: published, unchanged, republished or trained without
 publishing); 1 an error, said in one line on stderr; 2 a usage mistake or a refused input
@@ -56,13 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     top = parser.parse_args(argv[:1])
     module_name, help_text = COMMANDS[top.command]
-    try:
-        module = importlib.import_module(f"pipeline.cli.{module_name}")
-    except ModuleNotFoundError as err:
-        if err.name != f"pipeline.cli.{module_name}":
-            raise
-        print(f"rankstream {top.command}: not built yet ({help_text})", file=sys.stderr)
-        return 2
+    module = importlib.import_module(f"pipeline.cli.{module_name}")
     sub = argparse.ArgumentParser(prog=f"rankstream {top.command}", description=help_text)
     module.add_arguments(sub)
     try:

@@ -47,31 +47,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
 
 
-def _models():
-    from pipeline.training.config import parse_model
+DEMO_MODELS = Path(__file__).with_name("demo_models.toml")
 
-    specs = {
-        "movies": {"algorithm": "altsvm", "kinds": ["rating"],
-                   "params": {"rank": 10, "item_bias": True, "comparisons": "implicit",
-                              "implicit_per_user": 500, "implicit_min_rating": 4.0,
-                              "random_state": 0},
-                   "evaluation": {"holdout": 5},
-                   "gate": {"tolerance": 0.01}, "publish": {"top_k": 50}},
-        "ads": {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
-                "evaluation": {"fraction": 0.2, "metric": "average_precision"},
-                "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
-        # tol 0.01: at the solver's default 0.1 a warm start stops after one pass a little
-        # short of the cold fit's MAE
-        "reviews": {"algorithm": "npsvor", "kinds": ["ordinal"],
-                    "params": {"C1": 1.0, "tol": 0.01, "random_state": 0},
-                    "evaluation": {"fraction": 0.2, "metric": "mae"},
-                    "gate": {"tolerance": 0.02}, "publish": {"top_k": 50}},
-        # kernel RankSVM on judgments; RBF with gamma = 1 / n_features
-        "search": {"algorithm": "kernel_ranksvm", "kinds": ["judgment"],
-                   "params": {"C": 1.0, "kernel": "rbf"}, "evaluation": {"fraction": 0.2},
-                   "gate": {"tolerance": 0.02}, "publish": {"top_k": 20}},
-    }
-    return {name: parse_model(name, spec, "demo") for name, spec in specs.items()}
+
+def demo_models() -> dict:
+    """The demo's model configs (:data:`DEMO_MODELS`, validated like dags/models.toml)."""
+    from pipeline.training.config import load_models
+
+    return load_models(DEMO_MODELS)
 
 
 def _warm_up() -> float:
@@ -248,17 +231,17 @@ def _query_ranker(url: str, summary: dict, cfg, n: int = 200) -> dict:
     re-ranked by ``TopK.rank`` from the published support set, with that call's latency."""
     from pipeline.serving.lookup import TopK
     from pipeline.training import retrain
-    from pipeline.training.trainers.kernel_ranksvm import feature_matrix, query_metrics
-    from solvers import KernelRankSVM
+    from pipeline.training.arrays import csr_from_arrays
+    from pipeline.training.trainers.kernel_ranksvm import query_metrics
     from solvers.persist import read_bundle
 
     arrays = read_bundle(Path(summary["dataset"]["run_dir"]) / "dataset",
                          fmt=retrain.DATASET_FORMAT)[1]
-    X, test = feature_matrix(arrays).toarray(), arrays["test_mask"]
+    X, test = csr_from_arrays(arrays).toarray(), arrays["test_mask"]
     query, label, k = arrays["query"], arrays["label"], int(cfg.evaluation["k"])
     params = {**cfg.family.estimator_params(cfg.params), "kernel": "linear"}
     t = time.perf_counter()
-    linear = KernelRankSVM(**params).fit(X[~test], label[~test], query[~test])
+    linear = cfg.family.estimator_class()(**params).fit(X[~test], label[~test], query[~test])
     linear_seconds = time.perf_counter() - t
     ndcg = f"ndcg@{k}"
     best = summary["train"]["baselines"].get("best_feature", {})
@@ -269,7 +252,7 @@ def _query_ranker(url: str, summary: dict, cfg, n: int = 200) -> dict:
            "linear_fit_seconds": round(linear_seconds, 3),
            "best_feature": best.get(ndcg), "feature": best.get("feature"),
            "feature_sign": best.get("sign"), "support": summary["train"]["n_support"]}
-    if summary["decision"] != "published":
+    if summary["decision"] != retrain.Decision.PUBLISHED:
         return out
     # the held-out query with the most docs among those with a relevant one
     relevant = np.bincount(query[test], weights=label[test] > 0, minlength=query.max() + 1)
@@ -371,7 +354,7 @@ def run(args) -> int:
         return 2
     (home / "events").mkdir(parents=True)
     settings = Settings(home=home)
-    models = _models()
+    models = demo_models()
     say = print
     say(f"rankstream demo: working directory {home}\n")
 
@@ -429,7 +412,7 @@ def run(args) -> int:
         say(f"   a new user gets the {lk['unknown_user']['source']} list: "
             f"{', '.join(map(str, lk['unknown_user']['items']))}")
         say("   ads, best candidates: " + ", ".join(f"{i}" for i, _ in lk["ads_top5"]))
-        if report["initial"]["reviews"].get("decision") == "published":
+        if report["initial"]["reviews"].get("decision") == retrain.Decision.PUBLISHED:
             rv = report["review_lookups"] = _review_lookups(url, unseen_reviews)
             say(f"   reviews ({review_source}), best-rated items: "
                 + ", ".join(f"{i} ({s:.2f})" for i, s in rv["best_items"]))

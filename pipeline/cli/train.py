@@ -133,4 +133,4 @@ def run(args) -> int:
     except (ValueError, KeyError, OSError, ModelBusyError) as err:
         return fail("train", err)
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
-    return 3 if summary.get("decision") == "rejected" else 0   # see pipeline/cli/__init__.py
+    return 3 if summary.get("decision") == retrain.Decision.REJECTED else 0   # see cli/__init__.py

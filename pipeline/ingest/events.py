@@ -86,14 +86,6 @@ class Kind:
         return tuple(f.name for f in self.fields)
 
     @property
-    def id_fields(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields if f.check == ID)
-
-    @property
-    def has_features(self) -> bool:
-        return any(f.check == FEATURES for f in self.fields)
-
-    @property
     def schema(self) -> pa.Schema:
         columns = list(COMMON_COLUMNS)
         for f in self.fields:

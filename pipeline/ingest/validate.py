@@ -17,12 +17,12 @@ Examples
 --------
 >>> import numpy as np
 >>> from pipeline.ingest.validate import check_event, validate_rows
->>> check_event({"kind": "rating", "event_id": "e1", "ts": 5, "user": 1, "item": "a",
+>>> check_event({"kind": "rating", "event_id": "e1", "ts": 1700000000005, "user": 1, "item": "a",
 ...              "rating": "five"})
 "rating: field 'rating' is 'five', expected a number"
 >>> tables, bad = validate_rows(
-...     [{"event_id": "e1", "ts": 5, "user": 1, "item": "a", "rating": 4.5},
-...      {"event_id": "e2", "ts": 6, "user": 2, "item": "a", "rating": "five"}],
+...     [{"event_id": "e1", "ts": 1700000000005, "user": 1, "item": "a", "rating": 4.5},
+...      {"event_id": "e2", "ts": 1700000000006, "user": 2, "item": "a", "rating": "five"}],
 ...     np.array([10, 11]), default_kind="rating")
 >>> tables["rating"].column("user").to_pylist(), bad
 (['1'], {1: "rating: field 'rating' is 'five', expected a number"})

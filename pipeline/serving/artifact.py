@@ -2,13 +2,9 @@
 :func:`pipeline.serving.publish.publish` takes. Saved as ``manifest.json`` + ``arrays.npz``
 (no pickle).
 
-Four kinds, built with the class methods:
-
-``user_item``          user factors U, item factors V, optional item bias b and seen items per
-                       user (CSR): per-user top-K of ``U @ V.T + b`` (AltSVM).
-``global_list``        one score per candidate item: one ranked list (TopPush).
-``query_docs``         per query a list of (doc, score), ranked per query (kernel RankSVM).
-``predicted_ratings``  one predicted rating per item: one ranked list (NPSVOR).
+Its ``kind`` is one of the serving shapes registered in :mod:`pipeline.serving.artifact_kinds`
+(``user_item``, ``global_list``, ``query_docs``, ``predicted_ratings``), which checks the
+fields the kind needs; the class methods build the four shipped ones.
 
 ``predicted_ratings`` and ``query_docs`` may carry a :class:`~pipeline.serving.scorers.Scorer`:
 the model itself, for lookups that score candidates given in the request.
@@ -31,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.serving.layout import KINDS, key_of
+from pipeline.serving.artifact_kinds import floats, kind_of
+from pipeline.serving.layout import key_of
 from pipeline.serving.scorers import Scorer
 from solvers.persist import read_bundle, write_bundle
 
@@ -63,37 +60,14 @@ def _ids(name: str, values) -> np.ndarray:
     return arr
 
 
-def _floats(name: str, values, shape: tuple) -> np.ndarray:
-    arr = np.ascontiguousarray(values, dtype=np.float32)
-    if arr.shape != shape:
-        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name} has {int((~np.isfinite(arr)).sum())} non-finite values")
-    return arr
-
-
-def _csr(name: str, indptr, indices, n_rows: int, n_cols: int) -> tuple[np.ndarray, np.ndarray]:
-    indptr = np.asarray(indptr, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int32)
-    if indptr.shape != (n_rows + 1,) or indptr[0] != 0 or indptr[-1] != len(indices):
-        raise ValueError(f"{name}: indptr has shape {indptr.shape} and ends at "
-                         f"{indptr[-1] if len(indptr) else None}, expected shape ({n_rows + 1},) "
-                         f"from 0 to {len(indices)} (the number of indices)")
-    if (np.diff(indptr) < 0).any():
-        raise ValueError(f"{name}: indptr is not non-decreasing")
-    if len(indices) and (indices.min() < 0 or indices.max() >= n_cols):
-        raise ValueError(f"{name}: index {int(indices.max())} or {int(indices.min())} is "
-                         f"outside 0..{n_cols - 1}")
-    return indptr, indices
-
-
 @dataclass(eq=False)
 class ModelArtifact:
     """Plain arrays of a trained model plus what describes it; build with the class methods.
 
     Attributes
     ----------
-    kind : {"user_item", "global_list", "query_docs", "predicted_ratings"}
+    kind : str
+        A serving shape registered in :mod:`pipeline.serving.artifact_kinds`.
     item_ids : ndarray
         Ids of items (or docs), int64 or str; list entries index into it.
     key_ids : ndarray or None
@@ -223,47 +197,21 @@ class ModelArtifact:
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         """Check shapes, dtypes and the fields each kind needs; normalise arrays in place."""
-        if self.kind not in KINDS:
-            raise ValueError(f"kind {self.kind!r} is not one of {KINDS}")
+        shape = kind_of(self.kind)
         self.item_ids = _ids("item_ids", self.item_ids)
         n_items = len(self.item_ids)
         if n_items == 0:
             raise ValueError("item_ids is empty")
-        need = {"user_item": ("key_ids", "user_factors", "item_factors"),
-                "global_list": ("item_scores",), "predicted_ratings": ("item_scores",),
-                "query_docs": ("key_ids", "list_indptr", "list_items", "list_scores")}[self.kind]
-        for name in _ARRAYS[1:]:
-            given = getattr(self, name) is not None
-            if name in need and not given:
+        for name in shape.needs:
+            if getattr(self, name) is None:
                 raise ValueError(f"a {self.kind} artifact needs {name}")
         if self.key_ids is not None:
             self.key_ids = _ids("key_ids", self.key_ids)
-        n_keys = self.n_keys
-        if self.kind == "user_item":
-            fac = np.asarray(self.user_factors)
-            rank = fac.shape[1] if fac.ndim == 2 else -1
-            self.user_factors = _floats("user_factors", fac, (n_keys, rank))
-            self.item_factors = _floats("item_factors", self.item_factors, (n_items, rank))
-            if self.item_bias is not None:
-                self.item_bias = _floats("item_bias", self.item_bias, (n_items,))
-            if (self.seen_indptr is None) != (self.seen_indices is None):
-                raise ValueError("seen needs both indptr and indices")
-            if self.seen_indptr is not None:
-                self.seen_indptr, self.seen_indices = _csr(
-                    "seen", self.seen_indptr, self.seen_indices, n_keys, n_items)
-            if self.precompute is not None:
-                self.precompute = np.asarray(self.precompute, dtype=bool)
-                if self.precompute.shape != (n_keys,):
-                    raise ValueError(f"precompute has shape {self.precompute.shape}, expected "
-                                     f"({n_keys},) (one flag per user)")
-        if self.kind == "query_docs":
-            self.list_indptr, self.list_items = _csr(
-                "query lists", self.list_indptr, self.list_items, n_keys, n_items)
-            self.list_scores = _floats("list_scores", self.list_scores, self.list_items.shape)
+        shape.validate(self)
         if self.item_scores is not None:
-            self.item_scores = _floats("item_scores", self.item_scores, (n_items,))
+            self.item_scores = floats("item_scores", self.item_scores, (n_items,))
         if self.fallback_scores is not None:
-            self.fallback_scores = _floats("fallback_scores", self.fallback_scores, (n_items,))
+            self.fallback_scores = floats("fallback_scores", self.fallback_scores, (n_items,))
         if self.scorer is not None and not isinstance(self.scorer, Scorer):
             raise ValueError(f"scorer is a {type(self.scorer).__name__}, expected a "
                              "pipeline.serving.scorers.Scorer")

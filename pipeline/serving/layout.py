@@ -51,8 +51,6 @@ BUCKET_SHIFT = 32 - (BUCKETS.bit_length() - 1)
 PAIR_DTYPE = np.dtype([("index", "<i4"), ("score", "<f4")])
 """One entry of a ranked list: item index (into the version's item ids) and its score."""
 
-KINDS = ("user_item", "global_list", "query_docs", "predicted_ratings")
-
 # name -> (key pattern, Redis type, value encoding). The .md table lists exactly these rows;
 # <tag> stands for {<namespace>:<model>}, <btag> for {<namespace>:<model>:<bucket>}.
 KEY_PATTERNS = {
@@ -293,12 +291,6 @@ class ModelKeys:
 
     def version(self, version: int) -> VersionKeys:
         return VersionKeys(self.namespace + ":" + self.model, int(version))
-
-
-def namespace_pattern(namespace: str) -> str:
-    """SCAN MATCH pattern for every key of every model under ``namespace`` (model and bucket
-    tags alike)."""
-    return "{" + check_name("namespace", namespace) + ":*"
 
 
 # ----------------------------------------------------------------------------- value encodings

@@ -26,6 +26,11 @@ failure the client does not touch Redis for ``retry_interval`` seconds. On a clu
 ``MOVED`` reply or a node that stopped answering first refreshes the slot map and tries once
 more (a failover: the promoted replica answers), and only then does the policy apply.
 
+:class:`TopK` is the front of four parts, each its own module: the connections and round trips
+(:mod:`~pipeline.serving.transport`), which version to read (:mod:`~pipeline.serving.resolver`),
+the failure policy (:mod:`~pipeline.serving.fallback`) and the answer counts
+(:mod:`~pipeline.serving.answers`).
+
 Examples
 --------
 >>> topk = TopK("redis://127.0.0.1:6379/0", namespace="rankstream")  # doctest: +SKIP
@@ -36,104 +41,27 @@ Examples
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import Counter
-from dataclasses import dataclass, replace
-from zlib import crc32
-
 import numpy as np
 
+from pipeline.serving.answers import AnswerCounts, Prediction, Recommendation
+from pipeline.serving.fallback import Outage, RedisUnavailable, failure_policy
 from pipeline.serving.layout import (
-    BUCKET_MIX,
-    BUCKET_SHIFT,
     BUCKETS,
     LayoutError,
-    ModelKeys,
     UnknownModelError,
     bucket_of,
     key_of,
     pair_struct,
-    parse_pointer,
     unpack_f32,
     unpack_i32,
 )
-from pipeline.serving.lookup_routes import Routes
-from pipeline.serving.redis_client import (
-    as_client,
-    client_from_url,
-    is_cluster,
-    server_is_cluster,
-    split_cluster_flag,
-)
-from pipeline.serving.redis_wire import round_trip, round_trips
-from pipeline.serving.version_cache import (
-    Vanished,
-    VersionState,
-    load_factors,
-    load_scorer,
-    load_version_state,
-)
-from pipeline.settings import redact
+from pipeline.serving.resolver import VersionResolver
+from pipeline.serving.transport import Down, Transport
+from pipeline.serving.version_cache import VersionState, load_factors, load_scorer
 from solvers.topk import topk_of_scores
 
 __all__ = ["TopK", "Recommendation", "Prediction", "RedisUnavailable", "LayoutError",
            "UnknownModelError"]
-
-_ATTEMPTS = 10  # re-resolutions when versions vanish or a batch straddles a pointer move
-_REPAIR_AT = 5  # attempt at which a batch still straddling moves the pointers itself
-COUNT_FLUSH = 10.0  # seconds between flushes of the answer counts to Redis
-
-
-class RedisUnavailable(ConnectionError):
-    """Redis did not answer (down, refused, or slower than the timeout)."""
-
-
-@dataclass(slots=True)
-class Recommendation:
-    """One answer of :class:`TopK`.
-
-    Attributes
-    ----------
-    model : str
-    user : object
-        The user (or query) as asked; ``None`` for global lists.
-    items : list of (item id, score)
-        Best first.
-    version : int
-        The published version the answer comes from (all of it: versions never mix).
-    source : str
-        ``"precomputed"`` (the user's own stored list), ``"on_demand"`` (scored now from the
-        user's factor), ``"global"`` (the model is one global list), ``"fallback"`` (unknown
-        user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback),
-        ``"scored"`` (candidates given in the request, scored by the version's model). A
-        version that serves something other than the trained model reports what instead of
-        its own answers' source: ``"trivial"`` (a trivial list: the model did not beat it),
-        ``"challenger-NAME"`` or ``"blend-NAME"`` (the gate's challenger won; the version's
-        ``served_as``).
-    stale : bool
-        True when Redis was unavailable and this is the last-known answer.
-    """
-
-    model: str
-    user: object
-    items: list
-    version: int
-    source: str
-    stale: bool = False
-
-
-@dataclass(slots=True)
-class Prediction:
-    """One answer of :meth:`TopK.predict_rating`: the rating, the continuous ranking score it
-    comes with (higher is better), and the version that computed both."""
-
-    model: str
-    rating: int
-    score: float
-    version: int
-    stale: bool = False
-
 
 _STRUCTS = [pair_struct(n) for n in range(257)]
 
@@ -199,35 +127,14 @@ class TopK:
     def __init__(self, redis, *, namespace: str = "rankstream", on_error: str = "raise",
                  timeout: float = 0.1, load_timeout: float = 10.0, retry_interval: float = 0.5,
                  last_known_size: int = 100_000):
-        if on_error not in ("raise", "last_known"):
-            raise ValueError(f"on_error is {on_error!r}, expected 'raise' or 'last_known'")
-        if isinstance(redis, str):
-            url, cluster = split_cluster_flag(redis)
-            if cluster is None:   # ask the server once, for both clients
-                cluster = server_is_cluster(url, timeout)
-            self._client = client_from_url(url, timeout=timeout, cluster=cluster)
-            self._bulk = client_from_url(url, timeout=load_timeout, cluster=cluster)
-            self._where = redact(redis)
-        else:
-            self._client = self._bulk = as_client(redis)
-            self._where = _describe(self._client)
-        self._routes = Routes(self._client)
-        self._cluster = is_cluster(self._client)
+        self.policy = failure_policy(on_error, last_known_size)
+        self.transport = Transport(redis, timeout=timeout, load_timeout=load_timeout)
+        self.versions = VersionResolver(self.transport, namespace)
+        self.outage = Outage(retry_interval)
+        self.counts = AnswerCounts(self.transport.client,
+                                   lambda model: self.versions.keys(model).lookups)
         self.namespace = namespace
         self.on_error = on_error
-        self.retry_interval = float(retry_interval)
-        self._keys: dict[str, ModelKeys] = {}
-        self._current: dict[str, VersionState] = {}  # model -> last version seen current
-        self._states: dict[bytes, VersionState] = {}  # "{tag}|current value" -> state
-        self._last: dict | None = {} if on_error == "last_known" else None
-        self._last_size = int(last_known_size)
-        self._down_until = 0.0
-        self._last_error: Exception | None = None
-        self._lock = threading.Lock()
-        self._total: Counter = Counter()       # (model, version, source) -> answers
-        self._unflushed: Counter = Counter()
-        self._next_flush = time.monotonic() + COUNT_FLUSH
-        self._flush_counts = True
 
     @classmethod
     def from_settings(cls, settings, **kwargs) -> TopK:
@@ -249,82 +156,15 @@ class TopK:
                    "on_error": settings.redis_on_error, **kwargs}
         return cls(settings.redis_url, **options)
 
-    # ------------------------------------------------------------------ connection
-    def _send(self, keys: ModelKeys, bucket: int, commands: list[tuple]) -> list:
-        """:func:`~pipeline.serving.redis_wire.round_trip` on this thread's connection to the
-        node serving ``bucket`` of ``keys``' model (``BUCKETS``: the model tag). A dropped
-        connection (e.g. after a Redis restart) or, on a cluster, a ``MOVED`` reply or a node
-        that stopped answering refreshes the route and is tried once more; then
-        :class:`_Down`."""
-        for attempt in (0, 1):
-            try:
-                return round_trip(self._routes.table(keys)[bucket], commands)
-            except Exception as err:
-                self._retry_or_raise(err, attempt)
-
-    def _send_many(self, keys: ModelKeys, commands: list[tuple[int, tuple]]) -> list:
-        """``(bucket, command)`` pairs in one round trip per node, all nodes at once; replies
-        in order. Retried like :meth:`_send`."""
-        for attempt in (0, 1):
-            table = self._routes.table(keys)
-            groups: dict[int, tuple] = {}
-            for i, (bucket, command) in enumerate(commands):
-                conn = table[bucket]
-                group = groups.get(id(conn))
-                if group is None:
-                    group = groups[id(conn)] = (conn, [], [])
-                group[1].append(i)
-                group[2].append(command)
-            try:
-                replies = round_trips([(conn, cmds) for conn, _, cmds in groups.values()])
-            except Exception as err:
-                self._retry_or_raise(err, attempt)
-                continue
-            out: list = [None] * len(commands)
-            for (_, order, _), got in zip(groups.values(), replies):
-                for i, reply in zip(order, got):
-                    out[i] = reply
-            return out
-
-    def _retry_or_raise(self, err: Exception, attempt: int) -> None:
-        """Return to try again, or raise: :class:`_Down` for a server that is gone, slow or
-        (cluster) failing over; the error itself otherwise. On a cluster every such failure
-        re-reads the slot map first (a timeout too: a primary cut off by the network is
-        failed over like a dead one, and the next attempt after the retry interval must go to
-        its replica); a timeout is never retried at once (the caller's latency budget)."""
-        import redis
-        from redis.exceptions import AskError, ClusterDownError, TryAgainError
-
-        if isinstance(err, (AskError, TryAgainError)):   # MOVED/ASK: the slot map changed
-            self._refresh_routes(err)
-            if attempt:
-                raise _Down(err) from err
-        elif isinstance(err, ClusterDownError):
-            raise _Down(err) from err
-        elif isinstance(err, (redis.ResponseError, redis.AuthenticationError)):
-            raise err
-        elif isinstance(err, (redis.ConnectionError, redis.TimeoutError, OSError)):
-            if self._cluster:
-                self._refresh_routes(err)
-            if attempt or isinstance(err, redis.TimeoutError):
-                raise _Down(err) from err
-        else:
-            raise err
-
-    def _refresh_routes(self, err: Exception) -> None:
-        try:
-            self._routes.refresh()
-        except Exception as failed:   # no node answers
-            raise _Down(failed) from err
+    @property
+    def retry_interval(self) -> float:
+        return self.outage.retry_interval
 
     def close(self) -> None:
         """Flush the answer counts and close the connections of this client."""
-        if self._flush_counts and self._unflushed and not self._down_until:
-            self._flush()
-        self._routes.close()
-        self._client.close()
-        if self._bulk is not self._client:
-            self._bulk.close()
+        if self.counts.enabled and self.counts.unflushed and not self.outage.active:
+            self.counts.flush()
+        self.transport.close()
 
     def __enter__(self):
         return self
@@ -343,7 +183,7 @@ class TopK:
         [(1193, 4.25), (661, 3.5)]
         """
         rec = self._recommend(model, user, k)
-        self._count(model, rec)
+        self.counts.add(model, rec)
         return rec
 
     def recommend_many(self, model: str, users, k: int = 10) -> list[Recommendation]:
@@ -356,7 +196,7 @@ class TopK:
         """
         out = self._recommend_many(model, users, k)
         for rec in out:
-            self._count(model, rec)
+            self.counts.add(model, rec)
         return out
 
     def rank(self, model: str, candidates, k: int = 10, query=None) -> Recommendation:
@@ -387,7 +227,7 @@ class TopK:
         best = np.argsort(-scores, kind="stable")[:k]
         rec = Recommendation(model, query, [(candidates[i][0], float(scores[i])) for i in best],
                              st.version, st.sources["scored"], stale)
-        self._count(model, rec)
+        self.counts.add(model, rec)
         return rec
 
     def predict_rating(self, model: str, features=None, text=None) -> Prediction:
@@ -406,7 +246,6 @@ class TopK:
         return Prediction(model, int(st.scorer.predict_rating(X)[0]),
                           float(st.scorer.score(X)[0]), st.version, stale)
 
-    # ------------------------------------------------------------------ answer sources
     def stats(self) -> dict:
         """How this client's answers came about, per model: ``{model: {source: count}}``
         (sources as in :class:`Recommendation`; ``stale`` counts last-known answers).
@@ -416,79 +255,51 @@ class TopK:
         >>> topk.stats()  # doctest: +SKIP
         {'movies': {'precomputed': 9812, 'fallback': 188}}
         """
-        out: dict = {}
-        for (model, _, source), n in self._total.items():
-            out.setdefault(model, {}).setdefault(source, 0)
-            out[model][source] += n
-        return out
+        return self.counts.stats()
 
-    def _count(self, model: str, rec: Recommendation) -> None:
-        key = (model, rec.version, "stale" if rec.stale else rec.source)
-        self._total[key] += 1
-        self._unflushed[key] += 1
-        if self._flush_counts and time.monotonic() >= self._next_flush:
-            self._flush()
-
-    def _flush(self) -> None:
-        """Add the counts since the last flush to the model's ``lookups`` hash in Redis (one
-        round trip every ``COUNT_FLUSH`` seconds at most), where ``rankstream models`` reads
-        the share of fallback answers. Best effort: a replica that refuses writes turns it
-        off, a failure loses only these counts."""
-        import redis
-
-        self._next_flush = time.monotonic() + COUNT_FLUSH
-        counts, self._unflushed = self._unflushed, Counter()
-        pipe = self._client.pipeline(transaction=False)
-        for (model, version, source), n in counts.items():
-            pipe.hincrby(self._model_keys(model).lookups, f"{version}:{source}", n)
-        try:
-            pipe.execute()
-        except redis.ResponseError:       # READONLY replica, NOPERM: stop trying
-            self._flush_counts = False
-        except (redis.RedisError, OSError):
-            pass
-
+    # ------------------------------------------------------------------ fast paths
     def _recommend(self, model: str, user, k: int) -> Recommendation:
-        st = self._current.get(model)
-        if st is not None and not self._down_until:
+        """One round trip for a user with a precomputed list of the version last seen."""
+        st = self.versions.current.get(model)
+        if st is not None and not self.outage.active:
             if st.per_key and user is not None and 0 <= k and (k <= st.top_k or not st.rank):
                 key = user if type(user) is str else key_of(user)
-                b = ((crc32(key.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
+                b = bucket_of(key)
                 try:
-                    ptr, value = self._send(st.keys, b, [("MGET", st.pointer_keys[b],
-                                                          st.topk_prefixes[b] + key)])[0]
-                except _Down as down:
+                    ptr, value = self.transport.send(st.keys, b, [
+                        ("MGET", st.pointer_keys[b], st.topk_prefixes[b] + key)])[0]
+                except Down as down:
                     return self._failed(model, [user], k, down.err)[0]
                 if value is not None and ptr is not None and ptr.startswith(st.pointer_prefix):
                     rec = Recommendation(model, user, _pairs(st, value, k, key), st.version,
                                          st.sources["precomputed"])
-                    if self._last is not None:
-                        self._remember(model, key, rec)
+                    if self.policy.remembers:
+                        self.policy.remember(model, key, rec)
                     return rec
             elif not st.per_key:
                 try:
-                    cur = self._send(st.keys, BUCKETS, [("GET", st.keys.current)])[0]
-                except _Down as down:
+                    cur = self.transport.send(st.keys, BUCKETS, [("GET", st.keys.current)])[0]
+                except Down as down:
                     return self._failed(model, [user], k, down.err)[0]
                 if st.names(cur):
                     return self._global(st, user, k)
         return self._resolve(model, [user], k)[0]
 
     def _recommend_many(self, model: str, users, k: int) -> list[Recommendation]:
+        """One round trip per node for a batch of users with precomputed lists."""
         users = list(users)
-        st = self._current.get(model)
+        st = self.versions.current.get(model)
         if not users:
             return []
-        if (st is not None and st.per_key and not self._down_until and 0 <= k
+        if (st is not None and st.per_key and not self.outage.active and 0 <= k
                 and (k <= st.top_k or not st.rank) and None not in users):
             keys = [u if type(u) is str else key_of(u) for u in users]
-            buckets = [((crc32(x.encode()) * BUCKET_MIX) & 0xFFFFFFFF) >> BUCKET_SHIFT
-                       for x in keys]
+            buckets = [bucket_of(x) for x in keys]
             prefixes = st.topk_prefixes
             try:
-                pointers, values, _ = self._bucket_mget(
+                pointers, values, _ = self.transport.bucket_mget(
                     st, buckets, [prefixes[b] + x for b, x in zip(buckets, keys)])
-            except _Down as down:
+            except Down as down:
                 return self._failed(model, users, k, down.err)
             first = pointers[0]       # synced pointers are equal bytes: one C-level count
             if ((first is not None and first.startswith(st.pointer_prefix)
@@ -497,69 +308,23 @@ class TopK:
                 source = st.sources["precomputed"]
                 out = [Recommendation(model, u, _pairs(st, v, k, x), st.version, source)
                        for u, x, v in zip(users, keys, values)]
-                if self._last is not None:
+                if self.policy.remembers:
                     for x, rec in zip(keys, out):
-                        self._remember(model, x, rec)
+                        self.policy.remember(model, x, rec)
                 return out
         return self._resolve(model, users, k)
 
-    def _bucket_mget(self, st: VersionState, buckets: list[int], names: list[str],
-                     per: int = 1, extra: list[tuple[int, tuple]] = ()) -> tuple[list, list,
-                                                                                  list]:
-        """Read ``names`` (``per`` consecutive keys for each item; item ``i``'s keys lie in
-        bucket ``buckets[i]``) with the pointer of every bucket involved, in one round trip:
-        (pointer values, the values in the order of ``names``, replies of the ``extra``
-        commands). A single Redis gets one ``MGET`` (atomic over all of it); a cluster one
-        ``MGET`` per bucket (its pointer and keys share a slot), pipelined per node."""
-        ptr_keys = st.pointer_keys
-        if not self._cluster:
-            distinct = list(dict.fromkeys(buckets))
-            n = len(distinct)
-            command = ("MGET", *[ptr_keys[b] for b in distinct], *names)
-            if not extra:
-                reply = self._send(st.keys, 0, [command])[0]
-                return reply[:n], reply[n:], []
-            replies = self._send(st.keys, 0, [*(c for _, c in extra), command])
-            return replies[-1][:n], replies[-1][n:], replies[:-1]
-        rows_of: dict[int, list[int]] = {}
-        for i, b in enumerate(buckets):
-            rows = rows_of.get(b)
-            if rows is None:
-                rows_of[b] = [i]
-            else:
-                rows.append(i)
-        commands = list(extra)
-        for b, rows in rows_of.items():
-            commands.append((b, ("MGET", ptr_keys[b],
-                                 *[names[j] for i in rows for j in range(i * per, i * per + per)])))
-        replies = self._send_many(st.keys, commands)
-        pointers = []
-        values: list = [None] * len(names)
-        for rows, reply in zip(rows_of.values(), replies[len(extra):]):
-            pointers.append(reply[0])
-            at = 1
-            for i in rows:
-                values[i * per:i * per + per] = reply[at:at + per]
-                at += per
-        return pointers, values, replies[:len(extra)]
-
     # ------------------------------------------------------------------ slow path
-    def _model_keys(self, model: str) -> ModelKeys:
-        keys = self._keys.get(model)
-        if keys is None:
-            keys = self._keys[model] = ModelKeys(self.namespace, model)
-        return keys
-
     def _resolve(self, model: str, users: list, k: int) -> list[Recommendation]:
         if k < 0:
             raise ValueError(f"k is {k}, it must be >= 0")
 
         def attempt():
             out = self._resolve_once(model, users, k)
-            if self._last is not None:
+            if self.policy.remembers:
                 for u, rec in zip(users, out):
                     if rec.user is not None:
-                        self._remember(model, key_of(u), rec)
+                        self.policy.remember(model, key_of(u), rec)
             return out
 
         return self._guarded(model, attempt,
@@ -569,42 +334,27 @@ class TopK:
         """(current version with its scorer loaded, stale): the last version's when Redis is
         down and the policy is last-known."""
         def attempt():
-            st = self._current_state(model)
-            load_scorer(self._bulk, st)
+            st = self.versions.current_state(model)
+            load_scorer(self.transport.bulk, st)
             return st, False
 
         def failed(err, again):
-            msg = self._went_down(err, again)
-            st = self._current.get(model)
-            if self._last is None or st is None or st.scorer is None:
-                raise RedisUnavailable(msg + ("" if self._last is None else
-                                              f"; and no cached model for {model!r}")) from err
-            return st, True
+            message = self._went_down(err, again)
+            return self.policy.scorer_state(model, self.versions.current.get(model), message,
+                                            err), True
 
         return self._guarded(model, attempt, failed)
 
     def _guarded(self, model: str, attempt, failed):
-        """``attempt()``, again while versions vanish under it or a batch straddles a pointer
-        move (after a short wait; from attempt ``_REPAIR_AT`` on it moves the pointers itself,
-        in case the publisher died between its flip and the pointers); ``failed(err, again)``
-        when Redis is down (``again``: a new failure, not the retry interval of an old one)."""
-        if self._down_until:
-            if time.monotonic() < self._down_until:
-                return failed(self._last_error, False)
-            self._down_until = 0.0
-        straddled = 0
+        """``attempt()`` through the resolver's retries; ``failed(err, again)`` when Redis is
+        down (``again``: a new failure, not the retry interval of an old one)."""
+        if self.outage.active:
+            if self.outage.waiting():
+                return failed(self.outage.error, False)
+            self.outage.clear()
         try:
-            for n in range(_ATTEMPTS):
-                try:
-                    return attempt()
-                except _Straddles:
-                    straddled += 1
-                    if n >= _REPAIR_AT:
-                        self._repair(model)
-                    time.sleep(min(0.001 * 2 ** n, 0.1))
-                except Vanished:
-                    continue
-        except _Down as down:
+            return self.versions.retrying(model, attempt)
+        except Down as down:
             return failed(down.err, True)
         except Exception as err:
             import redis
@@ -613,76 +363,11 @@ class TopK:
                     err, redis.AuthenticationError):
                 return failed(err, True)
             raise
-        if straddled:
-            raise LayoutError(f"model {model!r}: the bucket pointers did not agree on one version "
-                              f"in {_ATTEMPTS} tries (a pointer move that does not finish: run "
-                              "`rankstream rollback --to <current version>` to move them)")
-        raise LayoutError(f"model {model!r}: the current version vanished {_ATTEMPTS} times "
-                          "while being read (publishing faster than versions are kept?)")
-
-    def _repair(self, model: str) -> None:
-        """Best effort: copy ``current`` to the bucket pointers behind it (a reader on a replica
-        cannot; then only a publish or rollback will)."""
-        from pipeline.serving.versions import sync_pointers
-
-        try:
-            sync_pointers(self._bulk, self._model_keys(model), attempts=1)
-        except Exception:
-            pass
-
-    def _state(self, keys: ModelKeys, raw: bytes, key: str | None = None) -> VersionState:
-        """The (cached) state of the version a ``current``/pointer value names."""
-        version, publish_id, _ = parse_pointer(raw, key or keys.current)
-        cache_key = f"{keys.tag}|{version}:{publish_id}"
-        st = self._states.get(cache_key)
-        if st is None:
-            st = load_version_state(self._bulk, keys, raw, key)
-            with self._lock:
-                if len(self._states) >= 16:
-                    self._states.pop(next(iter(self._states)))
-                self._states[cache_key] = st
-        return st
-
-    def _current_state(self, model: str) -> VersionState:
-        """The state of the version ``current`` names now (one round trip once cached)."""
-        import redis
-
-        keys = self._model_keys(model)
-        try:
-            raw = self._send(keys, BUCKETS, [("GET", keys.current)])[0]
-        except redis.ResponseError as err:
-            raise LayoutError(f"{keys.current} is not a string key ({err})") from None
-        if raw is None:
-            raise UnknownModelError(f"model {model!r} has no published version in namespace "
-                                    f"{self.namespace!r} at {self._where} ({keys.current} does "
-                                    "not exist)")
-        st = self._state(keys, raw)
-        self._current[model] = st
-        return st
-
-    def _check_pointers(self, st: VersionState, pointers: list) -> None:
-        """Return when every pointer names ``st``; else follow the newest one (the version
-        lookups use from now on) and raise :class:`Vanished` to ask again, or
-        :class:`_Straddles` when the pointers name different versions (a pointer move in
-        progress) or some are missing."""
-        if all(map(st.names, pointers)):
-            return
-        keys = st.keys
-        if any(p is None for p in pointers):
-            self._current_state(keys.model)   # UnknownModelError when nothing is published
-            raise _Straddles(st.version)
-        where = f"a bucket pointer of {keys.tag}"
-        parsed = [(parse_pointer(p, where)[2], p) for p in pointers]
-        newest = max(parsed)[1]
-        self._current[keys.model] = self._state(keys, newest, where)
-        if len({p[:p.rindex(b":")] for _, p in parsed}) > 1:
-            raise _Straddles(st.version)
-        raise Vanished(st.version)
 
     def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
-        st = self._current.get(model)
+        st = self.versions.current.get(model)
         if st is None or not st.per_key:
-            st = self._current_state(model)
+            st = self.versions.current_state(model)
         if not st.per_key:
             return [self._global(st, u, k) for u in users]
         if None in users:   # no user given: the version's list for everyone (the fallback)
@@ -697,9 +382,9 @@ class TopK:
         names = [key_of(u) for u in users]
         buckets = [bucket_of(x) for x in names]
         prefixes = st.topk_prefixes
-        pointers, lists, _ = self._bucket_mget(
+        pointers, lists, _ = self.transport.bucket_mget(
             st, buckets, [prefixes[b] + x for b, x in zip(buckets, names)])
-        self._check_pointers(st, pointers)
+        self.versions.check_pointers(st, pointers)
         out: list = [None] * len(users)
         need = []
         for i, value in enumerate(lists):
@@ -719,13 +404,13 @@ class TopK:
                  for i in need if lists[i] is None]
         if st.rank:
             rest = [buckets[i] for i in need]
-            pointers, factors, exists = self._bucket_mget(
+            pointers, factors, exists = self.transport.bucket_mget(
                 st, rest, [n for i, b in zip(need, rest) for n in
                            (st.user_prefixes[b] + names[i], st.seen_prefixes[b] + names[i])],
                 2, extra)
-            self._check_pointers(st, pointers)
+            self.versions.check_pointers(st, pointers)
         else:
-            exists = self._send_many(st.keys, extra) if extra else []
+            exists = self.transport.send_many(st.keys, extra) if extra else []
         exists = iter(exists)
         for j, i in enumerate(need):
             if lists[i] is None and next(exists):
@@ -746,7 +431,7 @@ class TopK:
 
     def _on_demand(self, st: VersionState, u_raw: bytes, seen_raw, k: int, name: str,
                    bucket: int) -> list:
-        V, b = load_factors(self._bulk, st)
+        V, b = load_factors(self.transport.bulk, st)
         u = unpack_f32(u_raw, st.user_prefixes[bucket] + name)
         if u.shape != (st.rank,):
             raise LayoutError(f"{st.user_prefixes[bucket] + name} holds {u.size} floats, the "
@@ -769,59 +454,14 @@ class TopK:
                               st.sources["global"])
 
     # ------------------------------------------------------------------ failure policy
-    def _remember(self, model: str, key: str, rec: Recommendation) -> None:
-        last = self._last
-        last.pop((model, key), None)
-        last[(model, key)] = rec
-        if len(last) > self._last_size:
-            try:  # the oldest entry; another thread may resize the dict meanwhile
-                last.pop(next(iter(last)), None)
-            except (RuntimeError, StopIteration):
-                pass
-
     def _went_down(self, err, again: bool) -> str:
         """Start the retry interval (on a new failure) and say what happened."""
         if again:
-            self._last_error = err
-            self._down_until = time.monotonic() + self.retry_interval
-        return (f"Redis at {self._where} is unavailable ({type(err).__name__}: {err}); "
-                f"next attempt in up to {self.retry_interval:g} s")
+            self.outage.begin(err)
+        return (f"Redis at {self.transport.where} is unavailable ({type(err).__name__}: "
+                f"{err}); next attempt in up to {self.outage.retry_interval:g} s")
 
     def _failed(self, model: str, users: list, k: int, err, again: bool = True) -> list:
-        msg = self._went_down(err, again)
-        if self._last is None:
-            raise RedisUnavailable(msg) from err
-        st = self._current.get(model)
-        out = []
-        for u in users:
-            rec = self._last.get((model, key_of(u))) if u is not None else None
-            if rec is not None:
-                out.append(replace(rec, items=rec.items[:k], stale=True))
-            elif st is not None:
-                source = (st.sources["global"] if not st.per_key else
-                          "fallback" if st.global_items is not None else "missing")
-                out.append(Recommendation(model, u, st.global_answer(k), st.version, source,
-                                          stale=True))
-            else:
-                raise RedisUnavailable(msg + f"; and no last-known answer for model {model!r}")
-        return out
-
-
-class _Down(Exception):
-    def __init__(self, err):
-        super().__init__(str(err))
-        self.err = err
-
-
-class _Straddles(Vanished):
-    """A batch's bucket pointers name different versions (or some are missing): a pointer
-    move is under way; ask again shortly."""
-
-
-def _describe(client) -> str:
-    """Where a given client connects, for messages (no password)."""
-    if is_cluster(client):
-        node = client.get_default_node()
-        return f"cluster node {node.host}:{node.port}" if node else "a cluster"
-    kw = client.connection_pool.connection_kwargs
-    return kw.get("path") or f"{kw.get('host')}:{kw.get('port')}"
+        message = self._went_down(err, again)
+        return self.policy.answers(model, users, k, self.versions.current.get(model), message,
+                                   err)

@@ -29,15 +29,14 @@ from datetime import datetime, timezone
 import numpy as np
 
 from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.artifact_kinds import kind_of
 from pipeline.serving.layout import (
     BUCKETS,
     FORMAT_VERSION,
-    PAIR_DTYPE,
     ModelKeys,
     VersionKeys,
     bucket_of,
     pack_f32,
-    pack_i32,
     pack_ids,
     pack_keys,
     pack_pairs,
@@ -55,7 +54,7 @@ from pipeline.serving.versions import (
     sync_pointers,
     versions,
 )
-from solvers.topk import topk_of_scores, user_topk_blocks
+from solvers.topk import topk_of_scores
 
 __all__ = ["PublishResult", "SupersededError", "publish", "rollback", "versions", "prune"]
 
@@ -86,13 +85,7 @@ def _now() -> str:
 def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: int,
           global_role: str, buckets: np.ndarray) -> dict:
     n_item_chunks = -(-art.n_items // ITEM_CHUNK)
-    n_lists = n_factor = n_seen = 0
-    if art.kind == "user_item":
-        n_factor = art.n_keys
-        n_lists = art.n_keys if art.precompute is None else int(art.precompute.sum())
-        n_seen = 0 if art.seen_indptr is None else int((np.diff(art.seen_indptr) > 0).sum())
-    elif art.kind == "query_docs":
-        n_lists = int((np.diff(art.list_indptr) > 0).sum())
+    counts = kind_of(art.kind).counts(art)
     return {
         "format_version": FORMAT_VERSION, "kind": art.kind, "model": model, "version": version,
         "publish_id": publish_id, "status": "writing", "algorithm": art.algorithm,
@@ -105,24 +98,9 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
         "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": KEY_CHUNK,
         "bucket_keys": json.dumps(np.bincount(buckets, minlength=BUCKETS).tolist()),
-        "n_lists": n_lists, "n_factor_keys": n_factor, "n_seen_keys": n_seen,
+        **counts,
         "global": global_role, "scorer": art.scorer.kind if art.scorer is not None else "none",
     }
-
-
-def _global_scores(art: ModelArtifact) -> tuple[np.ndarray | None, str]:
-    if art.kind == "predicted_ratings" and art.fallback_scores is not None:
-        return art.fallback_scores, "model"   # the ranking score, not the rating
-    if art.kind in ("global_list", "predicted_ratings"):
-        return art.item_scores, "model"
-    if art.fallback_scores is not None:
-        return art.fallback_scores, "fallback"
-    if art.kind == "user_item":  # the mean user's list
-        scores = art.item_factors @ art.user_factors.mean(axis=0, dtype=np.float64)
-        if art.item_bias is not None:
-            scores = scores + art.item_bias
-        return scores.astype(np.float32), "fallback"
-    return None, "none"
 
 
 def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact) -> None:
@@ -135,80 +113,6 @@ def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact) -> None:
             w.set(vk.item_bias(c), pack_f32(art.item_bias[lo:hi]))
         if art.item_scores is not None:
             w.set(vk.item_values(c), pack_f32(art.item_scores[lo:hi]))
-
-
-def _slices(buf: bytes, starts, stops) -> list:
-    mv = memoryview(buf)
-    return [mv[a:b] for a, b in zip(starts, stops)]
-
-
-def _write_user_lists(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
-                      buckets: np.ndarray, top_k: int, progress) -> float:
-    """Per-user factors, seen lists and precomputed top-K lists; returns compute seconds."""
-    n = art.n_keys
-    rank = art.rank
-    u_bytes = pack_f32(art.user_factors)
-    prefixes = vk.bucket_prefixes
-    bucket_list = buckets.tolist()
-    w.mset_buckets([prefixes[b] + "u:" + k for b, k in zip(bucket_list, key_strs)],
-                   _slices(u_bytes, range(0, n * rank * 4, rank * 4),
-                           range(rank * 4, (n + 1) * rank * 4, rank * 4)), buckets)
-    if art.seen_indptr is not None:
-        has = np.flatnonzero(np.diff(art.seen_indptr) > 0)
-        seen_bytes = pack_i32(art.seen_indices)
-        ptr = art.seen_indptr * 4
-        w.mset_buckets([prefixes[bucket_list[u]] + "seen:" + key_strs[u] for u in has.tolist()],
-                       _slices(seen_bytes, ptr[has].tolist(), ptr[has + 1].tolist()),
-                       buckets[has])
-    blocks = user_topk_blocks(art.user_factors, art.item_factors, top_k,
-                              item_bias=art.item_bias, seen_indptr=art.seen_indptr,
-                              seen_indices=art.seen_indices)
-    mask = art.precompute
-    topk_prefixes = [p + "topk:" for p in prefixes]
-    waited = 0.0
-    while True:
-        t0 = time.perf_counter()
-        blk = next(blocks, None)
-        waited += time.perf_counter() - t0
-        if blk is None:
-            break
-        b, k = blk.indices.shape
-        rec = np.empty((b, k), dtype=PAIR_DTYPE)
-        rec["index"] = blk.indices
-        rec["score"] = blk.scores
-        rows = range(blk.start, blk.start + b)
-        starts = range(0, b * k * 8, k * 8)
-        stops = [s + c * 8 for s, c in zip(starts, blk.counts.tolist())]
-        values = _slices(rec.tobytes(), starts, stops)
-        keys = [topk_prefixes[bucket_list[r]] + key_strs[r] for r in rows]
-        block_buckets = buckets[blk.start:blk.start + b]
-        if mask is not None:
-            sel = mask[blk.start:blk.start + b]
-            keys = [x for x, s in zip(keys, sel.tolist()) if s]
-            values = [x for x, s in zip(values, sel.tolist()) if s]
-            block_buckets = block_buckets[sel]
-        w.mset_buckets(keys, values, block_buckets)
-        if progress is not None:
-            progress.update(b)
-    return waited
-
-
-def _write_query_lists(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, key_strs: list[str],
-                       buckets: np.ndarray, top_k: int) -> None:
-    indptr, docs, scores = art.list_indptr, art.list_items, art.list_scores
-    rows = np.repeat(np.arange(art.n_keys), np.diff(indptr))
-    order = np.lexsort((docs, -scores, rows))  # per query: score desc, then doc index
-    rank_in_row = np.arange(len(order)) - indptr[rows[order]]
-    keep = order[rank_in_row < top_k]
-    packed = pack_pairs(docs[keep], scores[keep])
-    counts = np.minimum(np.diff(indptr), top_k)
-    ends = np.cumsum(counts) * PAIR_DTYPE.itemsize
-    starts = ends - counts * PAIR_DTYPE.itemsize
-    has = np.flatnonzero(counts > 0)
-    prefixes = vk.bucket_prefixes
-    w.mset_buckets([prefixes[b] + "topk:" + key_strs[q]
-                    for q, b in zip(has.tolist(), buckets[has].tolist())],
-                   _slices(packed, starts[has].tolist(), ends[has].tolist()), buckets[has])
 
 
 def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
@@ -269,7 +173,7 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     version = int(client.incr(keys.seq))
     publish_id = secrets.token_hex(8)
     vk = keys.version(version)
-    global_scores, global_role = _global_scores(artifact)
+    global_scores, global_role = kind_of(artifact.kind).global_scores(artifact)
     meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets)
     client.sadd(keys.pending, version)
     client.hset(vk.meta, mapping=meta)
@@ -335,20 +239,16 @@ def _write_all(w: ShardWriter, vk: VersionKeys, artifact: ModelArtifact, model_n
         w.set(vk.scorer, artifact.scorer.to_bytes())
     if global_scores is not None:
         w.set(vk.global_list, pack_pairs(*topk_of_scores(global_scores, top_k)))
-    waited = 0.0
-    if artifact.kind == "user_item":
-        bar = None
-        if progress:
-            from tqdm import tqdm
+    bar = None
+    if progress and kind_of(artifact.kind).per_key:
+        from tqdm import tqdm
 
-            # disable=None: drawn only on a terminal, never into a log file or a pipe
-            bar = tqdm(total=artifact.n_keys, unit="user", desc=f"publish {model_name}",
-                       disable=None)
-        try:
-            waited = _write_user_lists(w, vk, artifact, key_strs, buckets, top_k, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-    elif artifact.kind == "query_docs":
-        _write_query_lists(w, vk, artifact, key_strs, buckets, top_k)
-    return waited
+        # disable=None: drawn only on a terminal, never into a log file or a pipe
+        bar = tqdm(total=artifact.n_keys, unit="key", desc=f"publish {model_name}",
+                   disable=None)
+    try:
+        return kind_of(artifact.kind).write_lists(w, vk, artifact, key_strs, buckets, top_k,
+                                                  bar)
+    finally:
+        if bar is not None:
+            bar.close()

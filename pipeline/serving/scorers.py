@@ -181,21 +181,10 @@ class Scorer:
         return sp.csr_matrix(X)[:, self.arrays["columns"]]
 
     def _estimator(self):
-        """The solver's estimator with only the fitted attributes prediction reads."""
-        if self._model is not None:
-            return self._model
-        from solvers import NPSVOR, KernelRankSVM
+        """The solver's estimator with only the fitted attributes prediction reads: the one
+        whose ``scorer_kind`` is this scorer's kind rebuilds itself (``from_scorer``)."""
+        if self._model is None:
+            from solvers import scorer_estimator
 
-        a, p = self.arrays, self.params
-        if self.kind == "ordinal_linear":
-            m = NPSVOR(predictor=p["predictor"])
-            m.coef_ = a["coef"].astype(np.float64)
-            m.intercept_, m.classes_ = a["intercept"], a["classes"]
-            m.n_features_in_ = m.coef_.shape[1]
-        else:
-            m = KernelRankSVM(kernel=p["kernel"], degree=p["degree"], coef0=p["coef0"])
-            m.support_vectors_ = a["support_vectors"].astype(np.float64)
-            m.dual_coef_, m.gamma_ = a["dual_coef"], p["gamma"]
-            m.n_features_in_ = p["n_features"]
-        self._model = m
-        return m
+            self._model = scorer_estimator(self.kind).from_scorer(self.params, self.arrays)
+        return self._model

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.serving.artifact_kinds import KINDS
 from pipeline.serving.layout import (
     BUCKETS,
     FORMAT_VERSION,
-    KINDS,
     LayoutError,
     ModelKeys,
     decode_pairs,
@@ -27,7 +27,6 @@ from pipeline.serving.layout import (
     unpack_ids,
 )
 
-PER_KEY_KINDS = ("user_item", "query_docs")
 OWN_SOURCES = ("precomputed", "on_demand", "global", "scored")   # the version's own answers
 
 
@@ -89,7 +88,8 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     if meta.get("publish_id") != publish_id or meta.get("status") != "complete":
         raise Vanished(version)  # replaced or being deleted since current was read
     if meta.get("kind") not in KINDS:
-        raise LayoutError(f"{vk.meta} has kind {meta.get('kind')!r}, expected one of {KINDS}")
+        raise LayoutError(f"{vk.meta} has kind {meta.get('kind')!r}, expected one of "
+                          f"{tuple(KINDS)}")
     if meta.get("buckets") != str(BUCKETS):
         raise LayoutError(f"{vk.meta} has buckets {meta.get('buckets')!r}, format "
                           f"{FORMAT_VERSION} has {BUCKETS}")
@@ -99,7 +99,7 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     st.pointer_prefix = f"{version}:{publish_id}:".encode()
     st.keys, st.vkeys, st.pointer_keys = keys, vk, keys.pointers
     st.kind = meta["kind"]
-    st.per_key = st.kind in PER_KEY_KINDS
+    st.per_key = KINDS[st.kind].per_key
     for name in ("n_items", "top_k", "rank", "n_lists", "n_factor_keys", "n_keys",
                  "n_item_chunks"):
         setattr(st, name, _int(meta, name, vk.meta))

@@ -13,7 +13,6 @@ from urllib.parse import quote
 
 from pipeline.settings import Settings
 from pipeline.training import retrain
-from pipeline.training.config import load_models
 
 KAFKA_CONN, REDIS_CONN = "rankstream_kafka", "rankstream_redis"
 
@@ -64,16 +63,18 @@ def settings() -> Settings:
 LOCK_WAIT = 3600.0
 
 
-def _locked(model: str, step):
+def _locked(config: str, model: str, step, run_dir: str | None = None):
+    """Run ``step(ctx)`` holding the model's lock; Redis is needed only by steps that ask."""
     from pipeline.training.lock import model_lock
 
     s = settings()
+    ctx = retrain.RunContext.of(config, model, s, s.redis_url, run_dir)
     with model_lock(s, model, wait=LOCK_WAIT):
-        return step(s)
+        return step(ctx)
 
 
 def _skip_unless_run(summary: dict) -> dict:
-    if summary.get("run_dir") is None or summary.get("decision") == "no_data":
+    if summary.get("run_dir") is None or summary.get("decision") == retrain.Decision.NO_DATA:
         from airflow.sdk.exceptions import AirflowSkipException
 
         raise AirflowSkipException(f"{summary['model']}: {summary['decision']} "
@@ -82,39 +83,37 @@ def _skip_unless_run(summary: dict) -> dict:
 
 
 def ingest_step(config: str, model: str) -> dict:
-    return retrain.ingest_step(settings(), load_models(config)[model].kinds)
+    return retrain.ingest_step(retrain.RunContext.of(config, model, settings()))
 
 
 def dataset_step(config: str, model: str) -> dict:
-    def step(s):
-        summary = retrain.dataset_step(config, model, s)
-        if summary["decision"] == "unchanged":   # Redis may have lost it meanwhile
-            summary["served"] = retrain.ensure_served(config, model, summary["checkpoint"], s,
-                                                      _redis_url(s))
+    def step(ctx):
+        summary = retrain.dataset_step(ctx)
+        if summary["decision"] == retrain.Decision.UNCHANGED:   # Redis may have lost it
+            summary["served"] = retrain.ensure_served(_with_redis(ctx), summary["checkpoint"])
         return summary
 
-    return _skip_unless_run(_locked(model, step))
+    return _skip_unless_run(_locked(config, model, step))
 
 
 def train_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(model, lambda s: retrain.train_step(config, model, run_dir))
+    return _locked(config, model, retrain.train_step, run_dir)
 
 
 def gate_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(model, lambda s: retrain.gate_step(config, model, run_dir, s, _redis_url(s)))
+    return _locked(config, model, lambda ctx: retrain.gate_step(_with_redis(ctx)), run_dir)
 
 
 def publish_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(model, lambda s: retrain.publish_step(config, model, run_dir, s,
-                                                         _redis_url(s)))
+    return _locked(config, model, lambda ctx: retrain.publish_step(_with_redis(ctx)), run_dir)
 
 
 def prune_step(config: str, model: str) -> dict:
-    return _locked(model, lambda s: retrain.prune_step(config, model, s))
+    return _locked(config, model, retrain.prune_step)
 
 
-def _redis_url(s: Settings) -> str:
-    if not s.redis_url:
+def _with_redis(ctx: retrain.RunContext) -> retrain.RunContext:
+    if not ctx.redis_url:
         raise ValueError(f"no Redis configured: define the Airflow Connection {REDIS_CONN!r} "
                          "(AIRFLOW_CONN_RANKSTREAM_REDIS) or RANKSTREAM_REDIS_URL")
-    return s.redis_url
+    return ctx

@@ -1,5 +1,6 @@
 """Event tables (Arrow, as the store returns them) to the arrays the solvers take: numeric
-columns, id codes and sparse feature matrices."""
+columns, id codes and sparse feature matrices; and sparse matrices to and from the plain arrays
+of a bundle (:func:`csr_to_arrays`, :func:`csr_from_arrays`)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,28 @@ def id_codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray
             pa.array([], pa.dictionary(pa.int32(), pa.string()))
     return (encoded.indices.to_numpy(zero_copy_only=False),
             encoded.dictionary.to_numpy(zero_copy_only=False))
+
+
+def csr_to_arrays(X, prefix: str = "X") -> dict[str, np.ndarray]:
+    """A sparse matrix as the plain arrays of a bundle: ``{prefix}_data``, ``{prefix}_indices``,
+    ``{prefix}_indptr`` and ``{prefix}_shape`` (``np.savez``-able, no pickle).
+
+    >>> from scipy.sparse import csr_matrix
+    >>> arrays = csr_to_arrays(csr_matrix(np.array([[0.0, 2.0], [1.0, 0.0]])))
+    >>> sorted(arrays), arrays["X_shape"].tolist()
+    (['X_data', 'X_indices', 'X_indptr', 'X_shape'], [2, 2])
+    >>> csr_from_arrays(arrays).toarray()
+    array([[0., 2.],
+           [1., 0.]])
+    """
+    X = X.tocsr()
+    return {f"{prefix}_data": X.data, f"{prefix}_indices": X.indices,
+            f"{prefix}_indptr": X.indptr, f"{prefix}_shape": np.array(X.shape)}
+
+
+def csr_from_arrays(arrays: dict, prefix: str = "X"):
+    """The ``scipy.sparse.csr_matrix`` that :func:`csr_to_arrays` flattened into ``arrays``."""
+    from scipy.sparse import csr_matrix
+
+    return csr_matrix((arrays[f"{prefix}_data"], arrays[f"{prefix}_indices"],
+                       arrays[f"{prefix}_indptr"]), shape=tuple(arrays[f"{prefix}_shape"]))

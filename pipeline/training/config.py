@@ -106,7 +106,7 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     try:   # a wrong type or value is refused here, not after a window was read and built
         fam.estimator_class()(**fam.estimator_params(params)).validate_params()
         if params.get("rating_range") is not None:
-            from pipeline.training.datasets import parse_rating_range
+            from pipeline.training.trainers.altsvm_data import parse_rating_range
 
             parse_rating_range(params["rating_range"])
     except (ValueError, TypeError) as err:

@@ -32,8 +32,9 @@ class Family:
     name : str
         The config's ``algorithm`` value.
     estimator : str
-        Class name in :data:`solvers.ESTIMATORS`; its constructor's parameters are what a
-        config's ``params`` table may set (plus ``dataset_params``).
+        Class name in :data:`solvers.ESTIMATORS`, or ``module:Class`` of an estimator on
+        :class:`solvers._base.Estimator` that lives elsewhere; its constructor's parameters
+        are what a config's ``params`` table may set (plus ``dataset_params``).
     trainer : str
         ``module:Class`` of its :class:`pipeline.training.trainers.Trainer`.
     kinds : tuple of str
@@ -70,9 +71,7 @@ class Family:
     tune_axes: dict = field(default_factory=dict)
 
     def estimator_class(self):
-        import solvers
-
-        return getattr(solvers, self.estimator)
+        return _resolve(self.estimator, "solvers")
 
     @cached_property
     def param_names(self) -> tuple[str, ...]:
@@ -88,8 +87,7 @@ class Family:
         return params.get(name, self.dataset_params[name])
 
     def new_trainer(self):
-        module, _, cls = self.trainer.partition(":")
-        return getattr(importlib.import_module(module), cls)(self)
+        return _resolve(self.trainer, "")(self)
 
     def metric_names(self, evaluation: dict) -> tuple[str, ...]:
         """The metrics its evaluation reports, for an ``[evaluation]`` table."""
@@ -176,6 +174,20 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            # the same solver with a linear kernel
            challengers=("linear",)),
 )}
+
+
+def _resolve(path: str, default_module: str):
+    """The object ``module:Name`` names (``Name`` alone: in ``default_module``)."""
+    module, _, name = path.rpartition(":")
+    return getattr(importlib.import_module(module or default_module), name)
+
+
+def register(entry: Family) -> Family:
+    """Add a family (a plugin's, or a test's) to :data:`FAMILIES`; its name must be new."""
+    if entry.name in FAMILIES:
+        raise ValueError(f"algorithm {entry.name!r} is registered already")
+    FAMILIES[entry.name] = entry
+    return entry
 
 
 def family(name: str) -> Family:

@@ -16,7 +16,9 @@ warm start.
 
 Steps: :func:`ingest_step` -> :func:`dataset_step` -> :func:`train_step` (fit with warm start,
 evaluate, write artifact and checkpoint) -> :func:`gate_step` (compare with the published
-metric) -> :func:`publish_step` -> :func:`prune_step`. Each returns a small JSON-able summary.
+metric) -> :func:`publish_step` -> :func:`prune_step`. Each takes the run's
+:class:`RunContext` and returns a small JSON-able summary; a run's outcome is a
+:class:`Decision`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from enum import StrEnum
 from pathlib import Path
 
 from pipeline.settings import Settings
@@ -45,6 +49,48 @@ from solvers.persist import read_bundle, read_json, read_manifest, write_bundle,
 
 KEEP_RUN_DIRS = 5
 DATASET_FORMAT = "rankstream.dataset"
+
+
+class Decision(StrEnum):
+    """What a run did (``summary["decision"]``): a ``str``, so JSON and XCom carry it as is."""
+
+    PENDING = "pending"            # the dataset is built; training comes next
+    NO_DATA = "no_data"            # the window holds nothing to train on
+    UNCHANGED = "unchanged"        # the window the last checkpoint was trained on
+    REPUBLISHED = "republished"    # unchanged, and Redis had lost it: published again
+    TRAINED = "trained"            # trained, and not meant to publish (a trial run)
+    PUBLISHED = "published"
+    REJECTED = "rejected"          # the gate kept what is served
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every step of one model's run reads: the model's config (parsed once), the
+    settings, the Redis URL (``None``: a run that does not publish) and, from the dataset
+    step on, the run directory."""
+
+    model: str
+    cfg: ModelConfig
+    settings: Settings
+    redis_url: str | None = None
+    run_dir: Path | None = None
+
+    @classmethod
+    def of(cls, config, model: str, settings: Settings | None = None,
+           redis_url: str | None = None, run_dir=None) -> "RunContext":
+        """``config``: a models TOML path, or a dict of parsed configs."""
+        return cls(model, _model(config, model), settings or Settings.load(), redis_url,
+                   None if run_dir is None else Path(run_dir))
+
+    def at(self, run_dir) -> "RunContext":
+        return replace(self, run_dir=Path(run_dir))
+
+    def client(self):
+        if self.redis_url is None:
+            raise ValueError("publishing needs a Redis URL (settings.redis_url or redis_url=)")
+        from pipeline.serving.redis_client import as_client
+
+        return as_client(self.redis_url)
 
 
 def _digest(obj) -> str:
@@ -72,8 +118,10 @@ def _dataset(run_dir: Path) -> tuple[dict, dict]:
     return read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT, version=1)
 
 
-def ingest_step(settings: Settings, kinds, *, progress: bool = False) -> dict:
-    """Drain the kinds' Kafka topics into the store (nothing to do in embedded mode)."""
+def ingest_step(ctx: RunContext, *, progress: bool = False) -> dict:
+    """Drain the Kafka topics of the model's kinds into the store (nothing to do in embedded
+    mode)."""
+    settings, kinds = ctx.settings, ctx.cfg.kinds
     if not settings.kafka_bootstrap:
         return {"ingested": 0, "mode": "embedded"}
     from pipeline.ingest.events import default_topic
@@ -86,9 +134,9 @@ def ingest_step(settings: Settings, kinds, *, progress: bool = False) -> dict:
             "seconds": round(summary.seconds, 3), "mode": "kafka"}
 
 
-def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) -> dict:
+def dataset_step(ctx: RunContext, *, cold: bool = False) -> dict:
     """Build the dataset of the current store snapshot into a (new or existing) run dir."""
-    cfg = _model(config, model)
+    cfg, model, settings = ctx.cfg, ctx.model, ctx.settings
     trainer = cfg.family.new_trainer()
     started = time.perf_counter()
     previous = None if cold else latest_checkpoint(settings.checkpoint_dir, model,
@@ -99,7 +147,7 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
     if (previous is not None and previous.manifest.get("config_key") == config_key
             and previous.manifest.get("window", {}).get("end_offsets") == snapshot):
         # same store snapshot and config: the same window, known without building it
-        return {"model": model, "decision": "unchanged", "run_dir": None,
+        return {"model": model, "decision": Decision.UNCHANGED, "run_dir": None,
                 "checkpoint": str(previous.path),
                 "reason": f"checkpoint {previous.run_id} was trained on this exact window"}
     arrays, info = trainer.build(store, cfg, None if previous is None else previous.arrays)
@@ -118,7 +166,7 @@ def dataset_step(config, model: str, settings: Settings, *, cold: bool = False) 
                "run_key": run_key, "data_key": data_key, "config_key": config_key, **info,
                "warm_from": None if previous is None else str(previous.path),
                "dataset_seconds": round(time.perf_counter() - started, 3),
-               "decision": "no_data" if info["n_train"] == 0 else "pending"}
+               "decision": Decision.NO_DATA if info["n_train"] == 0 else Decision.PENDING}
     write_bundle(run_dir / "dataset", arrays,
                  {"format": DATASET_FORMAT, "format_version": 1, **summary})
     return summary
@@ -128,16 +176,15 @@ def _summary(manifest: dict) -> dict:
     return {k: v for k, v in manifest.items() if k not in ("format", "format_version")}
 
 
-def train_step(config, model: str, run_dir, *, trial: bool = False) -> dict:
+def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
     """Fit, warm-started from the checkpoint the dataset step chose; evaluate; write the
     run's artifact and checkpoint once. A checkpoint that cannot warm-start the model is set
     aside only by a run of the very config that made it; a ``trial`` run (one that will not
     publish) or a run of another config trains cold and leaves it alone."""
-    run_dir = Path(run_dir)
+    run_dir, cfg, model = ctx.run_dir, ctx.cfg, ctx.model
     done = read_json(run_dir / "train.json")
     if done:
         return done
-    cfg = _model(config, model)
     trainer = cfg.family.new_trainer()
     ds, arrays = _dataset(run_dir)
     warm, warm_failed, last_arrays, same_config = None, None, None, False
@@ -166,12 +213,15 @@ def train_step(config, model: str, run_dir, *, trial: bool = False) -> dict:
                           "is (it was made by another config, or this run will not publish)",
                           RuntimeWarning, stacklevel=2)
         warm = None
-    metrics = trainer.evaluate(fitted, arrays, cfg)
+    metrics = trainer.evaluate(fitted.model, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()
-    served, refit_info = trainer.refit(fitted, arrays, cfg)   # the holdout learned from too
-    fit_info.update(refit_info)
-    trainer.artifact(served, arrays, cfg, params=cfg.params, metrics=metrics,
-                     trained_at=trained_at).save(run_dir / "artifact")
+    fit_info.update(trainer.refit(fitted, arrays, cfg))   # the holdout learned from too
+    artifact = trainer.artifact(fitted.served, arrays, cfg, params=cfg.params,
+                                metrics=metrics, trained_at=trained_at)
+    if artifact.kind != cfg.family.artifact_kind:   # the registry entry is the contract
+        raise TypeError(f"the {cfg.algorithm} trainer made a {artifact.kind!r} artifact, its "
+                        f"registry entry says {cfg.family.artifact_kind!r}")
+    artifact.save(run_dir / "artifact")
     baselines = {}
     for name, (scores_metrics, scores) in trainer.baselines(arrays, cfg).items():
         baselines[name] = scores_metrics
@@ -179,7 +229,7 @@ def train_step(config, model: str, run_dir, *, trial: bool = False) -> dict:
                                  params={"trivial": name}, metrics=scores_metrics,
                                  trained_at=trained_at, served_as="trivial",
                                  ).save(run_dir / f"trivial-{name}")
-    checkpoint_arrays = trainer.checkpoint(served, arrays)
+    checkpoint_arrays = trainer.checkpoint(fitted, arrays)
     challenger = _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir,
                              trained_at=trained_at)
     if challenger is not None:
@@ -238,7 +288,7 @@ def served_versions(settings: Settings, client, model: str) -> list:
         return []
 
 
-def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
+def gate_step(ctx: RunContext) -> dict:
     """Choose what users get, in the metric's own direction:
 
     1. the model, or its challenger (``gate.challenger``) when the model is worse than it by
@@ -251,11 +301,10 @@ def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -
 
     Records the decision, the reason, the lift over every trivial model and the margin to the
     challenger."""
-    run_dir = Path(run_dir)
+    run_dir, cfg, model = ctx.run_dir, ctx.cfg, ctx.model
     done = read_json(run_dir / "gate.json")
     if done:
         return done
-    cfg = _model(config, model)
     trained = read_json(run_dir / "train.json")
     metric = cfg.metric
     sign = 1.0 if cfg.family.higher_is_better(metric) else -1.0
@@ -290,7 +339,7 @@ def gate_step(config, model: str, run_dir, settings: Settings, redis_url: str) -
     best_trivial = max(trivial, key=lambda n: sign * trivial[n]) if trivial else None
     margin = float(cfg.gate["trivial_margin"])
     publish = candidate
-    served = served_versions(settings, _client(redis_url), model)
+    served = served_versions(ctx.settings, ctx.client(), model)
     never_served = not served
     if value is None or (best_trivial is not None
                          and sign * (value - trivial[best_trivial]) < margin):
@@ -334,21 +383,15 @@ def _fmt(value) -> str:
     return "none" if value is None else f"{value:.4f}"
 
 
-def _client(redis_url: str):
-    from pipeline.serving.redis_client import as_client
-
-    return as_client(redis_url)
-
-
 def _artifact_dir(run_dir: Path, publishes: str) -> Path:
     """Where the gate's choice lives in the run directory."""
     return run_dir / ("artifact" if publishes == "model" else publishes)
 
 
-def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str) -> dict:
+def publish_step(ctx: RunContext) -> dict:
     """Publish the run's artifact as a new version, then commit its checkpoint; once per run
     (a retried step after a crash finds the version it already published by ``trained_at``)."""
-    run_dir = Path(run_dir)
+    run_dir, cfg, model, settings = ctx.run_dir, ctx.cfg, ctx.model, ctx.settings
     done = read_json(run_dir / "published.json")
     if done:
         return done
@@ -358,12 +401,10 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
             "model": model, "published": False, "version": None, "reason": gate["reason"]})
     from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.publish import SupersededError, publish
-    from pipeline.serving.redis_client import as_client
 
-    cfg = _model(config, model)
     ds = _summary(read_manifest(run_dir / "dataset", fmt=DATASET_FORMAT))
     trained = read_json(run_dir / "train.json")
-    client = as_client(redis_url)
+    client = ctx.client()
     published_artifact = _artifact_dir(run_dir, gate["publishes"])
     already = [v for v in served_versions(settings, client, model)
                if v.trained_at == trained["trained_at"] and v.status == "complete"]
@@ -393,29 +434,28 @@ def publish_step(config, model: str, run_dir, settings: Settings, redis_url: str
         "publish_seconds": round(seconds, 3), "reason": gate["reason"]})
 
 
-def ensure_served(config, model: str, checkpoint, settings: Settings, redis_url: str) -> dict:
+def ensure_served(ctx: RunContext, checkpoint) -> dict:
     """After an "unchanged" window: if Redis serves nothing for the model (it was restarted
     empty or flushed), publish the last checkpoint's artifact again. A version that is served
     (even an older one an operator rolled back to) is left alone."""
     from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.publish import publish
-    from pipeline.serving.redis_client import as_client
 
-    if served_versions(settings, as_client(redis_url), model):
+    cfg, model, client = ctx.cfg, ctx.model, ctx.client()
+    if served_versions(ctx.settings, client, model):
         return {"republished": False}
-    cfg = _model(config, model)
-    result = publish(model, ModelArtifact.load(Path(checkpoint) / "artifact"),
-                     as_client(redis_url), top_k=int(cfg.publish["top_k"]),
+    result = publish(model, ModelArtifact.load(Path(checkpoint) / "artifact"), client,
+                     top_k=int(cfg.publish["top_k"]),
                      keep_versions=int(cfg.publish["keep_versions"]),
-                     namespace=settings.namespace)
+                     namespace=ctx.settings.namespace)
     return {"republished": True, "version": result.version,
             "reason": f"Redis served nothing for {model!r}: republished checkpoint "
                       f"{Path(checkpoint).name} as version {result.version}"}
 
 
-def prune_step(config, model: str, settings: Settings) -> dict:
+def prune_step(ctx: RunContext) -> dict:
     """Keep the newest checkpoints (``publish.keep_versions``) and run directories."""
-    cfg = _model(config, model)
+    cfg, model, settings = ctx.cfg, ctx.model, ctx.settings
     removed = prune_checkpoints(settings.checkpoint_dir, model,
                                 keep=int(cfg.publish["keep_versions"]))
     runs = run_dirs(Path(settings.home) / "runs", model)
@@ -430,38 +470,37 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
         progress: bool = False, wait: float = 0.0) -> dict:
     """All steps for one model in this process, holding the model's retrain lock (waiting up
     to ``wait`` seconds for another run to finish); returns a summary for people and XCom."""
-    settings = settings or Settings.load()
-    with model_lock(settings, model, wait=wait):
-        return _run(model, config, settings, redis_url, cold, publish, ingest, progress)
+    ctx = RunContext.of(config, model, settings, redis_url)
+    with model_lock(ctx.settings, model, wait=wait):
+        return _run(ctx, cold, publish, ingest, progress)
 
 
-def _run(model, config, settings, redis_url, cold, publish, ingest, progress) -> dict:
-    cfg = _model(config, model)
+def _run(ctx: RunContext, cold: bool, publish: bool, ingest: bool, progress: bool) -> dict:
     started = time.perf_counter()
-    summary = {"model": model, "algorithm": cfg.algorithm}
+    summary = {"model": ctx.model, "algorithm": ctx.cfg.algorithm}
     if ingest:
-        summary["ingest"] = ingest_step(settings, cfg.kinds, progress=progress)
-    ds = dataset_step(config, model, settings, cold=cold)
+        summary["ingest"] = ingest_step(ctx, progress=progress)
+    ds = dataset_step(ctx, cold=cold)
     summary["dataset"] = ds
-    if ds["decision"] in ("no_data", "unchanged"):
+    if ds["decision"] in (Decision.NO_DATA, Decision.UNCHANGED):
         summary.update(decision=ds["decision"], reason=ds.get("reason", "no events in window"))
-        if ds["decision"] == "unchanged" and publish and redis_url is not None:
-            summary["served"] = ensure_served(config, model, ds["checkpoint"], settings,
-                                              redis_url)
+        if ds["decision"] == Decision.UNCHANGED and publish and ctx.redis_url is not None:
+            summary["served"] = ensure_served(ctx, ds["checkpoint"])
             if summary["served"]["republished"]:
-                summary.update(decision="republished", reason=summary["served"]["reason"])
+                summary.update(decision=Decision.REPUBLISHED,
+                               reason=summary["served"]["reason"])
         return summary
-    summary["train"] = train_step(config, model, ds["run_dir"], trial=not publish)
+    ctx = ctx.at(ds["run_dir"])
+    summary["train"] = train_step(ctx, trial=not publish)
     if publish:
-        if redis_url is None:
-            raise ValueError("publishing needs a Redis URL (settings.redis_url or redis_url=)")
-        gate = gate_step(config, model, ds["run_dir"], settings, redis_url)
-        summary["gate"] = gate
-        summary["publish"] = publish_step(config, model, ds["run_dir"], settings, redis_url)
-        summary["prune"] = prune_step(config, model, settings)
-        summary["decision"] = "published" if summary["publish"]["published"] else "rejected"
+        ctx.client()     # a Redis URL is given (the train command checked Redis is up)
+        summary["gate"] = gate_step(ctx)
+        summary["publish"] = publish_step(ctx)
+        summary["prune"] = prune_step(ctx)
+        summary["decision"] = (Decision.PUBLISHED if summary["publish"]["published"]
+                               else Decision.REJECTED)
         summary["reason"] = summary["publish"]["reason"]
     else:
-        summary["decision"] = "trained"
+        summary["decision"] = Decision.TRAINED
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary

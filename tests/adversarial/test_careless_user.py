@@ -6,7 +6,7 @@ checkpoint (``test_runs.py``), the stop script that did not know its own server
 (``tests/ingest/test_recreated_topic.py``, ``test_broker_restart.py``), an edited or copied
 file (``tests/ingest/test_edited_files.py``), two runs with the same seed
 (``tests/training/test_reproducible.py``) and the top-K of tiny factors
-(``tests/serving/test_topk.py``).
+(``tests/solvers/test_topk.py``).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_res
     from pipeline.ingest.files import ingest_files
     from pipeline.ingest.store import EventStore
     from pipeline.settings import Settings
-    from pipeline.training import datasets
+    from pipeline.training.trainers.altsvm_data import collaborative
 
     settings = Settings(home=tmp_path / "home")
     events = synthetic.rating_events(n_users=40, n_items=30, per_user=8, seed=1)
@@ -146,10 +146,10 @@ def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_res
     assert sum("beyond ±1e+15" in r for r in reasons.to_pylist()) == 2
     assert sum("before 1990-01-01" in r for r in reasons.to_pylist()) == 2
     store = EventStore.from_settings(settings)
-    declared = datasets.collaborative(store, rating_range=[1, 5], holdout=0)
+    declared = collaborative(store, rating_range=[1, 5], holdout=0)
     assert declared.stats["ratings_out_of_range"] == 1 and declared.stats["relevance"] == 4.0
     assert "outside 1..5 (params.rating_range)" in declared.stats["warning"]
-    assert datasets.collaborative(store, holdout=0).stats["relevance"] == 3.0   # -3 stretched it
+    assert collaborative(store, holdout=0).stats["relevance"] == 3.0   # -3 stretched it
     from pipeline.training.config import parse_model
 
     with pytest.raises(ValueError, match=r"params.rating_range is \[5, 1\], expected"):

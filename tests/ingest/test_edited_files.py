@@ -13,7 +13,7 @@ from pipeline.ingest.files import ingest_files
 from pipeline.ingest.ledger import FILE_TOPIC, FileLedger, record_key
 from pipeline.ingest.store import EventStore, legacy_file_topic
 from pipeline.settings import Settings
-from pipeline.training import datasets
+from pipeline.training.trainers.altsvm_data import collaborative
 
 
 def _ratings(n, start=0):
@@ -47,7 +47,7 @@ def test_an_edited_file_stores_changed_and_appended_events(tmp_path, capsys):
     assert summary["events"] == {"rating": 2} and summary["messages"] == 300
     assert summary["already_stored"] == 298
     assert summary["removed"] == [f"{path}: 2"]          # the deleted line, the old version
-    data = datasets.collaborative(EventStore.from_settings(settings), holdout=0)
+    data = collaborative(EventStore.from_settings(settings), holdout=0)
     met = {(data.users.ids[u], data.items.ids[i]): r
            for u, i, r in zip(data.met["user"], data.met["item"], data.met["rating"])}
     changed = edited[4]
@@ -79,7 +79,7 @@ def test_plain_csv_edited_keeps_one_rating_per_user_and_item(tmp_path):
     path.write_text("user,item,rating\n" + "\n".join(rows) + "\n")
     second = ingest_files([path], "rating", settings=settings, progress=False)
     assert second.events == {"rating": 1} and second.removed == [f"{path}: 1"]
-    data = datasets.collaborative(EventStore.from_settings(settings), holdout=0)
+    data = collaborative(EventStore.from_settings(settings), holdout=0)
     assert len(data.met["user"]) == 20
     at = [j for j in range(20) if data.items.ids[data.met["item"][j]] == "i3"]
     assert data.met["rating"][at[0]] == 5

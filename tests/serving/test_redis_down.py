@@ -110,7 +110,7 @@ def test_policy_namespace_and_timeout_come_from_settings(own_redis):
     publish("m", art, own_redis.url, top_k=5, namespace="prod")
     topk = TopK.from_settings(settings)
     assert topk.on_error == "last_known" and topk.namespace == "prod"
-    assert topk._client.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+    assert topk.transport.client.connection_pool.connection_kwargs["socket_timeout"] == 0.25
     fresh = topk.recommend("m", 1, k=5)
     own_redis.stop()
     assert topk.recommend("m", 1, k=5).items == fresh.items

@@ -164,4 +164,4 @@ def test_cached_model_answers_while_redis_is_down(tmp_path, reviews):
     assert stale.stale and (stale.rating, stale.version) == (fresh.rating, fresh.version)
     with pytest.raises(RedisUnavailable):
         strict.predict_rating("reviews", text=texts[3])
-    assert sp.issparse(last._current["reviews"].scorer.rows([texts[3]]))
+    assert sp.issparse(last.versions.current["reviews"].scorer.rows([texts[3]]))

@@ -119,6 +119,26 @@ def test_constructor_is_keyword_only_and_only_stores(case):
     assert not [a for a in vars(model) if a.endswith("_") and not a.startswith("_")]
 
 
+def test_every_parameter_has_a_declared_constraint_and_is_checked(case):
+    """The ``_parameter_constraints`` table names every constructor parameter, and a value no
+    constraint allows (a list: no parameter takes one) is refused with a message naming the
+    parameter and the value."""
+    cls, params, *_ = case
+    assert set(cls._parameter_constraints) == set(cls.param_names())
+    for name in cls.param_names():
+        with pytest.raises(ValueError, match=rf"{name}\b.* is \[7\]|{name} is \[7\]"):
+            cls(**{**params, name: [7]}).validate_params()
+
+
+def test_a_family_without_its_abstract_parts_cannot_be_built():
+    class Half(solvers._base.Estimator):
+        def fit(self, X):
+            return self
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()
+
+
 def test_fit_returns_self_with_learned_attributes(case):
     cls, params, data, *_ = case
     args, kwargs = data()

@@ -682,7 +682,18 @@ def test_constructor_only_stores_and_warm_up():
     assert not [a for a in vars(model) if a.endswith("_")]
     with pytest.raises(TypeError):
         KernelRankSVM(1.0)
-    assert KernelRankSVM.warm_up() >= 0
+    seconds = KernelRankSVM.warm_up()
+    assert isinstance(seconds, float)
+    # the kernels of the default fit (RBF, squared hinge, TRON) are compiled
+    for kernel in (_k.argsort_segments, _k.pair_counts_total, _k.pair_sums,
+                   _k.rbf_from_dot_f32, _k.rbf_pack_lower_f32, _k.packed_symv):
+        assert kernel.signatures, kernel
+    # and a fit right after it converges and orders the pairs of unseen queries
+    X, y, query = _ranking_data(seed=22, n_queries=30)
+    Xte, yte, qte = _ranking_data(seed=23, n_queries=10)
+    model = KernelRankSVM(C=1.0).fit(X, y, query)
+    assert model.converged_
+    assert query_pairwise_accuracy(qte, yte, model.decision_function(Xte)) > 0.8
 
 
 # --------------------------------------------------------------------------------------------

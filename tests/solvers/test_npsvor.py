@@ -8,7 +8,6 @@ bit-for-bit reproducibility, the error messages, and the MAE on the authors' Tre
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
@@ -434,7 +433,26 @@ def test_constructor_only_stores_and_warm_up_compiles():
     assert not [a for a in vars(model) if a.endswith("_")]
     with pytest.raises(TypeError):
         NPSVOR(1.0)
-    assert NPSVOR.warm_up(n_threads=1) >= 0
+    seconds = NPSVOR.warm_up(n_threads=1)
+    assert isinstance(seconds, float)
+    # every layout the docstring promises has its compiled solver: (data, indices, indptr)
+    compiled = {tuple(str(t) for t in sig[:3]) for sig in K.solve_rank.signatures}
+    csr32, csr64 = "array(int32, 1d, C)", "array(int64, 1d, C)"
+    for data, index in [("array(float32, 1d, C)", csr32), ("array(float64, 1d, C)", csr32),
+                        ("array(float64, 1d, C)", csr64), ("array(float32, 2d, C)", csr64),
+                        ("array(float64, 2d, C)", csr64)]:
+        assert (data, index, index) in compiled, (data, index, sorted(compiled))
+    for predictor in (K.rank_new, K.rank_old, K.score_new, K.score_old):
+        assert predictor.signatures, predictor
+    # and a fit right after it, on CSR with int64 indices, is the dense fit and ranks well
+    X, y = ordinal_data(n=400, seed=3)
+    wide = sp.csr_matrix(X[:300])
+    wide.indices, wide.indptr = wide.indices.astype(np.int64), wide.indptr.astype(np.int64)
+    dense = NPSVOR(n_threads=1, random_state=0).fit(X[:300], y[:300])
+    sparse = NPSVOR(n_threads=1, random_state=0).fit(wide, y[:300])
+    np.testing.assert_allclose(sparse.coef_, dense.coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(sparse.predict(X[300:]), dense.predict(X[300:]))
+    assert mae(y[300:], dense.predict(X[300:])) < 0.3
 
 
 # ------------------------------------------------------------------------------ metrics, text
@@ -486,13 +504,9 @@ def test_treebank_mae_in_the_expected_range(shared_data):
     Xt, yt = load_svmlight_file(str(root / "Treebank.test.gz"), n_features=8569)
     # C = 2^-1: what 5-fold CV on the training set picks from 2^-5..2^5 (bench/npsvor_text.py)
     model = NPSVOR(C1=0.5, random_state=0).fit(X, y)
-    started = time.perf_counter()
-    NPSVOR(C1=0.5, random_state=0).fit(X, y)
-    seconds = time.perf_counter() - started
     new = mae(yt, model.predict(Xt))
     model.set_params(predictor="old")
     old = mae(yt, model.predict(Xt))
     # the exact optimum scores 0.786; the paper reports 0.827 (r_new) / 0.830 (r_old)
     assert 0.76 <= new <= 0.81, new
     assert 0.76 <= old <= 0.82, old
-    assert seconds < 2.0

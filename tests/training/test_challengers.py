@@ -67,14 +67,14 @@ def _config(name: str, **changes):
 
 
 def _fitted(stores, name: str, **changes):
-    """(trainer, cfg, arrays, fitted model) of one family."""
+    """(trainer, cfg, arrays, Fitted) of one family."""
     cfg = _config(name, **changes)
     trainer = cfg.family.new_trainer()
     arrays, _ = trainer.build(stores[name], cfg, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, _ = trainer.fit(arrays, cfg, None)
-    return trainer, cfg, arrays, model
+        fitted, _ = trainer.fit(arrays, cfg, None)
+    return trainer, cfg, arrays, fitted
 
 
 def _chosen(warm: dict) -> dict:
@@ -100,11 +100,11 @@ def _through_npz(arrays: dict) -> dict:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_challenger_is_tuned_on_validation_and_publishable(stores, name, tmp_path):
-    trainer, cfg, arrays, model = _fitted(stores, name)
-    ch = trainer.challenger(model, arrays, cfg, None)
+    trainer, cfg, arrays, fitted = _fitted(stores, name)
+    ch = trainer.challenger(fitted, arrays, cfg, None)
     assert ch.name == cfg.gate["challenger"] == cfg.family.challengers[0]
-    assert cfg.metric in ch.metrics and set(ch.metrics) == set(trainer.evaluate(model, arrays,
-                                                                                  cfg))
+    ours = trainer.evaluate(fitted.model, arrays, cfg)
+    assert cfg.metric in ch.metrics and set(ch.metrics) == set(ours)
 
     # the artifact is of the family's kind, covers its items, and survives save/load
     art = ch.artifact
@@ -131,7 +131,7 @@ def test_challenger_is_tuned_on_validation_and_publishable(stores, name, tmp_pat
     assert ch.fit_seconds >= sum(t["seconds"] for t in ch.tried)
 
     # warm (through a checkpoint's npz): the last choice and its neighbours only
-    again = trainer.challenger(model, arrays, cfg, _through_npz(ch.warm))
+    again = trainer.challenger(fitted, arrays, cfg, _through_npz(ch.warm))
     assert 1 <= len(again.tried) <= 3
     assert chosen in [t["params"] for t in again.tried]
     assert all(t["params"] in [u["params"] for u in ch.tried] for t in again.tried)
@@ -140,9 +140,9 @@ def test_challenger_is_tuned_on_validation_and_publishable(stores, name, tmp_pat
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_challenger_beats_a_badly_configured_model(stores, name):
-    trainer, cfg, arrays, model = _fitted(stores, name, params=BAD_PARAMS[name])
-    ours = trainer.evaluate(model, arrays, cfg)[cfg.metric]
-    ch = trainer.challenger(model, arrays, cfg, None)
+    trainer, cfg, arrays, fitted = _fitted(stores, name, params=BAD_PARAMS[name])
+    ours = trainer.evaluate(fitted.model, arrays, cfg)[cfg.metric]
+    ch = trainer.challenger(fitted, arrays, cfg, None)
     assert _better(cfg, ch.metrics[cfg.metric], ours, 0.03), (ours, ch.metrics, ch.tried)
 
 
@@ -150,25 +150,25 @@ def test_challenger_beats_a_badly_configured_model(stores, name):
 
 
 def test_logistic_with_one_class_validation_or_no_holdout_does_not_raise(stores):
-    trainer, cfg, arrays, model = _fitted(stores, "toppush")
+    trainer, cfg, arrays, fitted = _fitted(stores, "toppush")
     train = ~arrays["test_mask"]
     val = _tuning.validation_mask(arrays["rows"][train], int(cfg.evaluation["seed"]))
     y = arrays["y"].copy()
     rows_val = np.flatnonzero(train)[val]
     y[rows_val] = 0                              # no positive left to validate on
-    ch = trainer.challenger(model, {**arrays, "y": y}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "y": y}, cfg, None)
     assert len(ch.tried) == 1 and "one class" in ch.tried[0]["skipped"]
     assert _chosen(ch.warm) == toppush.LOGISTIC_DEFAULT
     assert cfg.metric in ch.metrics and ch.artifact.kind == "global_list"
 
     y_one = np.where(train, 0, arrays["y"]).astype(arrays["y"].dtype)   # one class to train on
-    ch = trainer.challenger(model, {**arrays, "y": y_one}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "y": y_one}, cfg, None)
     assert "one class" in ch.tried[0]["skipped"] and ch.warm == {}
     assert not np.any(ch.artifact.item_scores)
 
     no_holdout = {**arrays, "test_mask": np.zeros_like(arrays["test_mask"])}
-    ch = trainer.challenger(model, no_holdout, cfg, None)
-    assert ch.metrics == {} == trainer.evaluate(model, no_holdout, cfg)
+    ch = trainer.challenger(fitted, no_holdout, cfg, None)
+    assert ch.metrics == {} == trainer.evaluate(fitted.model, no_holdout, cfg)
     assert len(ch.tried) == len(toppush.LOGISTIC_C)
 
 
@@ -176,28 +176,28 @@ def test_logistic_with_one_class_validation_or_no_holdout_does_not_raise(stores)
 
 
 def test_linear_ordinal_degenerate_splits_do_not_raise(stores):
-    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
+    trainer, cfg, arrays, fitted = _fitted(stores, "npsvor")
     train = ~arrays["test_mask"]
     val = np.flatnonzero(train)[_tuning.validation_mask(arrays["ids"][train],
                                                         int(cfg.evaluation["seed"]))]
     y = arrays["y"].copy()
     y[val] = 3                                   # one rating in validation: still tuned
-    ch = trainer.challenger(model, {**arrays, "y": y}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "y": y}, cfg, None)
     assert all(t["validation"] is not None for t in ch.tried) and "mae" in ch.metrics
 
     y_one = np.where(train, 4, arrays["y"]).astype(arrays["y"].dtype)   # one training rating
-    ch = trainer.challenger(model, {**arrays, "y": y_one}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "y": y_one}, cfg, None)
     assert "one rating" in ch.tried[0]["skipped"] and ch.warm == {}
     assert set(ch.artifact.item_scores.tolist()) == {4.0}
 
     no_holdout = {**arrays, "test_mask": np.zeros_like(arrays["test_mask"])}
-    assert trainer.challenger(model, no_holdout, cfg, None).metrics == {}
+    assert trainer.challenger(fitted, no_holdout, cfg, None).metrics == {}
 
 
 def test_linear_ordinal_skips_logistic_at_when_too_large_or_without_mord(stores, monkeypatch):
-    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
+    trainer, cfg, arrays, fitted = _fitted(stores, "npsvor")
     monkeypatch.setattr(npsvor, "LOGISTIC_AT_MAX_NNZ", 10)
-    ch = trainer.challenger(model, arrays, cfg, None)
+    ch = trainer.challenger(fitted, arrays, cfg, None)
     at = [t for t in ch.tried if t["params"]["estimator"] == "LogisticAT"]
     assert len(at) == len(npsvor.ORDINAL_C) and all("LOGISTIC_AT_MAX_NNZ" in t["skipped"]
                                                     for t in at)
@@ -205,14 +205,14 @@ def test_linear_ordinal_skips_logistic_at_when_too_large_or_without_mord(stores,
 
     monkeypatch.setattr(npsvor, "LOGISTIC_AT_MAX_NNZ", 10**9)
     monkeypatch.setitem(sys.modules, "mord", None)      # import mord raises ImportError
-    ch = trainer.challenger(model, arrays, cfg, None)
+    ch = trainer.challenger(fitted, arrays, cfg, None)
     assert sum("mord is not installed" in t.get("skipped", "") for t in ch.tried) == 3
     assert cfg.metric in ch.metrics
 
 
 def test_linear_ordinal_artifact_rates_each_item_by_its_latest_review(stores):
-    trainer, cfg, arrays, model = _fitted(stores, "npsvor")
-    ch = trainer.challenger(model, arrays, cfg, None)
+    trainer, cfg, arrays, fitted = _fitted(stores, "npsvor")
+    ch = trainer.challenger(fitted, arrays, cfg, None)
     art = ch.artifact
     assert art.scorer is None                    # not an NPSVOR: no on-demand scorer
     ratings, scores = art.item_scores, art.fallback_scores
@@ -226,11 +226,11 @@ def test_linear_ordinal_artifact_rates_each_item_by_its_latest_review(stores):
 
 
 def test_linear_ranksvm_scorer_and_degenerate_queries(stores):
-    from pipeline.training.trainers.kernel_ranksvm import feature_matrix
+    from pipeline.training.arrays import csr_from_arrays
 
-    trainer, cfg, arrays, model = _fitted(stores, "kernel_ranksvm")
-    ch = trainer.challenger(model, arrays, cfg, None)
-    X = feature_matrix(arrays).toarray()
+    trainer, cfg, arrays, fitted = _fitted(stores, "kernel_ranksvm")
+    ch = trainer.challenger(fitted, arrays, cfg, None)
+    X = csr_from_arrays(arrays).toarray()
     scorer = ch.artifact.scorer                  # the support set collapsed to one w
     assert scorer.kind == "kernel" and scorer.arrays["support_vectors"].shape[0] == 1
     from scipy.sparse import csr_matrix
@@ -248,12 +248,12 @@ def test_linear_ranksvm_scorer_and_degenerate_queries(stores):
                                                         int(cfg.evaluation["seed"]))]
     label = arrays["label"].copy()
     label[val] = 0                               # no validation query has a pair
-    ch = trainer.challenger(model, {**arrays, "label": label}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "label": label}, cfg, None)
     assert len(ch.tried) == 1 and "fitted at the config's C" in ch.tried[0]["skipped"]
     assert _chosen(ch.warm) == {"C": 1.0} and cfg.metric in ch.metrics
 
     no_pairs = np.where(train, arrays["label"], 0).astype(arrays["label"].dtype)
-    ch = trainer.challenger(model, {**arrays, "label": no_pairs}, cfg, None)
+    ch = trainer.challenger(fitted, {**arrays, "label": no_pairs}, cfg, None)
     assert ch.metrics == {}                      # held-out queries without a pair: nothing
     assert cfg.metric not in ch.metrics and len(ch.tried) == len(kernel_ranksvm.LINEAR_C_FACTORS)
 

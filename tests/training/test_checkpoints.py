@@ -156,9 +156,17 @@ def test_evaluation_k_and_relevance_come_from_the_config(tmp_path):
     assert cfg.evaluation["split"] == "random" and cfg.evaluation["fraction"] == 0.2
 
 
-def test_shipped_model_config_is_valid():
+def test_shipped_model_configs_are_valid_and_cover_every_family():
+    """dags/models.toml (production) and the demo's own file, one source each, through the
+    same validation; the demo runs one model of every family, under the same names."""
     from pathlib import Path
 
-    models = load_models(Path(__file__).resolve().parents[2] / "dags" / "models.toml")
-    assert {m.algorithm for m in models.values()} == {"altsvm", "toppush", "npsvor",
-                                                      "kernel_ranksvm"}
+    from pipeline.cli.demo import DEMO_MODELS
+    from pipeline.training.registry import FAMILIES
+
+    shipped = load_models(Path(__file__).resolve().parents[2] / "dags" / "models.toml")
+    demo = load_models(DEMO_MODELS)
+    for models in (shipped, demo):
+        assert sorted(m.algorithm for m in models.values()) == sorted(FAMILIES)
+    assert {n: m.algorithm for n, m in demo.items()} == {n: m.algorithm
+                                                         for n, m in shipped.items()}

@@ -17,6 +17,7 @@ from pipeline.settings import Settings
 from pipeline.training import datasets, retrain
 from pipeline.training.config import parse_model
 from pipeline.training.registry import family
+from pipeline.training.trainers.npsvor_data import ordinal
 from solvers import NPSVOR
 from solvers.persist import read_bundle
 
@@ -205,7 +206,7 @@ def test_dataset_rows_are_events_with_stable_ids_and_the_serving_layout(tmp_path
     events.append({"event_id": "wide", "ts": events[-1]["ts"] + 1, "item": "p-wide",
                    "label": 3, "features": {"2": 1.0, "70": 5.0}})   # index 70 >= max_features
     _ingest(events, settings, "e")
-    data = datasets.ordinal(EventStore.from_settings(settings), max_features=10,
+    data = ordinal(EventStore.from_settings(settings), max_features=10,
                             text_features=2**12)
     assert data.stats["reviews"] == 201 and data.stats["resent"] == 1
     assert data.stats["feature_values_over_max_features"] == 1 and data.n_features == 10
@@ -225,11 +226,11 @@ def test_dataset_rows_are_events_with_stable_ids_and_the_serving_layout(tmp_path
     assert dict(zip(data.item_ids[data.row_item[data.latest]].tolist(),
                     data.latest.tolist())) == latest
     # the width never shrinks below the previous run's, and the split is by event id
-    again = datasets.ordinal(EventStore.from_settings(settings), n_features=12,
+    again = ordinal(EventStore.from_settings(settings), n_features=12,
                              max_features=100, text_features=0)
     assert again.n_features == 71 and again.X.shape[1] == 71
     assert "text is ignored" in again.stats["warning"]
-    wider = datasets.ordinal(EventStore.from_settings(settings), n_features=90,
+    wider = ordinal(EventStore.from_settings(settings), n_features=90,
                              max_features=100, text_features=0)
     assert wider.n_features == 90
     np.testing.assert_array_equal(again.test_mask, datasets.stable_split(again.ids, 0.2, 0))

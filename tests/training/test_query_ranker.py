@@ -12,9 +12,10 @@ from pipeline.ingest.store import EventStore
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from pipeline.settings import Settings
-from pipeline.training import datasets, retrain
+from pipeline.training import retrain
 from pipeline.training.config import parse_model
 from pipeline.training.idmap import IdMap
+from pipeline.training.trainers.kernel_ranksvm import instance_ids, judgments
 from solvers.persist import read_bundle
 
 
@@ -70,7 +71,7 @@ def test_latest_judgment_wins_ids_stay_and_whole_queries_are_held_out(settings):
              event(3, "q3", "c", 1, [0.3, 0.3]), event(4, "q3", "d", 1, [0.0, 0.9])]  # one level
     _ingest(first, settings, "j0")
     store = EventStore(settings.store_dir)
-    one = datasets.judgments(store, test_fraction=0.0)
+    one = judgments(store, test_fraction=0.0)
     assert one.stats["judgments"] == 5 and one.stats["replaced"] == 0
     assert one.stats["train_queries_with_pairs"] == 1
     assert one.X.shape == (5, 2)
@@ -78,10 +79,10 @@ def test_latest_judgment_wins_ids_stay_and_whole_queries_are_held_out(settings):
     # q1/a re-judged later (label 0 -> 2, new features) and a new feature index: latest wins
     _ingest([event(10, "q1", "a", 2, {"4": 1.5}), event(11, "q4", "e", 0, [0.5])], settings,
             "j1")
-    two = datasets.judgments(store, queries=one.queries, docs=one.docs, test_fraction=0.0,
+    two = judgments(store, queries=one.queries, docs=one.docs, test_fraction=0.0,
                              n_features=one.X.shape[1])
     assert two.stats["judgments"] == 6 and two.stats["replaced"] == 1
-    row = np.flatnonzero(two.instance == datasets.instance_ids(
+    row = np.flatnonzero(two.instance == instance_ids(
         two.queries.lookup(["q1"]), two.docs.lookup(["a"])))
     assert row.size == 1 and two.label[row[0]] == 2
     assert two.X[row[0]].toarray().ravel().tolist() == [0, 0, 0, 0, 1.5]
@@ -92,7 +93,7 @@ def test_latest_judgment_wins_ids_stay_and_whole_queries_are_held_out(settings):
     # the holdout takes whole queries, the same ones on every build
     many = synthetic.judgment_events(n_queries=100, docs_per_query=5, seed=1)
     _ingest(many, settings, "j2")
-    split = [datasets.judgments(store, queries=IdMap(), docs=IdMap(), test_fraction=0.3, seed=0)
+    split = [judgments(store, queries=IdMap(), docs=IdMap(), test_fraction=0.3, seed=0)
              for _ in range(2)]
     q, test = split[0].query, split[0].test_mask
     assert not set(q[test]) & set(q[~test]), "a query is on both sides"
@@ -176,12 +177,13 @@ def test_published_lists_and_scored_candidates_match_the_model_in_process(settin
     cfg = _models()["search"]
     trainer = cfg.family.new_trainer()
     arrays, _ = trainer.build(EventStore(settings.store_dir), cfg, None)
-    model, _ = trainer.fit(arrays, cfg, None)
+    fitted, _ = trainer.fit(arrays, cfg, None)
+    model = fitted.model
     publish("search", trainer.artifact(model, arrays, cfg), redis_client, top_k=20,
             namespace=settings.namespace)
 
     # features straight from the events (not from the dataset), in the dataset's row order
-    features = dict(zip(datasets.instance_ids(*_indices(arrays, first)).tolist(),
+    features = dict(zip(instance_ids(*_indices(arrays, first)).tolist(),
                         (e["features"] for e in first)))
     X = np.array([features[i] for i in arrays["instance"].tolist()])
     scores = model.decision_function(X)

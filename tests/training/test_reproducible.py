@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.cli.demo import _models
+from pipeline.cli.demo import demo_models
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.settings import Settings
@@ -18,7 +18,7 @@ from pipeline.training.checkpoints import read_checkpoint
 def _train(home, events_file):
     settings = Settings(home=home)
     ingest_files([events_file], "rating", settings=settings, progress=False)
-    run = retrain.run("movies", _models(), settings=settings, publish=False)
+    run = retrain.run("movies", demo_models(), settings=settings, publish=False)
     return run, read_checkpoint(f"{run['dataset']['run_dir']}/checkpoint").arrays
 
 

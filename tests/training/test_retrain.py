@@ -284,13 +284,14 @@ def test_retried_steps_are_idempotent(settings, redis_url):
     first, _ = _ratings()
     _ingest(first, settings, "rating", "r0")
     models = _models()
-    ds = retrain.dataset_step(models, "movies", settings)
-    again = retrain.dataset_step(models, "movies", settings)
+    ctx = retrain.RunContext.of(models, "movies", settings, redis_url)
+    ds = retrain.dataset_step(ctx)
+    again = retrain.dataset_step(ctx)
     assert again["run_dir"] == ds["run_dir"] and again.get("reused")
-    t1 = retrain.train_step(models, "movies", ds["run_dir"])
-    assert retrain.train_step(models, "movies", ds["run_dir"]) == t1
-    retrain.gate_step(models, "movies", ds["run_dir"], settings, redis_url)
-    p1 = retrain.publish_step(models, "movies", ds["run_dir"], settings, redis_url)
+    t1 = retrain.train_step(ctx.at(ds["run_dir"]))
+    assert retrain.train_step(ctx.at(ds["run_dir"])) == t1
+    retrain.gate_step(ctx.at(ds["run_dir"]))
+    p1 = retrain.publish_step(ctx.at(ds["run_dir"]))
     (settings.home / "runs" / "movies" / ds["run_key"] / "published.json").unlink()  # crash
-    p2 = retrain.publish_step(models, "movies", ds["run_dir"], settings, redis_url)
+    p2 = retrain.publish_step(ctx.at(ds["run_dir"]))
     assert p2["version"] == p1["version"], "a retried publish wrote a second version"

@@ -20,8 +20,8 @@ from pipeline.serving.versions import versions
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from pipeline.training.config import parse_model
-from pipeline.training.datasets import relevance_threshold
 from pipeline.training.trainers import als
+from pipeline.training.trainers.altsvm_data import relevance_threshold
 
 DAY_MS = 86_400_000
 FIXED = {"item_bias": True, "max_iter": 40, "random_state": 0, "n_threads": 1}
@@ -152,7 +152,8 @@ def test_a_window_that_drops_most_events_and_users_warns(settings, redis_url):
 def test_a_window_that_keeps_half_or_more_does_not_warn(settings, redis_url):
     events, kept = _years_then_a_month(n_old=50, n_new=150)   # the window keeps 3/4
     _ingest(events, settings, "recent")
-    ds = retrain.dataset_step(_models(window={"last_days": 30}), "movies", settings)
+    ds = retrain.dataset_step(retrain.RunContext.of(_models(window={"last_days": 30}),
+                                                    "movies", settings))
     assert ds["window"]["n_events"] == kept and ds["window"]["users_dropped"] == 50
     assert "warning" not in ds["window"]
 
@@ -189,7 +190,7 @@ def test_auto_relevance_on_half_stars_keeps_four_and_up_and_publishes(settings, 
 ])
 def test_auto_relevance_follows_the_rating_scale(settings, scale, expected):
     _ingest(_rescaled(scale), settings, "scaled")
-    stats = retrain.dataset_step(_models(), "movies", settings)["stats"]
+    stats = retrain.dataset_step(retrain.RunContext.of(_models(), "movies", settings))["stats"]
     assert stats["relevance"] == expected and "warning" not in stats
 
 
@@ -206,8 +207,8 @@ def test_relevance_threshold_warns_when_it_sorts_everything_into_one_class(setti
 
     # the dataset's stats carry it, and the run summary prints it
     _ingest(_taste()[:3000], settings, "stars")
-    ds = retrain.dataset_step(_models(evaluation={"holdout": 4, "relevance": 6}), "movies",
-                              settings)
+    models = _models(evaluation={"holdout": 4, "relevance": 6})
+    ds = retrain.dataset_step(retrain.RunContext.of(models, "movies", settings))
     assert ds["stats"]["relevance"] == 6.0
     assert "no rating reaches the relevance threshold 6" in ds["stats"]["warning"]
     summary = {"model": "movies", "algorithm": "altsvm", "decision": "pending", "dataset": ds}
@@ -339,7 +340,8 @@ def test_the_gate_rule_between_model_challenger_and_blend(settings, redis_url, t
     write_json(tmp_path / "train.json", {
         "metrics": {} if own is None else {metric: own}, "challenger": challenger,
         "baselines": {"popularity": {metric: 0.1}, "global": {metric: 0.05}}})
-    decided = retrain.gate_step(models, "movies", tmp_path, settings, redis_url)
+    decided = retrain.gate_step(retrain.RunContext.of(models, "movies", settings, redis_url,
+                                                      tmp_path))
     assert decided["publishes"] == expected and decided["publish"], decided
     assert read_json(tmp_path / "gate.json") == decided
     value = {"model": own, "challenger-als": rival, "blend-als": blend,

@@ -10,6 +10,7 @@ maps, so they survive growth of the data.
 
 from __future__ import annotations
 
+import abc
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -55,8 +56,25 @@ class Challenger:
     blend: tuple | None = None
 
 
-class Trainer:
-    """The interface every family's trainer implements (see the module docstring).
+@dataclass
+class Fitted:
+    """One run's fit, handed from step to step instead of kept on the trainer: the evaluated
+    ``model``, what the trainer chose on the way (``learned``: a tuner's choice, a λ path,
+    factors fitted for validation), and the model users get (``served``: the model itself,
+    or its settings refitted on every event)."""
+
+    model: object
+    learned: dict = field(default_factory=dict)
+    served: object = None
+
+    def __post_init__(self):
+        if self.served is None:
+            self.served = self.model
+
+
+class Trainer(abc.ABC):
+    """The interface every family's trainer implements (see the module docstring); the
+    abstract methods are what a family must write, the rest has defaults.
 
     ``id_maps`` names the arrays of a dataset that are id maps: they are stored in the
     checkpoint, so the next run extends them instead of renumbering.
@@ -67,59 +85,65 @@ class Trainer:
     def __init__(self, family):
         self.family = family
 
+    @abc.abstractmethod
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         """``(arrays, info)`` of the current window; ``previous``: the last checkpoint's
         arrays (id maps to extend), or None. ``info`` has ``window``, ``stats``, ``n_train``."""
-        raise NotImplementedError
 
-    def fit(self, arrays: dict, cfg, warm: dict | None):
-        """The fitted estimator and ``{"fit_seconds", "n_iter", ...}``."""
+    def fit(self, arrays: dict, cfg, warm: dict | None) -> tuple[Fitted, dict]:
+        """The :class:`Fitted` and ``{"fit_seconds", "n_iter", ...}``."""
         model = self.family.estimator_class()(**self.family.estimator_params(cfg.params))
         started = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.fit_model(model, arrays, warm, cfg)
+            learned = self.fit_model(model, arrays, warm, cfg) or {}
         said = []   # the solver's warnings (no convergence, a degenerate fit) go in the report
         for w in caught:
             line = f"{w.category.__name__}: {w.message}"
             if line not in said:
                 said.append(line)
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return model, {"fit_seconds": time.perf_counter() - started,
-                       "n_iter": int(model.n_iter_), **self.fit_info(model),
-                       **({"warnings": said} if said else {})}
+        return Fitted(model, learned), {"fit_seconds": time.perf_counter() - started,
+                                        "n_iter": int(model.n_iter_),
+                                        **self.fit_info(model, learned),
+                                        **({"warnings": said} if said else {})}
 
-    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict | None:
+        """Fit the estimator ``model`` on the training part of ``arrays`` (warm-started from
+        ``warm``, the last run's warm state, when given); returns what else it learned, for
+        the later steps (:attr:`Fitted.learned`), or None."""
 
-    def refit(self, model, arrays: dict, cfg) -> tuple[object, dict]:
-        """The model users get, and what its fit took: the evaluated ``model`` itself, or
-        (families that can) its settings refitted on every event of the window, the holdout
-        too, so the published model learns from all the user's data; the holdout metrics of
-        ``model`` stand for it."""
-        return model, {}
-
-    def fit_info(self, model) -> dict:
+    def refit(self, fitted: Fitted, arrays: dict, cfg) -> dict:
+        """Set ``fitted.served``, the model users get, and return what its fit took: the
+        evaluated model itself (the default), or (families that can) its settings refitted on
+        every event of the window, the holdout too, so the published model learns from all
+        the user's data; the holdout metrics of the evaluated model stand for it."""
         return {}
 
+    def fit_info(self, model, learned: dict) -> dict:
+        return {}
+
+    @abc.abstractmethod
     def evaluate(self, model, arrays: dict, cfg) -> dict:
         """Holdout metrics (names from the registry entry); {} when there is no holdout."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def baselines(self, arrays: dict, cfg) -> dict:
         """The trivial models the gate compares with: {name: (holdout metrics, one score per
         item)}. Every family has one (popularity, the global ranking, the best single
         feature); a model that does not beat it is not worth publishing."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def artifact(self, model, arrays: dict, cfg, **describe):
-        """The :class:`~pipeline.serving.artifact.ModelArtifact` to publish."""
-        raise NotImplementedError
+        """The :class:`~pipeline.serving.artifact.ModelArtifact` to publish (of the kind the
+        family's registry entry names)."""
 
-    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger | None:
+    def challenger(self, fitted: Fitted, arrays: dict, cfg,
+                   warm: dict | None) -> Challenger | None:
         """The :class:`Challenger` named by ``cfg.gate["challenger"]`` (never ``"none"`` here:
         the retrain loop asks only when one is configured), fitted on the training part of
-        ``arrays``; ``model`` is the fitted model (for a blend), ``warm`` the arrays the last
+        ``arrays``; ``fitted`` is the run's fit (for a blend), ``warm`` the arrays the last
         run's challenger left (or None)."""
         raise NotImplementedError(f"{self.family.name} has no challenger")
 
@@ -134,10 +158,10 @@ class Trainer:
     def item_ids(self, arrays: dict):
         return arrays["item_ids"]
 
-    def checkpoint(self, model, arrays: dict) -> dict:
-        """What the next run starts from: the id maps and the estimator's warm state."""
+    def checkpoint(self, fitted: Fitted, arrays: dict) -> dict:
+        """What the next run starts from: the id maps and the served model's warm state."""
         return {**{name: arrays[name] for name in self.id_maps},
-                **{WARM_PREFIX + k: v for k, v in model.warm_state().items()}}
+                **{WARM_PREFIX + k: v for k, v in fitted.served.warm_state().items()}}
 
 
 def warm_state(checkpoint_arrays: dict, prefix: str = WARM_PREFIX) -> dict:

@@ -1,6 +1,9 @@
 """AltSVM's trainer: rating, interaction and comparison events -> comparisons -> AltSVM (λ chosen
 on a warm-started regularization path) -> per-user top-K lists.
 
+Dataset (:func:`.altsvm_data.collaborative`): every (user, item) a user met, with its part
+(TRAIN, VALIDATION or TEST), and the comparisons made from the training parts.
+
 Evaluation measures what is published: each held-out user's top-k over the items they did not
 meet in training, against their held-out positives (``topk_*`` metrics), beside the paper's
 NDCG over the rated held-out items. The trivial models (popularity, and the global ranking of
@@ -13,9 +16,9 @@ import warnings
 
 import numpy as np
 
-from pipeline.training import datasets
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
-from pipeline.training.trainers import WARM_PREFIX, Trainer, altsvm_tuning, idmap
+from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
+from pipeline.training.trainers.altsvm_data import collaborative
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, REUSE_GROWTH, WARM_STEP
 
 
@@ -52,7 +55,7 @@ class AltSVMTrainer(Trainer):
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)
-        data = datasets.collaborative(
+        data = collaborative(
             store, cfg.kinds, window=cfg.window, users=idmap(previous, "user_ids"),
             items=idmap(previous, "item_ids"), split=ev["split"], holdout=int(ev["holdout"]),
             fraction=float(ev["fraction"]), min_train=int(ev["min_train"]),
@@ -63,16 +66,12 @@ class AltSVMTrainer(Trainer):
             max_pairs_per_user=param("max_pairs_per_user") or None,
             relevance=_number_or(ev["relevance"], "auto"),
             rating_range=param("rating_range"), seed=int(ev["seed"]))
-        arrays = {"user_ids": data.users.ids, "item_ids": data.items.ids,
-                  "relevance": np.float64(data.stats["relevance"]),
-                  "comparisons": data.comparisons, "path_comparisons": data.path_comparisons,
-                  **{f"met_{k}": v for k, v in data.met.items()}}
-        return arrays, {"window": data.window.describe(), "stats": data.stats,
-                        "n_train": int(len(data.comparisons))}
+        return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
+                                  "n_train": int(len(data.comparisons))}
 
     # ------------------------------------------------------------------ fitting
 
-    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
+    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
         """A config with a ``tune`` table: settings chosen on the validation split
         (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
         ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
@@ -80,70 +79,77 @@ class AltSVMTrainer(Trainer):
         ratio and its neighbours). A warm run whose comparisons grew less than REUSE_GROWTH
         since the last path skips it: λ stays the last path's λ per comparison (the loss is a
         sum over comparisons, so this keeps its balance with the regularizer), and the fit is
-        one warm start."""
+        one warm start. Returns what was learned on the way: ``tuning`` (the choice, or how λ
+        was found), ``path`` (the λ path's points), ``validated`` (the tuner's factors fitted
+        without the validation rows, for the challenger's blend)."""
         sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
         n = len(arrays["comparisons"])
-        self.path, self.tuning, self.validated = None, None, None
         if cfg.tune and "reg" not in cfg.params and "reg_ratio" not in cfg.params:
+            learned = {}
             tuning = altsvm_tuning.reuse(model, arrays, cfg, self.family, warm)
             if tuning is None:
                 tuning = altsvm_tuning.tune(model, arrays, cfg, self.family, warm, sizes,
                                             self._validation_score(arrays, cfg))
-                self.validated = factors_of(tuning.pop("validated"))
+                learned["validated"] = factors_of(tuning.pop("validated"))
                 warm = None    # the choice may change the rank: the final fit starts afresh
             model.reg = tuning["reg_per_comparison"] * len(tuning["comparisons"])
-            self.tuning = tuning
             model.fit(tuning.pop("comparisons"), warm_start=warm, **sizes)
-            return
+            return {**learned, "tuning": tuning}
         if "reg" in cfg.params or "reg_ratio" in cfg.params \
                 or not self.family.dataset_param(cfg.params, "reg_path"):
             model.fit(arrays["comparisons"], warm_start=warm, **sizes)
-            return
+            return {}
         last = {k: float(np.asarray(warm[k])) for k in ("path_n", "reg_per_comparison",
                                                         "reg_ratio")
                 if warm is not None and k in warm}
+        learned = {}
         if len(last) == 3 and n <= REUSE_GROWTH * last["path_n"]:
             model.reg = last["reg_per_comparison"] * n
-            self.tuning = {**last, "reg_source": "last path"}
+            learned["tuning"] = {**last, "reg_source": "last path"}
         else:
-            self._path(model, arrays, warm, cfg, sizes, last.get("reg_ratio"))
-            warm = model.warm_state()   # the final fit continues from the chosen point
-            self.tuning = {"path_n": n, "reg_per_comparison": model.reg / n,
-                           "reg_ratio": model.reg / model.reg_max_, "reg_source": "path",
-                           "reg_max": model.reg_max_}
+            chosen = self._path(model, arrays, warm, cfg, sizes, last.get("reg_ratio"))
+            warm = chosen.warm_state()   # the final fit continues from the chosen point
+            model.reg = chosen.reg
+            learned["path"] = [{k: (round(v, 5) if isinstance(v, float) else v)
+                                for k, v in point.items()} for point in chosen.path_]
+            learned["tuning"] = {"path_n": n, "reg_per_comparison": model.reg / n,
+                                 "reg_ratio": model.reg / chosen.reg_max_,
+                                 "reg_source": "path", "reg_max": chosen.reg_max_}
         model.fit(arrays["comparisons"], warm_start=warm, **sizes)
+        return learned
 
-    def refit(self, model, arrays: dict, cfg) -> tuple[object, dict]:
+    def refit(self, fitted: Fitted, arrays: dict, cfg) -> dict:
         """With tuned settings and implicit comparisons: those settings refitted on the
         comparisons of every met row (the holdout too), λ per comparison kept, warm-started
         from the evaluated fit (a few iterations)."""
-        self.published = model
-        if self.tuning is None or "choice" not in self.tuning or \
+        tuning, model = fitted.learned.get("tuning") or {}, fitted.model
+        if "choice" not in tuning or \
                 self.family.dataset_param(cfg.params, "comparisons") != "implicit":
-            return model, {}
+            return {}
         import time
 
         started = time.perf_counter()
         everything = altsvm_tuning.comparisons(
-            arrays, self.family, {**cfg.params, **self.tuning["choice"]},
+            arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
         refitted = type(model)(**{**model.get_params(),
-                                  "reg": self.tuning["reg_per_comparison"] * len(everything)})
+                                  "reg": tuning["reg_per_comparison"] * len(everything)})
         refitted.fit(everything, warm_start=model.warm_state(),
                      n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
-        self.published = refitted
-        return refitted, {"refit_seconds": time.perf_counter() - started,
-                          "refit_iterations": int(refitted.n_iter_),
-                          "refit_comparisons": int(len(everything))}
+        fitted.served = refitted
+        return {"refit_seconds": time.perf_counter() - started,
+                "refit_iterations": int(refitted.n_iter_),
+                "refit_comparisons": int(len(everything))}
 
     def _validation_score(self, arrays, cfg):
         def score(fitted) -> float:
             return self.topk_metrics(fitted, arrays, cfg, VALIDATION).get(cfg.metric, 0.0)
         return score
 
-    def _path(self, model, arrays, warm, cfg, sizes, last_ratio) -> None:
+    def _path(self, model, arrays, warm, cfg, sizes, last_ratio):
         """λ by validation: a cold run walks PATH_RATIOS down from reg_max; a warm run tries
-        the last ratio and its neighbours, warm-started."""
+        the last ratio and its neighbours, warm-started. Returns the path's model, fitted at
+        the chosen point (its ``reg``, ``reg_max_``, ``path_`` and warm state)."""
         ratios = PATH_RATIOS if warm is None or last_ratio is None else \
             np.array([last_ratio * WARM_STEP, last_ratio, last_ratio / WARM_STEP])
         path_model = type(model)(**model.get_params())
@@ -153,33 +159,29 @@ class AltSVMTrainer(Trainer):
             warnings.simplefilter("ignore")   # the final fit below warns as a plain fit does
             path_model.fit_path(arrays["path_comparisons"], score=score, ratios=ratios,
                                 patience=2, warm_start=warm, **sizes)
-        model.reg = path_model.reg
-        model.__dict__.update({k: v for k, v in vars(path_model).items()
-                               if k not in model.get_params()})
-        self.path = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in p.items()}
-                     for p in path_model.path_]
+        return path_model
 
-    def fit_info(self, model) -> dict:
+    def fit_info(self, model, learned: dict) -> dict:
         info = {"objective": float(model.objective_[-1]), "reg": float(model.reg_),
                 "collapsed": model.collapsed_}
-        if self.tuning is not None and "choice" in self.tuning:
-            t = self.tuning
+        tuning = learned.get("tuning")
+        if tuning is not None and "choice" in tuning:
+            t = tuning
             return {**info, "tuning": {
                 "source": t["source"], "choice": t["choice"],
                 "reg_ratio": round(float(t["reg_ratio"]), 5),
                 "validation": t.get("validation"), "seconds": round(t.get("seconds", 0.0), 3),
                 "tried": t["tried"]}, "rank": int(model.rank), "loss": model.loss,
                 "comparisons": int(len(model._comparisons[0]))}
-        if self.tuning is not None:
-            info.update(reg_ratio=self.tuning["reg_ratio"], reg_source=self.tuning["reg_source"])
+        if tuning is not None:
+            info.update(reg_ratio=tuning["reg_ratio"], reg_source=tuning["reg_source"])
         # reg_max when the run computed it (the path, or a reg_ratio fit, whose reg_max_ is
         # cached); a fit with a given reg does not pay an SVD for the report
-        reg_max = (self.tuning or {}).get("reg_max",
-                                          model.reg_max_ if model.reg is None else None)
+        reg_max = (tuning or {}).get("reg_max", model.reg_max_ if model.reg is None else None)
         if reg_max is not None:
             info["reg_max"] = float(reg_max)
-        if self.path:
-            info["path"] = self.path
+        if learned.get("path"):
+            info["path"] = learned["path"]
         return info
 
     # ------------------------------------------------------------------ evaluation
@@ -285,21 +287,22 @@ class AltSVMTrainer(Trainer):
             user_ids=arrays["user_ids"], item_ids=arrays["item_ids"], user_factors=U,
             item_factors=V, item_bias=b, seen=(indptr, indices), **describe)
 
-    def challenger(self, model, arrays: dict, cfg, warm: dict | None):
-        """implicit's ALS, tuned with the same caps, and its blend with ``model``
+    def challenger(self, fitted: Fitted, arrays: dict, cfg, warm: dict | None):
+        """implicit's ALS, tuned with the same caps, and its blend with the model
         (:mod:`.als`)."""
         from pipeline.training.trainers import als
 
-        return als.challenger(self, self.validated, factors_of(model),
-                              factors_of(self.published), arrays, cfg, warm)
+        return als.challenger(self, fitted.learned.get("validated"), factors_of(fitted.model),
+                              factors_of(fitted.served), arrays, cfg, warm)
 
-    def checkpoint(self, model, arrays: dict) -> dict:
+    def checkpoint(self, fitted: Fitted, arrays: dict) -> dict:
         """The warm state, and how the settings or λ were chosen (for the next run's reuse)."""
-        out = super().checkpoint(model, arrays)
-        if self.tuning is not None and "choice" in self.tuning:
-            tuned = altsvm_tuning.checkpoint_arrays(self.tuning)
+        out = super().checkpoint(fitted, arrays)
+        tuning = fitted.learned.get("tuning")
+        if tuning is not None and "choice" in tuning:
+            tuned = altsvm_tuning.checkpoint_arrays(tuning)
             return {**out, **{WARM_PREFIX + k: v for k, v in tuned.items()}}
-        for k, v in (self.tuning or {}).items():
+        for k, v in (tuning or {}).items():
             if k != "reg_source":
                 out[WARM_PREFIX + k] = np.array(v)
         return out

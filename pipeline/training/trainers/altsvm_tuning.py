@@ -35,7 +35,8 @@ import warnings
 
 import numpy as np
 
-from pipeline.training.datasets import TRAIN, VALIDATION, make_comparisons
+from pipeline.training.datasets import TRAIN, VALIDATION
+from pipeline.training.trainers.altsvm_data import make_comparisons
 from pipeline.training.tuning import coordinate_search
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing

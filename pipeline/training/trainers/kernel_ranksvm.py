@@ -1,7 +1,7 @@
 """Kernel RankSVM's trainer: judgment events -> per-query rows -> KernelRankSVM -> every known
 query's docs ranked, plus the support set for scoring new candidates on demand.
 
-Dataset (:func:`pipeline.training.datasets.judgments`): one row per judged (query, doc), the
+Dataset (:func:`judgments`): one row per judged (query, doc), the
 latest judgment winning; stable instance ids ``query index · 2**32 + doc index`` key β, so a
 retrain warm-starts from the β of every (query, doc) it kept (new ones start at 0). Whole
 queries are held out by a stable hash of the query.
@@ -28,11 +28,23 @@ queries; published the same way, its scorer collapsed to the one weight vector w
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.training import datasets
+from pipeline.ingest.store import EventStore
+from pipeline.training.arrays import csr_from_arrays, csr_to_arrays, features_csr
+from pipeline.training.datasets import (
+    Window,
+    id_indices,
+    latest_per_key,
+    stable_split,
+    window_tables,
+)
+from pipeline.training.idmap import IdMap
 from pipeline.training.trainers import Challenger, Trainer, idmap
 from pipeline.training.tuning import grid_search, neighbours, skipped, validation_mask
 
@@ -47,12 +59,104 @@ LINEAR_C_FACTORS = (0.01, 0.1, 1.0, 10.0)
 LINEAR_DROPPED = ("C", "kernel", "gamma", "degree", "coef0", "keep_gram", "verbose")
 
 
-def feature_matrix(arrays: dict):
-    """The dataset's features as a CSR matrix (rows as ``arrays["label"]``)."""
-    from scipy.sparse import csr_matrix
+@dataclass
+class JudgmentData:
+    """Kernel RankSVM's inputs: one row per judged (query, doc), the latest judgment of it.
 
-    return csr_matrix((arrays["X_data"], arrays["X_indices"], arrays["X_indptr"]),
-                      shape=tuple(arrays["X_shape"]))
+    ``instance`` is the row's stable instance id ``query index · 2**32 + doc index`` (indices of
+    the extended-never-renumbered id maps), which keys β for warm starts; ``test_mask`` marks
+    the rows of held-out queries."""
+
+    queries: IdMap | None
+    docs: IdMap | None
+    X: object                         # scipy.sparse.csr_matrix (rows, n_features)
+    label: np.ndarray                 # int32 relevance grades >= 0
+    query: np.ndarray                 # query index of each row
+    doc: np.ndarray                   # doc index of each row
+    instance: np.ndarray              # int64 stable instance id
+    test_mask: np.ndarray
+    window: Window | None
+    stats: dict = field(default_factory=dict)
+
+    def to_arrays(self) -> dict:
+        """The dataset bundle's arrays: the id maps, X (:func:`csr_to_arrays`), ``label``,
+        ``query``, ``doc``, ``instance`` and ``test_mask``."""
+        return {"query_ids": self.queries.ids, "doc_ids": self.docs.ids,
+                **csr_to_arrays(self.X), "label": self.label, "query": self.query,
+                "doc": self.doc, "instance": self.instance, "test_mask": self.test_mask}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> JudgmentData:
+        """The dataset of a bundle's arrays (no id maps, window or stats: the arrays keep
+        ``query_ids`` and ``doc_ids`` as they are)."""
+        return cls(queries=None, docs=None, X=csr_from_arrays(arrays), label=arrays["label"],
+                   query=arrays["query"], doc=arrays["doc"], instance=arrays["instance"],
+                   test_mask=arrays["test_mask"], window=None)
+
+
+def instance_ids(query: np.ndarray, doc: np.ndarray) -> np.ndarray:
+    """Stable id of a (query index, doc index) pair: ``query · 2**32 + doc`` (int64).
+
+    >>> instance_ids(np.array([0, 2]), np.array([5, 1])).tolist()
+    [5, 8589934593]
+    """
+    return query.astype(np.int64) * np.int64(2**32) + doc.astype(np.int64)
+
+
+def judgments(store: EventStore, *, window=None, queries: IdMap | None = None,
+              docs: IdMap | None = None, test_fraction: float = 0.2, seed: int = 0,
+              n_features: int | None = None, max_features: int = 1024) -> JudgmentData:
+    """Kernel RankSVM inputs from judgment events.
+
+    One row per (query, doc): a judgment re-sent for the same pair replaces the earlier one
+    (the latest by ts, then offset, wins; ``stats["replaced"]`` counts them). The held-out
+    split is by *query*: a stable hash of the query index puts a ``test_fraction`` of the
+    queries, with all their docs, in the test set, so a query stays on its side as data grows
+    and the evaluation measures ranking for queries the model never saw.
+
+    Features are the events' (sparse or dense) features; the width is the highest index + 1,
+    at least ``n_features`` (the previous run's, so the width never shrinks) and at most
+    ``max_features``: feature values of a higher index are left out and counted (the kernel
+    works on dense rows, so a stray index 10**6 must not make X 10**6 wide).
+    """
+    columns = {"judgment": ["ts", "offset", "query", "doc", "label", "feature_index",
+                            "feature_value"]}
+    tables, win = window_tables(store, ["judgment"], window or {}, columns, key="query")
+    t = tables["judgment"]
+    queries, q = id_indices(queries or IdMap(), t.column("query"))
+    docs, d = id_indices(docs or IdMap(), t.column("doc"))
+    instance = instance_ids(q, d)
+    keep = latest_per_key(instance, t.column("ts").to_numpy(), t.column("offset").to_numpy())
+    t = t.take(pa.array(keep))
+    X = features_csr(t, max_features=max_features)
+    stored = int(pc.sum(pc.list_value_length(t.column("feature_index"))).as_py() or 0)
+    width = min(max(X.shape[1], n_features or 0), max_features)
+    if X.shape[1] < width:
+        X.resize((X.shape[0], width))
+    label = t.column("label").to_numpy().astype(np.int32)
+    q, d, instance = q[keep], d[keep], instance[keep]
+    test = stable_split(q, test_fraction, seed) if test_fraction > 0 else \
+        np.zeros(len(q), bool)
+    stats = {"judgments": int(len(q)), "replaced": int(win.n_events - len(q)),
+             "queries": int(np.unique(q).size), "test_queries": int(np.unique(q[test]).size),
+             "docs": int(np.unique(d).size), "test": int(test.sum()),
+             "train_queries_with_pairs": queries_with_pairs(q[~test], label[~test]),
+             "features": int(X.shape[1]), "feature_values_over_max_features": stored - X.nnz}
+    return JudgmentData(queries=queries, docs=docs, X=X.tocsr(), label=label, query=q, doc=d,
+                        instance=instance, test_mask=test, window=win, stats=stats)
+
+
+def queries_with_pairs(query: np.ndarray, label: np.ndarray) -> int:
+    """How many queries have two docs with different labels (at least one preference pair).
+
+    >>> queries_with_pairs(np.array([0, 0, 1, 1, 2]), np.array([1, 0, 2, 2, 1]))
+    1
+    """
+    if len(query) == 0:
+        return 0
+    pairs = np.unique(np.column_stack([query, label]), axis=0)
+    _, levels = np.unique(pairs[:, 0], return_counts=True)
+    return int((levels >= 2).sum())
 
 
 def query_metrics(query, label, scores, k: int) -> dict:
@@ -60,7 +164,7 @@ def query_metrics(query, label, scores, k: int) -> dict:
     has two docs of different labels (nothing a ranker can get right or wrong)."""
     from solvers.metrics import query_average_precision, query_ndcg, query_pairwise_accuracy
 
-    if len(query) == 0 or datasets.queries_with_pairs(query, label) == 0:
+    if len(query) == 0 or queries_with_pairs(query, label) == 0:
         return {}
     out = {f"ndcg@{k}": query_ndcg(query, label, scores, k),
            f"ndcg_relevant@{k}": query_ndcg(query, label, scores, k, no_relevant="skip"),
@@ -123,7 +227,7 @@ class TunedLinearRankSVM:
         ids = np.arange(len(label)) if ids is None else np.asarray(ids)
         default = {"C": float(self.params.get("C", 1.0))}
         self.model_, self.best_ = None, None
-        if datasets.queries_with_pairs(query, label) == 0:
+        if queries_with_pairs(query, label) == 0:
             self.tried_ = [skipped(default, "no training query has two docs of different "
                                    "labels: every score is 0")]
             return self
@@ -131,8 +235,8 @@ class TunedLinearRankSVM:
                                  if k not in LINEAR_DROPPED}, kernel="linear", keep_gram=True)
         val = validation_mask(query, self.seed)
         tune = ~val
-        with_pairs = (datasets.queries_with_pairs(query[tune], label[tune]),
-                      datasets.queries_with_pairs(query[val], label[val]))
+        with_pairs = (queries_with_pairs(query[tune], label[tune]),
+                      queries_with_pairs(query[val], label[val]))
         states = {}
         if min(with_pairs) == 0:
             self.best_ = default
@@ -187,35 +291,31 @@ class KernelRankSVMTrainer(Trainer):
         ev = cfg.evaluation
         n_features = int(previous["n_features"]) if previous and "n_features" in previous \
             else None
-        data = datasets.judgments(
+        data = judgments(
             store, window=cfg.window, queries=idmap(previous, "query_ids"),
             docs=idmap(previous, "doc_ids"), test_fraction=float(ev["fraction"]),
             seed=int(ev["seed"]), n_features=n_features,
             max_features=int(self.family.dataset_param(cfg.params, "max_features")))
-        X = data.X
-        arrays = {"query_ids": data.queries.ids, "doc_ids": data.docs.ids,
-                  "X_data": X.data, "X_indices": X.indices, "X_indptr": X.indptr,
-                  "X_shape": np.array(X.shape), "label": data.label, "query": data.query,
-                  "doc": data.doc, "instance": data.instance, "test_mask": data.test_mask}
-        return arrays, {"window": data.window.describe(), "stats": data.stats,
-                        "n_train": int((~data.test_mask).sum())}
+        return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
+                                  "n_train": int((~data.test_mask).sum())}
 
     # ------------------------------------------------------------------ fitting
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
-        train = ~arrays["test_mask"]
-        query, label = arrays["query"][train], arrays["label"][train]
-        if datasets.queries_with_pairs(query, label) == 0:
-            held = np.unique(arrays["query"][~train]).size
+        data = JudgmentData.from_arrays(arrays)
+        train = ~data.test_mask
+        query, label = data.query[train], data.label[train]
+        if queries_with_pairs(query, label) == 0:
+            held = np.unique(data.query[~train]).size
             raise ValueError(
                 f"no query of the training split has two docs with different labels: "
                 f"{np.unique(query).size} training queries, {int(train.sum())} judgments "
                 f"({held} more queries held out for evaluation); a ranker learns from docs of "
                 "different relevance judged for the same query")
-        X = feature_matrix(arrays)[train].toarray()
-        model.fit(X, label, query, ids=arrays["instance"][train], warm_start=warm)
+        X = data.X[train].toarray()
+        model.fit(X, label, query, ids=data.instance[train], warm_start=warm)
 
-    def fit_info(self, model) -> dict:
+    def fit_info(self, model, learned: dict) -> dict:
         return {"n_pairs": int(model.n_pairs_), "n_support": int(len(model.dual_coef_)),
                 "n_cg_iter": int(model.n_cg_iter_), "objective": float(model.objective_),
                 "converged": bool(model.converged_)}
@@ -223,21 +323,23 @@ class KernelRankSVMTrainer(Trainer):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
-        test = arrays["test_mask"]
+        data = JudgmentData.from_arrays(arrays)
+        test = data.test_mask
         if not test.any():
             return {}
-        scores = model.decision_function(feature_matrix(arrays)[test].toarray())
-        return query_metrics(arrays["query"][test], arrays["label"][test], scores,
+        scores = model.decision_function(data.X[test].toarray())
+        return query_metrics(data.query[test], data.label[test], scores,
                              int(cfg.evaluation["k"]))
 
     def baselines(self, arrays: dict, cfg) -> dict:
         """``best_feature``: the single feature, with its sign, whose values rank the training
         queries' docs best by the gate metric (among the MAX_BASELINE_FEATURES of largest
         within-query correlation with the label), scored on the held-out queries."""
-        X, test = feature_matrix(arrays).toarray(), arrays["test_mask"]
+        data = JudgmentData.from_arrays(arrays)
+        X, test = data.X.toarray(), data.test_mask
         train, k = ~test, int(cfg.evaluation["k"])
-        query, label = arrays["query"], arrays["label"].astype(np.float64)
-        if datasets.queries_with_pairs(query[train], label[train]) == 0 or X.shape[1] == 0:
+        query, label = data.query, data.label.astype(np.float64)
+        if queries_with_pairs(query[train], label[train]) == 0 or X.shape[1] == 0:
             return {}
         corr = _within_query_correlation(X[train], query[train], label[train])
         sign = 1.0 if self.family.higher_is_better(cfg.metric) else -1.0
@@ -280,7 +382,7 @@ class KernelRankSVMTrainer(Trainer):
     def artifact(self, model, arrays: dict, cfg, **describe):
         from pipeline.serving.scorers import Scorer
 
-        scores = model.decision_function(feature_matrix(arrays).toarray())
+        scores = model.decision_function(csr_from_arrays(arrays).toarray())
         return self._query_docs(arrays, scores, scorer=Scorer.kernel(model),
                                 algorithm=self.family.name, **describe)
 
@@ -291,26 +393,27 @@ class KernelRankSVMTrainer(Trainer):
     def item_ids(self, arrays: dict):
         return arrays["doc_ids"][arrays["doc"]]
 
-    def checkpoint(self, model, arrays: dict) -> dict:
+    def checkpoint(self, fitted, arrays: dict) -> dict:
         """The id maps, β keyed by instance id and the feature width (kept by the next run)."""
-        return {**super().checkpoint(model, arrays),
+        return {**super().checkpoint(fitted, arrays),
                 "n_features": np.array(int(arrays["X_shape"][1]))}
 
     # ------------------------------------------------------------------ challenger
 
-    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger:
+    def challenger(self, fitted, arrays: dict, cfg, warm: dict | None) -> Challenger:
         """``"linear"``: :class:`TunedLinearRankSVM` on the training queries (validation by the
         query index), scored on the held-out queries like the model, published as query_docs
         with its (collapsed) linear scorer."""
         started = time.perf_counter()
-        X, test = feature_matrix(arrays).toarray(), arrays["test_mask"]
+        data = JudgmentData.from_arrays(arrays)
+        X, test = data.X.toarray(), data.test_mask
         train, k = ~test, int(cfg.evaluation["k"])
-        query, label = arrays["query"], arrays["label"]
+        query, label = data.query, data.label
         tuned = TunedLinearRankSVM(
             params=self.family.estimator_params(cfg.params), metric=cfg.metric, k=k,
             higher_is_better=self.family.higher_is_better(cfg.metric),
             seed=int(cfg.evaluation["seed"]), warm=warm,
-        ).fit(X[train], label[train], query[train], ids=arrays["instance"][train])
+        ).fit(X[train], label[train], query[train], ids=data.instance[train])
         scores = tuned.decision_function(X)
         metrics = query_metrics(query[test], label[test], scores[test], k) if test.any() else {}
         artifact = self._query_docs(arrays, scores, scorer=tuned.scorer())

@@ -4,7 +4,7 @@ on-demand lookups.
 
 Rows are events (an item's many reviews are many instances); each row's instance id is a hash
 of its event id, so a warm refit maps the previous duals onto the same reviews whatever else
-arrived (:func:`pipeline.training.datasets.ordinal`). An item's published rating is the
+arrived (:func:`pipeline.training.trainers.npsvor_data.ordinal`). An item's published rating is the
 prediction for its latest event.
 
 Evaluation on the held-out events: MAE (the gate's default, lower is better), MSE, accuracy,
@@ -25,8 +25,8 @@ import warnings
 
 import numpy as np
 
-from pipeline.training import datasets
 from pipeline.training.trainers import Challenger, Trainer
+from pipeline.training.trainers.npsvor_data import OrdinalData, ordinal
 from pipeline.training.tuning import (
     grid_search,
     neighbours,
@@ -213,13 +213,6 @@ class TunedLinearOrdinal:
                 "C": np.array(float(self.best_["C"]))}
 
 
-def _matrix(arrays: dict):
-    from scipy.sparse import csr_matrix
-
-    return csr_matrix((arrays["X_data"], arrays["X_indices"], arrays["X_indptr"]),
-                      shape=tuple(arrays["X_shape"]))
-
-
 def ordinal_metrics(y, ratings, scores) -> dict:
     """MAE, MSE and accuracy of predicted ``ratings``, and the NDCG of ``scores`` (gain = the
     true rating) over the whole list; {} for an empty list."""
@@ -237,30 +230,23 @@ class NPSVORTrainer(Trainer):
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)
-        data = datasets.ordinal(
+        data = ordinal(
             store, window=cfg.window, test_fraction=float(ev["fraction"]), seed=int(ev["seed"]),
             n_features=int(previous["n_features"]) if previous and "n_features" in previous
             else None, max_features=int(param("max_features")),
             text_features=int(param("text_features")), levels=int(param("levels")))
-        X = data.X
-        arrays = {"X_data": X.data, "X_indices": X.indices, "X_indptr": X.indptr,
-                  "X_shape": np.array(X.shape), "y": data.y, "ids": data.ids,
-                  "item_ids": data.item_ids, "row_item": data.row_item,
-                  "latest": data.latest, "test_mask": data.test_mask,
-                  "n_features": np.array(data.n_features),
-                  "text_features": np.array(data.text_features)}
-        return arrays, {"window": data.window.describe(), "stats": data.stats,
-                        "n_train": int((~data.test_mask).sum())}
+        return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
+                                  "n_train": int((~data.test_mask).sum())}
 
     # ------------------------------------------------------------------ fitting
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
         """Fit on the training events, the duals of events seen before taken over by id."""
-        train = ~arrays["test_mask"]
-        model.fit(_matrix(arrays)[train], arrays["y"][train], ids=arrays["ids"][train],
-                  warm_start=warm)
+        data = OrdinalData.from_arrays(arrays)
+        train = ~data.test_mask
+        model.fit(data.X[train], data.y[train], ids=data.ids[train], warm_start=warm)
 
-    def fit_info(self, model) -> dict:
+    def fit_info(self, model, learned: dict) -> dict:
         return {"converged": model.converged_,
                 "n_iter_per_rank": [int(n) for n in model.n_iter_per_rank_],
                 "rank_seconds_max": float(np.max(model.rank_fit_seconds_))}
@@ -268,11 +254,12 @@ class NPSVORTrainer(Trainer):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
-        test = arrays["test_mask"]
+        data = OrdinalData.from_arrays(arrays)
+        test = data.test_mask
         if not test.any():
             return {}
-        X = _matrix(arrays)[test]
-        return ordinal_metrics(arrays["y"][test], model.predict(X), model.predict_score(X))
+        X = data.X[test]
+        return ordinal_metrics(data.y[test], model.predict(X), model.predict_score(X))
 
     def baselines(self, arrays: dict, cfg) -> dict:
         """Constant ratings from the training events, ``majority`` (the most frequent rating),
@@ -309,7 +296,8 @@ class NPSVORTrainer(Trainer):
         on the held-out ones. None when no column varies."""
         from sklearn.isotonic import IsotonicRegression
 
-        X, y, test = _matrix(arrays), arrays["y"].astype(np.float64), arrays["test_mask"]
+        data = OrdinalData.from_arrays(arrays)
+        X, y, test = data.X, data.y.astype(np.float64), data.test_mask
         train = ~test
         Xt, yt = X[train].tocsc(), y[train]
         n = Xt.shape[0]
@@ -342,10 +330,9 @@ class NPSVORTrainer(Trainer):
         scores = iso.predict(column)
         found = ordinal_metrics(y[test], np.rint(scores[test]), scores[test])
         found["feature"] = j
-        n_features = int(arrays["n_features"])
-        found["column"] = (f"feature {j}" if j < n_features
-                           else f"hashed text column {j - n_features}")
-        return found, scores[arrays["latest"]].astype(np.float32)
+        found["column"] = (f"feature {j}" if j < data.n_features
+                           else f"hashed text column {j - data.n_features}")
+        return found, scores[data.latest].astype(np.float32)
 
     # ------------------------------------------------------------------ publishing
 
@@ -359,9 +346,10 @@ class NPSVORTrainer(Trainer):
         from pipeline.serving.artifact import ModelArtifact
         from pipeline.serving.scorers import Scorer
 
-        X = _matrix(arrays)[arrays["latest"]]
-        scorer = Scorer.ordinal(model, n_features=int(arrays["n_features"]),
-                                text_features=int(arrays["text_features"]))
+        data = OrdinalData.from_arrays(arrays)
+        X = data.X[data.latest]
+        scorer = Scorer.ordinal(model, n_features=data.n_features,
+                                text_features=data.text_features)
         return ModelArtifact.predicted_ratings(
             item_ids=self.item_ids(arrays), ratings=model.predict(X),
             scores=model.predict_score(X), scorer=scorer, algorithm=self.family.name,
@@ -376,14 +364,14 @@ class NPSVORTrainer(Trainer):
         return ModelArtifact.predicted_ratings(item_ids=self.item_ids(arrays), ratings=ratings,
                                                scores=scores, **describe)
 
-    def checkpoint(self, model, arrays: dict) -> dict:
+    def checkpoint(self, fitted, arrays: dict) -> dict:
         """The warm state (duals per event hash and rank) and the numeric feature width, which
         the next run keeps (the text columns start after it)."""
-        return {**super().checkpoint(model, arrays), "n_features": arrays["n_features"]}
+        return {**super().checkpoint(fitted, arrays), "n_features": arrays["n_features"]}
 
     # ------------------------------------------------------------------ challenger
 
-    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger:
+    def challenger(self, fitted, arrays: dict, cfg, warm: dict | None) -> Challenger:
         """``"linear_ordinal"``: :class:`TunedLinearOrdinal` on the training events (validation
         split by the event hash), scored on the held-out events like the model; published as
         predicted ratings (each item's rating and score from its latest event) *without a
@@ -394,17 +382,18 @@ class NPSVORTrainer(Trainer):
         from pipeline.serving.artifact import ModelArtifact
 
         started = time.perf_counter()
-        X, y, test = _matrix(arrays), arrays["y"], arrays["test_mask"]
+        data = OrdinalData.from_arrays(arrays)
+        X, y, test = data.X, data.y, data.test_mask
         train = ~test
         tuned = TunedLinearOrdinal(
             metric=cfg.metric, higher_is_better=self.family.higher_is_better(cfg.metric),
             seed=int(cfg.evaluation["seed"]), warm=warm,
-        ).fit(X[train], y[train], ids=arrays["ids"][train])
+        ).fit(X[train], y[train], ids=data.ids[train])
         metrics = {}
         if test.any():
             Xt = X[test]
             metrics = ordinal_metrics(y[test], tuned.predict(Xt), tuned.predict_score(Xt))
-        latest = X[arrays["latest"]]
+        latest = X[data.latest]
         artifact = ModelArtifact.predicted_ratings(
             item_ids=self.item_ids(arrays), ratings=tuned.predict(latest),
             scores=tuned.predict_score(latest))

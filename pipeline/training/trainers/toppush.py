@@ -1,5 +1,8 @@
 """TopPush's trainer: outcome events -> sparse (X, y) -> TopPush -> one ranked item list.
 
+Dataset (:func:`outcomes`): one row per item, its latest outcome, with a stable random split
+by the item index.
+
 Challenger ``"logistic"`` (:class:`TunedLogistic`): scikit-learn's LogisticRegression, what a
 user would otherwise rank by, C tuned over ``LOGISTIC_C`` on a validation part of the training
 rows by the gate metric, refitted on all of them.
@@ -8,10 +11,22 @@ rows by the gate metric, refitted on all of them.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from pipeline.training import datasets
+from pipeline.ingest.store import EventStore
+from pipeline.training.arrays import csr_from_arrays, csr_to_arrays, features_csr
+from pipeline.training.datasets import (
+    Window,
+    id_indices,
+    latest_per_key,
+    stable_split,
+    window_tables,
+)
+from pipeline.training.idmap import IdMap
 from pipeline.training.trainers import Challenger, Trainer, idmap
 from pipeline.training.tuning import (
     grid_search,
@@ -30,11 +45,56 @@ LOGISTIC_C = (0.01, 0.1, 1.0, 10.0, 100.0)
 LOGISTIC_DEFAULT = {"C": 1.0}   # when validation cannot choose
 
 
-def _matrix(arrays: dict):
-    from scipy.sparse import csr_matrix
+@dataclass
+class OutcomeData:
+    """TopPush's inputs: one row per item, its latest outcome's features and 0/1 label."""
 
-    return csr_matrix((arrays["X_data"], arrays["X_indices"], arrays["X_indptr"]),
-                      shape=tuple(arrays["X_shape"]))
+    items: IdMap | None
+    X: object                         # scipy.sparse.csr_matrix, rows = items in ``rows``
+    y: np.ndarray                     # 0/1
+    rows: np.ndarray                  # item index of each row
+    test_mask: np.ndarray
+    window: Window | None
+    stats: dict = field(default_factory=dict)
+
+    def to_arrays(self) -> dict:
+        """The dataset bundle's arrays: ``item_ids``, X (:func:`csr_to_arrays`), ``y``,
+        ``rows`` and ``test_mask``."""
+        return {"item_ids": self.items.ids, **csr_to_arrays(self.X), "y": self.y,
+                "rows": self.rows, "test_mask": self.test_mask}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict) -> OutcomeData:
+        """The dataset of a bundle's arrays (no id map, window or stats: the arrays keep
+        ``item_ids`` as they are)."""
+        return cls(items=None, X=csr_from_arrays(arrays), y=arrays["y"], rows=arrays["rows"],
+                   test_mask=arrays["test_mask"], window=None)
+
+
+def outcomes(store: EventStore, *, window=None, items: IdMap | None = None,
+             test_fraction: float = 0.2, seed: int = 0, n_features: int | None = None,
+             max_features: int = 2**24) -> OutcomeData:
+    """TopPush inputs from outcome events: one row per item (its latest outcome). Features of
+    index ``max_features`` or more are left out (counted in the stats), so no single event can
+    make the model's weight vector arbitrarily large."""
+    columns = {"outcome": ["ts", "offset", "item", "label", "feature_index", "feature_value"]}
+    tables, win = window_tables(store, ["outcome"], window or {}, columns, key="item")
+    t = tables["outcome"]
+    items, idx = id_indices(items or IdMap(), t.column("item"))
+    keep = latest_per_key(idx, t.column("ts").to_numpy(), t.column("offset").to_numpy())
+    t = t.take(pa.array(keep))
+    X = features_csr(t, max_features=max_features)
+    dropped = int(pc.sum(pc.list_value_length(t.column("feature_index"))).as_py() or 0) - X.nnz
+    if n_features is not None and X.shape[1] < n_features:
+        X.resize((X.shape[0], n_features))
+    y = t.column("label").to_numpy().astype(np.int8)
+    rows = idx[keep]
+    test = stable_split(rows, test_fraction, seed) if test_fraction > 0 else \
+        np.zeros(len(rows), bool)
+    return OutcomeData(items=items, X=X, y=y, rows=rows, test_mask=test, window=win,
+                       stats={"outcomes": int(len(rows)), "positives": int(y.sum()),
+                              "test": int(test.sum()), "features": int(X.shape[1]),
+                              "feature_values_over_max_features": dropped})
 
 
 def _metrics(y, scores) -> dict:
@@ -138,32 +198,28 @@ class TopPushTrainer(Trainer):
         ev = cfg.evaluation
         n_features = int(previous["warm_coef"].shape[0]) if previous and \
             "warm_coef" in previous else None
-        data = datasets.outcomes(store, window=cfg.window, items=idmap(previous, "item_ids"),
-                                 test_fraction=float(ev["fraction"]), seed=int(ev["seed"]),
-                                 n_features=n_features,
-                                 max_features=self.family.dataset_param(cfg.params,
-                                                                        "max_features"))
-        X = data.X.tocsr()
-        arrays = {"item_ids": data.items.ids, "X_data": X.data, "X_indices": X.indices,
-                  "X_indptr": X.indptr, "X_shape": np.array(X.shape), "y": data.y,
-                  "rows": data.rows, "test_mask": data.test_mask}
-        return arrays, {"window": data.window.describe(), "stats": data.stats,
-                        "n_train": int((~data.test_mask).sum())}
+        data = outcomes(store, window=cfg.window, items=idmap(previous, "item_ids"),
+                        test_fraction=float(ev["fraction"]), seed=int(ev["seed"]),
+                        n_features=n_features,
+                        max_features=self.family.dataset_param(cfg.params, "max_features"))
+        return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
+                                  "n_train": int((~data.test_mask).sum())}
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
-        train = ~arrays["test_mask"]
-        model.fit(_matrix(arrays)[train], arrays["y"][train], ids=arrays["rows"][train],
-                  warm_start=warm)
+        data = OutcomeData.from_arrays(arrays)
+        train = ~data.test_mask
+        model.fit(data.X[train], data.y[train], ids=data.rows[train], warm_start=warm)
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
-        test = arrays["test_mask"]
-        return _metrics(arrays["y"][test], model.decision_function(_matrix(arrays)[test]))
+        data = OutcomeData.from_arrays(arrays)
+        test = data.test_mask
+        return _metrics(data.y[test], model.decision_function(data.X[test]))
 
     def baselines(self, arrays: dict, cfg) -> dict:
         """``best_feature``: the single feature, with its sign, that ranks the training
         outcomes best by the gate metric (among the 50 of largest standardized mean
         difference between positives and negatives), scored on the holdout."""
-        X, y, test = _matrix(arrays).tocsc(), arrays["y"], arrays["test_mask"]
+        X, y, test = csr_from_arrays(arrays).tocsc(), arrays["y"], arrays["test_mask"]
         train = ~test
         if len(np.unique(y[train])) < 2 or X.shape[1] == 0:
             return {}
@@ -197,19 +253,20 @@ class TopPushTrainer(Trainer):
         from pipeline.serving.artifact import ModelArtifact
 
         return ModelArtifact.global_list(item_ids=self.item_ids(arrays),
-                                         scores=model.decision_function(_matrix(arrays)),
+                                         scores=model.decision_function(csr_from_arrays(arrays)),
                                          algorithm=self.family.name, **describe)
 
-    def challenger(self, model, arrays: dict, cfg, warm: dict | None) -> Challenger:
+    def challenger(self, fitted, arrays: dict, cfg, warm: dict | None) -> Challenger:
         """``"logistic"``: :class:`TunedLogistic` on the training rows (validation split by the
         item index), scored on the holdout like the model, published as a global list."""
         from pipeline.serving.artifact import ModelArtifact
 
         started = time.perf_counter()
-        X, y, test = _matrix(arrays), arrays["y"], arrays["test_mask"]
+        data = OutcomeData.from_arrays(arrays)
+        X, y, test = data.X, data.y, data.test_mask
         train = ~test
         tuned = TunedLogistic(metric=cfg.metric, seed=int(cfg.evaluation["seed"]),
-                              warm=warm).fit(X[train], y[train], ids=arrays["rows"][train])
+                              warm=warm).fit(X[train], y[train], ids=data.rows[train])
         scores = tuned.decision_function(X)
         return Challenger(
             name="logistic", metrics=_metrics(y[test], scores[test]),
