@@ -85,12 +85,17 @@ def test_plain_csv_edited_keeps_one_rating_per_user_and_item(tmp_path):
     assert data.met["rating"][at[0]] == 5
 
 
-def test_a_crash_between_ledger_and_store_loses_nothing(tmp_path):
+def _one_file(tmp_path, n: int):
+    """(settings, file of ``n`` ratings, the events, the store)."""
     settings = Settings(home=tmp_path / "home")
     path = tmp_path / "a.jsonl"
-    events = _ratings(40)
+    events = _ratings(n)
     _write(path, events)
-    store = EventStore.from_settings(settings)
+    return settings, path, events, EventStore.from_settings(settings)
+
+
+def test_a_crash_between_ledger_and_store_loses_nothing(tmp_path):
+    settings, path, events, store = _one_file(tmp_path, 40)
     # the process died after writing the keys of a group and before the group itself
     keys = [record_key(b"jsonl||" + json.dumps(e).encode()) for e in events]
     FileLedger(store.root).add(0, 39, keys)
@@ -100,11 +105,7 @@ def test_a_crash_between_ledger_and_store_loses_nothing(tmp_path):
 
 
 def test_a_store_from_before_the_ledger_is_not_stored_again(tmp_path):
-    settings = Settings(home=tmp_path / "home")
-    path = tmp_path / "a.jsonl"
-    events = _ratings(30)
-    _write(path, events)
-    store = EventStore.from_settings(settings)
+    settings, path, events, store = _one_file(tmp_path, 30)
     first = ingest_files([path], settings=settings, progress=False)  # lay out the rows as then
     assert first.events == {"rating": 30}
     table = store.read("rating")
