@@ -83,8 +83,9 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
             for chunk in read_chunks(path, fmt, kind, chunk_size):
                 keys = [record_key(how + content) for content in chunk.contents]
                 keys_now += keys
-                inherited += [k for k, n in zip(keys, chunk.numbers) if n < legacy]
-                added.update(inherited)
+                old = [k for k, n in zip(keys, chunk.numbers) if n < legacy]
+                inherited += old
+                added.update(old)
                 new = _new_records(keys, held, added)
                 summary.messages += len(keys)
                 summary.already_stored += len(keys) - len(new)
