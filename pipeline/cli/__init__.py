@@ -27,6 +27,7 @@ COMMANDS = {
     "recommend": ("recommend", "top-K lookup from Redis for a user or query"),
     "versions": ("versions", "list the published versions of a model"),
     "rollback": ("rollback", "flip a model's current version back"),
+    "serve": ("serve", "the HTTP API over the served models (loopback by default)"),
 }
 
 

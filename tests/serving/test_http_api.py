@@ -1,0 +1,133 @@
+"""``rankstream serve``: a real uvicorn process on loopback, a real HTTP client, a real
+redis-server. Answers as the lookup client gives them; every bad request a JSON 4xx."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.publish import publish
+from tests.ingest.factory import REPO
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served(tmp_path, redis_url):
+    """(base URL, namespace, token) of a `rankstream serve` over one published model."""
+    namespace = f"api{tmp_path.name[-10:]}"
+    rng = np.random.default_rng(0)
+    art = ModelArtifact.user_item(user_ids=[f"u{i}" for i in range(30)],
+                                  item_ids=list(range(100, 140)),
+                                  user_factors=rng.normal(size=(30, 4)),
+                                  item_factors=rng.normal(size=(40, 4)), algorithm="altsvm")
+    publish("movies", art, redis_url, top_k=20, namespace=namespace)
+    config = tmp_path / "models.toml"
+    config.write_text('[models.movies]\nalgorithm = "altsvm"\n'
+                      '[models.later]\nalgorithm = "toppush"\n')
+    port, token = _free_port(), "s3cret-token"
+    env = {**os.environ, "RANKSTREAM_API_TOKEN": token}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port),
+                             "--redis-url", redis_url, "--namespace", namespace,
+                             "--config", str(config), "--home", str(tmp_path / "home")],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"serve did not start: {proc.stderr.read() if proc.poll() else ''}")
+        yield base, namespace, token, art
+    finally:
+        proc.terminate()      # the process this fixture started (its Popen), nothing else
+        proc.wait(timeout=20)
+
+
+def test_recommend_over_http_is_what_the_lookup_client_answers(served):
+    base, _, token, art = served
+    auth = {"Authorization": f"Bearer {token}"}
+    got = httpx.get(f"{base}/v1/models/movies/recommend", params={"user": "u3", "k": 5},
+                    headers=auth)
+    assert got.status_code == 200, got.text
+    body = got.json()
+    scores = art.item_factors @ art.user_factors[3]
+    best = np.argsort(-scores)[:5]
+    assert [x["item"] for x in body["items"]] == [100 + int(i) for i in best]
+    assert body["source"] == "precomputed" and body["version"] == 1 and not body["stale"]
+    everyone = httpx.get(f"{base}/v1/models/movies/recommend", params={"k": 3}, headers=auth)
+    assert everyone.json()["source"] == "fallback" and len(everyone.json()["items"]) == 3
+    info = httpx.get(f"{base}/v1/models/movies", headers=auth).json()
+    assert info["version"] == 1 and info["kind"] == "user_item" and info["age_seconds"] is None
+    listed = httpx.get(f"{base}/v1/models", headers=auth).json()["models"]
+    assert [m["model"] for m in listed] == ["movies", "later"] and listed[1]["version"] is None
+    ready = httpx.get(f"{base}/readyz", headers=auth)
+    assert ready.status_code == 503 and "later" in ready.json()["error"]
+
+
+@pytest.mark.parametrize("path, params, status, says", [
+    ("/v1/models/nothing/recommend", {"user": "u1"}, 404, "no published version"),
+    ("/v1/models/nothing", {}, 404, "no published version"),
+    ("/v1/models/movies/recommend", {"user": "u1", "k": "-1"}, 400, "k is -1, expected 1..1000"),
+    ("/v1/models/movies/recommend", {"user": "u1", "k": "ten"}, 400, "expected an integer"),
+    ("/v1/models/movies/recommend", {"user": "u1", "k": "100000"}, 400, "expected 1..1000"),
+    ("/v1/models/movies/recommend", {"usr": "u1"}, 400, "unknown parameters ['usr']"),
+    ("/v2/anything", {}, 404, "no such route"),
+    ("/v1/models/movies/recommend", {"user": ""}, 400, "user is empty"),
+])
+def test_a_bad_request_is_a_json_4xx(served, path, params, status, says):
+    base, _, token, _ = served
+    got = httpx.get(base + path, params=params, headers={"Authorization": f"Bearer {token}"})
+    assert got.status_code == status and says in got.json()["error"], got.text
+
+
+def test_every_route_but_healthz_needs_the_token(served):
+    base, _, token, _ = served
+    assert httpx.get(f"{base}/healthz").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+        got = httpx.get(f"{base}/v1/models/movies/recommend", params={"user": "u1"},
+                        headers=headers)
+        assert got.status_code == 401 and "bearer token" in got.json()["error"]
+        assert token not in got.text
+
+
+def test_random_requests_get_json_and_never_a_5xx(served):
+    """Random routes, methods, query strings and bodies: every answer is JSON, none a 5xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base, _, token, _ = served
+    paths = st.sampled_from(["/healthz", "/readyz", "/v1/models", "/v1/models/movies",
+                             "/v1/models/movies/recommend", "/v1/models/%00/recommend",
+                             "/v1/models/" + "x" * 300, "/v1/models/movies/recommend/extra"])
+    text = st.text(max_size=40)
+    auth = st.sampled_from([{"Authorization": f"Bearer {token}"}, {}, {"Authorization": "x"}])
+
+    @settings(max_examples=80, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(paths, st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+           st.dictionaries(st.sampled_from(["user", "k", "items", "x"]), text, max_size=3),
+           st.binary(max_size=200), auth)
+    def check(path, method, params, body, headers):
+        got = httpx.request(method, base + path, params=params, content=body, headers=headers,
+                            timeout=10)
+        assert got.status_code < 500 or got.status_code == 503, (path, params, got.text)
+        assert isinstance(got.json(), dict), got.text
+        assert "Traceback" not in got.text
+
+    check()
