@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO))
 from pipeline.ingest.buffer import load_fast_path  # noqa: E402
 from pipeline.ingest.kafka import FETCH_CONFIG, ingest_kafka, new_group_id  # noqa: E402
 from pipeline.ingest.producer import EventProducer  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
+from pipeline.settings import Settings, state_dir  # noqa: E402
 
 
 @contextmanager
@@ -66,7 +66,7 @@ def broker(bootstrap: str | None):
     from tests.servers import free_port
 
     port = free_port(pair=True)
-    state = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+    state = Path(tempfile.mkdtemp(prefix="bench-kafka-", dir=state_dir("bench")))
     env = {**os.environ, "RANKSTREAM_KAFKA_PORT": str(port),
            "RANKSTREAM_KAFKA_DIR": str(state / "kafka")}
     print(f"starting a Kafka broker on 127.0.0.1:{port} (infra/kafka/start.sh) ...", flush=True)
@@ -139,7 +139,7 @@ def bare_consume(bootstrap: str, topic: str, messages: int, check_crcs: bool) ->
 
 def ingest(bootstrap: str, topic: str, n: int, check_crcs: bool) -> tuple[float, float]:
     """Seconds (wall, CPU of this process) of one ``ingest_kafka(until_end=True)`` run."""
-    home = Path(tempfile.mkdtemp(prefix="bench-store-"))
+    home = Path(tempfile.mkdtemp(prefix="bench-store-", dir=state_dir("bench")))
     try:
         settings = Settings(home=home, kafka_bootstrap=bootstrap)
         started, cpu = time.perf_counter(), time.process_time()
@@ -178,7 +178,7 @@ def worker(args) -> int:
 def group_run(bootstrap: str, topic: str, n: int, processes: int, check_crcs: bool) -> dict:
     """``processes`` workers of one new group drain ``topic`` into one new store; returns the
     events/s from the first start to the last end, and what each stored."""
-    home = Path(tempfile.mkdtemp(prefix="bench-group-"))
+    home = Path(tempfile.mkdtemp(prefix="bench-group-", dir=state_dir("bench")))
     group = new_group_id("bench-group")
     cmd = [sys.executable, __file__, "--worker", "--bootstrap", bootstrap, "--topic", topic,
            "--group", group, "--home", str(home)] + ([] if check_crcs else ["--no-check-crcs"])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -49,7 +50,7 @@ from pipeline.serving.lookup import TopK  # noqa: E402
 from pipeline.serving.publish import publish  # noqa: E402
 from pipeline.serving.redis_client import client_from_url  # noqa: E402
 from pipeline.serving.shards import ShardWriter  # noqa: E402
-from pipeline.settings import redact  # noqa: E402
+from pipeline.settings import redact, state_dir  # noqa: E402
 from solvers.topk import warm_up  # noqa: E402
 
 TARGETS = {"ratio_p50": 1.2, "recommend_p99_us": 1000.0, "batch_users_per_s": 50_000,
@@ -72,7 +73,7 @@ def local_cluster():
             break
         except OSError:
             continue
-    tmp = tempfile.mkdtemp(prefix="rankstream-bench-cluster-")
+    tmp = tempfile.mkdtemp(prefix="cluster-", dir=state_dir("bench"))   # ours, not /tmp
     env = {**os.environ, "RANKSTREAM_REDIS_CLUSTER_PORT": str(base),
            "RANKSTREAM_REDIS_CLUSTER_DIR": tmp}
     try:
@@ -82,6 +83,7 @@ def local_cluster():
                f"infra/redis/cluster-start.sh (pid files {tmp}/*/redis.pid)")
     finally:
         subprocess.run([REPO / "infra/redis/cluster-stop.sh"], env=env, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)    # the directory made above, nothing else
 
 
 def cluster_run(art: ModelArtifact, args, value_size: int) -> dict:
@@ -173,13 +175,14 @@ def local_redis():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    tmp = tempfile.mkdtemp(prefix="rankstream-bench-")
+    tmp = tempfile.mkdtemp(prefix="redis-", dir=state_dir("bench"))
     env = {**os.environ, "RANKSTREAM_REDIS_PORT": str(port), "RANKSTREAM_REDIS_DIR": tmp}
     subprocess.run([REPO / "infra/redis/start.sh"], env=env, check=True, capture_output=True)
     try:
         yield f"redis://127.0.0.1:{port}/0", f"infra/redis/start.sh (pid file {tmp}/redis.pid)"
     finally:
         subprocess.run([REPO / "infra/redis/stop.sh"], env=env, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_model(n_users: int, n_items: int, rank: int, seed: int = 0) -> ModelArtifact:
