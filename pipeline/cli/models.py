@@ -12,13 +12,12 @@ def add_arguments(parser) -> None:
 def _fallback_share(client, model: str, namespace: str, current) -> str:
     """Share of the served version's lookups answered from the fallback list (unknown users:
     a window that drops most users shows here first)."""
-    from pipeline.serving.versions import answer_counts
+    from pipeline.serving.versions import fallback_share
 
     if not current:
         return "-"
-    counts = answer_counts(model, client, namespace=namespace).get(current[0].version, {})
-    total = sum(counts.values())
-    return f"{counts.get('fallback', 0) / total:.1%} of {total:,}" if total else "-"
+    share, total = fallback_share(model, client, current[0].version, namespace=namespace)
+    return f"{share:.1%} of {total:,}" if total else "-"
 
 
 def run(args) -> int:

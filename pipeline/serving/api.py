@@ -28,7 +28,9 @@ import logging
 import time
 from datetime import datetime, timezone
 
+import redis
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -36,6 +38,7 @@ from starlette.routing import Route
 
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.layout import UnknownModelError
+from pipeline.serving.versions import current_version, fallback_share
 
 log = logging.getLogger(__name__)
 MAX_K = 1000
@@ -60,7 +63,8 @@ def create_app(topk, *, models: list[str] | None = None, token: str | None = Non
                 return _error(404, str(err))
             except ValueError as err:
                 return _error(400, str(err))
-            except (RedisUnavailable, ConnectionError, TimeoutError, OSError) as err:
+            except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError,
+                    ConnectionError, TimeoutError, OSError) as err:
                 return _error(503, f"Redis is unavailable: {err}")
             except Exception as err:    # a bug: logged here, one line to the caller
                 log.exception("%s %s failed", request.method, request.url.path)
@@ -117,8 +121,6 @@ def create_app(topk, *, models: list[str] | None = None, token: str | None = Non
 
 async def _in_thread(handler, request: Request):
     """Run a blocking handler (the lookup client is synchronous) off the event loop."""
-    from starlette.concurrency import run_in_threadpool
-
     return await run_in_threadpool(handler, request)
 
 
@@ -159,30 +161,20 @@ def _plain(item):
 
 
 def _current(client, namespace: str, model: str):
-    from pipeline.serving.versions import versions
-
-    try:
-        return next((v for v in versions(model, client, namespace=namespace) if v.current),
-                    None)
-    except UnknownModelError:
-        return None
+    return current_version(model, client, namespace=namespace)
 
 
 def _model_info(client, namespace: str, model: str) -> dict:
     """The served version of ``model``: its metrics, what it serves, its age, and the share
     of its lookups answered from the fallback list."""
-    from pipeline.serving.versions import answer_counts
-
     current = _current(client, namespace, model)
     if current is None:
         return {"model": model, "version": None}
-    counts = answer_counts(model, client, namespace=namespace).get(current.version, {})
-    total = sum(counts.values())
+    share, total = fallback_share(model, client, current.version, namespace=namespace)
     return {"model": model, "version": current.version, "algorithm": current.algorithm,
             "kind": current.kind, "served_as": current.served_as, "metrics": current.metrics,
             "trained_at": current.trained_at, "age_seconds": _age(current.trained_at),
-            "lookups": total, "fallback_share": counts.get("fallback", 0) / total
-            if total else None}
+            "lookups": total, "fallback_share": share}
 
 
 def _age(iso: str) -> float | None:

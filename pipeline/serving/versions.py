@@ -382,6 +382,28 @@ def prune_versions(keys: ModelKeys, redis, keep_versions: int, stale_after: floa
     return deleted
 
 
+def served_versions(model: str, redis, *, namespace: str = "rankstream") -> list[VersionInfo]:
+    """:func:`versions`, or ``[]`` for a model with nothing published."""
+    try:
+        return versions(model, redis, namespace=namespace)
+    except UnknownModelError:
+        return []
+
+
+def current_version(model: str, redis, *, namespace: str = "rankstream") -> VersionInfo | None:
+    """The version lookups are served from, or None."""
+    return next((v for v in served_versions(model, redis, namespace=namespace) if v.current),
+                None)
+
+
+def fallback_share(model: str, redis, version: int, *,
+                   namespace: str = "rankstream") -> tuple[float | None, int]:
+    """(share of ``version``'s lookups answered from the fallback list, lookups counted)."""
+    counts = answer_counts(model, redis, namespace=namespace).get(version, {})
+    total = sum(counts.values())
+    return (counts.get("fallback", 0) / total if total else None), total
+
+
 def answer_counts(model: str, redis, *, namespace: str = "rankstream") -> dict:
     """{version: {source: answers}} that lookup clients reported for ``model``."""
     out: dict = {}

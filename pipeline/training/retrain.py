@@ -279,13 +279,9 @@ def _challenger(trainer, fitted, arrays, cfg, last_arrays, run_dir: Path, *,
 
 
 def served_versions(settings: Settings, client, model: str) -> list:
-    from pipeline.serving.layout import UnknownModelError
-    from pipeline.serving.versions import versions
+    from pipeline.serving.versions import served_versions as kept
 
-    try:
-        return versions(model, client, namespace=settings.namespace)
-    except UnknownModelError:
-        return []
+    return kept(model, client, namespace=settings.namespace)
 
 
 def gate_step(ctx: RunContext) -> dict:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -24,6 +25,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def _serve(redis_url: str, tmp_path, *extra: str, env=None):
+    """A `rankstream serve` on a free loopback port; yields its base URL, stops it after."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port),
+                             "--redis-url", redis_url, "--home", str(tmp_path / "home"),
+                             *extra], cwd=REPO, env=env, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve exited with status {proc.returncode}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()      # the process this helper started (its Popen), nothing else
+        proc.wait(timeout=20)
+
+
 @pytest.fixture
 def served(tmp_path, redis_url):
     """(base URL, namespace, token) of a `rankstream serve` over one published model."""
@@ -37,26 +61,11 @@ def served(tmp_path, redis_url):
     config = tmp_path / "models.toml"
     config.write_text('[models.movies]\nalgorithm = "altsvm"\n'
                       '[models.later]\nalgorithm = "toppush"\n')
-    port, token = _free_port(), "s3cret-token"
+    token = "s3cret-token"
     env = {**os.environ, "RANKSTREAM_API_TOKEN": token}
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port),
-                             "--redis-url", redis_url, "--namespace", namespace,
-                             "--config", str(config), "--home", str(tmp_path / "home")],
-                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError(f"serve did not start: {proc.stderr.read() if proc.poll() else ''}")
+    with _serve(redis_url, tmp_path, "--namespace", namespace, "--config", str(config),
+                env=env) as base:
         yield base, namespace, token, art
-    finally:
-        proc.terminate()      # the process this fixture started (its Popen), nothing else
-        proc.wait(timeout=20)
 
 
 def test_recommend_over_http_is_what_the_lookup_client_answers(served):
@@ -131,3 +140,11 @@ def test_random_requests_get_json_and_never_a_5xx(served):
         assert "Traceback" not in got.text
 
     check()
+
+
+def test_redis_down_is_a_503_on_every_route_that_needs_it(tmp_path):
+    """A server whose Redis is gone stays up and says so: 503 with a reason, never a 500."""
+    with _serve(f"redis://127.0.0.1:{_free_port()}/0", tmp_path) as base:
+        for path in ("/readyz", "/v1/models/movies", "/v1/models/movies/recommend?user=u1"):
+            got = httpx.get(base + path)
+            assert got.status_code == 503 and "unavailable" in got.json()["error"], got.text
