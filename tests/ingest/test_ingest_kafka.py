@@ -62,14 +62,15 @@ def test_round_trip_of_every_kind(kafka_bootstrap, tmp_path, encoding):
         row.pop("offset")
         assert row == normalize_event(event), event
 
-    # offsets were committed after the segments (for lag monitoring)
+    # offsets were committed after the segments (for lag monitoring); a partition the
+    # producer's partitioner happened to send nothing to has nothing to commit (None: lag 0)
     from kafka import KafkaConsumer, TopicPartition
 
     probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group,
                           enable_auto_commit=False)
     parts = [TopicPartition(topic, p) for p in (0, 1)]
     ends = probe.end_offsets(parts)
-    assert {tp: probe.committed(tp) for tp in parts} == ends
+    assert {tp: probe.committed(tp) or 0 for tp in parts} == ends
     probe.close()
 
 
