@@ -28,6 +28,9 @@ COMMANDS = {
     "versions": ("versions", "list the published versions of a model"),
     "rollback": ("rollback", "flip a model's current version back"),
     "serve": ("serve", "the HTTP API over the served models (loopback by default)"),
+    "report": ("report", "open a model's latest run report (HTML with figures)"),
+    "metrics": ("metrics", "the pipeline's Prometheus metrics: ingest lag, dead letters, "
+                "retrains"),
 }
 
 

@@ -60,6 +60,9 @@ def _ids(name: str, values) -> np.ndarray:
     return arr
 
 
+FOLD_IN_METHODS = ("pairwise", "least_squares")   # solvers.fold_in's two problems
+
+
 @dataclass(eq=False)
 class ModelArtifact:
     """Plain arrays of a trained model plus what describes it; build with the class methods.
@@ -96,6 +99,11 @@ class ModelArtifact:
         published because the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
         (the gate's challenger, or a blend with it, published because the model lost to it).
         Lookups report it as their ``source``.
+    fold_in : dict
+        How a user the model has not met gets a factor from a few of their items at request
+        time (:mod:`solvers.fold_in`): ``{"method": "pairwise", "reg", "loss", "per_item"}``,
+        ``{"method": "least_squares", "reg", "alpha"}``, or empty (no fold-in: such a user
+        gets the fallback list).
     """
 
     kind: str
@@ -118,6 +126,7 @@ class ModelArtifact:
     metrics: dict = field(default_factory=dict)
     trained_at: str | None = None
     served_as: str = "model"
+    fold_in: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -217,7 +226,11 @@ class ModelArtifact:
                              "pipeline.serving.scorers.Scorer")
         if not isinstance(self.params, dict) or not isinstance(self.metrics, dict):
             raise ValueError("params and metrics must be dicts")
-        json.dumps([self.params, self.metrics])  # must be JSON-serialisable
+        json.dumps([self.params, self.metrics, self.fold_in])  # must be JSON-serialisable
+        if self.fold_in and (self.fold_in.get("method") not in FOLD_IN_METHODS
+                             or self.item_factors is None):
+            raise ValueError(f"fold_in is {self.fold_in!r:.80}, expected a method of "
+                             f"{FOLD_IN_METHODS} on an artifact with item factors")
 
     @property
     def n_items(self) -> int:
@@ -251,7 +264,7 @@ class ModelArtifact:
         manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
                     "kind": self.kind, "algorithm": self.algorithm, "params": self.params,
                     "metrics": self.metrics, "trained_at": self.trained_at,
-                    "served_as": self.served_as,
+                    "served_as": self.served_as, "fold_in": self.fold_in,
                     "arrays": {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}}
         return write_bundle(path, arrays, manifest)
 
@@ -270,4 +283,5 @@ class ModelArtifact:
                    params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
                    trained_at=manifest.get("trained_at"),
                    served_as=manifest.get("served_as", "model"),
+                   fold_in=manifest.get("fold_in", {}),
                    **{n: a for n, a in arrays.items() if n in known})

@@ -69,6 +69,8 @@ KEY_PATTERNS = {
     "item_factors": ("<tag>:v<version>:V:<chunk>", "string", "float32 LE, rows x rank, C order"),
     "item_bias": ("<tag>:v<version>:b:<chunk>", "string", "float32 LE, one per item"),
     "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
+    "global_scores": ("<tag>:v<version>:gs:<chunk>", "string",
+                      "float32 LE, one per item: the score the global list ranks by"),
     "key_index": ("<btag>:v<version>:keys:<chunk>", "string",
                   "JSON array of this version's user/query keys in the bucket"),
     "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
@@ -104,6 +106,7 @@ META_FIELDS = {
     "rank": "factor dimension (0: no factors)",
     "has_item_bias": "1 if b chunks exist",
     "has_item_values": "1 if val chunks exist",
+    "has_global_scores": "1 if gs chunks exist",
     "top_k": "longest precomputed list length",
     "n_keys": "user/query keys in the key index",
     "buckets": "number of key buckets (1024 in format 2)",
@@ -115,6 +118,8 @@ META_FIELDS = {
     "n_seen_keys": "keys with a seen list",
     "global": "none | model | fallback: what the global list is",
     "scorer": "none | ordinal_linear | kernel: the kind of the scorer key",
+    "fold_in": "JSON object: how a new user is folded in from their items (`solvers.fold_in`); "
+               "`{}`: no fold-in",
 }
 
 _POINTER = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32}):([1-9][0-9]{0,17})$")
@@ -215,6 +220,9 @@ class VersionKeys:
 
     def item_values(self, chunk: int) -> str:
         return f"{self.prefix}val:{chunk}"
+
+    def global_scores(self, chunk: int) -> str:
+        return f"{self.prefix}gs:{chunk}"
 
     @property
     def scorer(self) -> str:

@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.serving import item_queries as queries
 from pipeline.serving.answers import AnswerCounts, Prediction, Recommendation
 from pipeline.serving.fallback import Outage, RedisUnavailable, failure_policy
+from pipeline.serving.item_filter import ItemFilter
 from pipeline.serving.layout import (
     BUCKETS,
     LayoutError,
@@ -57,13 +59,27 @@ from pipeline.serving.layout import (
 )
 from pipeline.serving.resolver import VersionResolver
 from pipeline.serving.transport import Down, Transport
-from pipeline.serving.version_cache import VersionState, load_factors, load_scorer
+from pipeline.serving.version_cache import (
+    VersionState,
+    load_factors,
+    load_global_scores,
+    load_scorer,
+)
 from solvers.topk import topk_of_scores
 
 __all__ = ["TopK", "Recommendation", "Prediction", "RedisUnavailable", "LayoutError",
            "UnknownModelError"]
 
 _STRUCTS = [pair_struct(n) for n in range(257)]
+
+
+def _check_k(k: int) -> None:
+    if k < 0:
+        raise ValueError(f"k is {k}, it must be >= 0")
+
+
+def _fallback_source(st: VersionState) -> str:
+    return "fallback" if st.global_items is not None else "missing"
 
 
 def _pairs(st: VersionState, value: bytes, k: int, key: str) -> list:
@@ -173,31 +189,95 @@ class TopK:
         self.close()
 
     # ------------------------------------------------------------------ public API
-    def recommend(self, model: str, user=None, k: int = 10) -> Recommendation:
+    def recommend(self, model: str, user=None, k: int = 10, *, exclude=None,
+                  allow=None) -> Recommendation:
         """Top ``k`` (item id, score) for ``user``; ``None``: the model's list for everyone
         (a global-list model's list, or a per-user model's fallback list).
+
+        ``exclude`` and ``allow`` filter the items (:mod:`~pipeline.serving.item_filter`):
+        the answer still holds ``k`` items whenever ``k`` eligible items exist.
 
         Examples
         --------
         >>> topk.recommend("movies", 42, k=2).items  # doctest: +SKIP
         [(1193, 4.25), (661, 3.5)]
+        >>> topk.recommend("movies", 42, k=2, exclude=[1193]).items  # doctest: +SKIP
+        [(661, 3.5), (914, 3.25)]
         """
-        rec = self._recommend(model, user, k)
+        if exclude is None and allow is None:
+            rec = self._recommend(model, user, k)
+        else:
+            rec = self._filtered(model, [user], k, exclude, allow)[0]
         self.counts.add(model, rec)
         return rec
 
-    def recommend_many(self, model: str, users, k: int = 10) -> list[Recommendation]:
-        """:meth:`recommend` for many users in one round trip (all from one version).
+    def recommend_many(self, model: str, users, k: int = 10, *, exclude=None,
+                       allow=None) -> list[Recommendation]:
+        """:meth:`recommend` for many users in one round trip (all from one version); the
+        filters apply to every user.
 
         Examples
         --------
         >>> [r.source for r in topk.recommend_many("movies", [1, 2, 3])]  # doctest: +SKIP
         ['precomputed', 'precomputed', 'fallback']
         """
-        out = self._recommend_many(model, users, k)
+        if exclude is None and allow is None:
+            out = self._recommend_many(model, users, k)
+        else:
+            out = self._filtered(model, list(users), k, exclude, allow) if users else []
         for rec in out:
             self.counts.add(model, rec)
         return out
+
+    def similar(self, model: str, item, k: int = 10, *, exclude=None,
+                allow=None) -> Recommendation:
+        """The ``k`` items most like ``item``: cosine similarity of the version's item factors,
+        exact, on demand (``user`` of the answer is the item asked about).
+
+        Examples
+        --------
+        >>> topk.similar("movies", 1193, k=2).items  # doctest: +SKIP
+        [(661, 0.93), (914, 0.91)]
+        """
+        _check_k(k)
+
+        def attempt():
+            st = self.versions.current_state(model)
+            return queries.similar(st, self._factors(st), item, k,
+                                   ItemFilter(st, exclude, allow))
+
+        rec = self._guarded(model, attempt, lambda err, again: self._no_answer(err, again))
+        self.counts.add(model, rec)
+        return rec
+
+    def fold_in(self, model: str, items, k: int = 10, *, comparisons=None, exclude=None,
+                allow=None) -> Recommendation:
+        """Recommendations for a user the version does not know, from ``items`` they met
+        and/or ``comparisons`` ((winner, loser) item ids): their factor is solved against the
+        version's item factors by the problem the model was trained with
+        (:mod:`solvers.fold_in`); their items are left out of the answer. A version without
+        a fold-in answers its fallback list (``source == "fallback"``).
+
+        Examples
+        --------
+        >>> topk.fold_in("movies", [1193, 661, 914], k=2).source  # doctest: +SKIP
+        'fold_in'
+        """
+        _check_k(k)
+
+        def attempt():
+            st = self.versions.current_state(model)
+            met = queries.known_items(st, items)
+            pairs = queries.known_pairs(st, comparisons)
+            filt = ItemFilter(st, exclude, allow, also_excluded=np.union1d(met, pairs.ravel()))
+            if not st.fold_in or not st.rank or not (len(met) or len(pairs)):
+                return Recommendation(model, None, self._ranked_global(st, k, filt),
+                                      st.version, _fallback_source(st))
+            return queries.fold_in(st, self._factors(st), met, pairs, k, filt)
+
+        rec = self._guarded(model, attempt, lambda err, again: self._no_answer(err, again))
+        self.counts.add(model, rec)
+        return rec
 
     def rank(self, model: str, candidates, k: int = 10, query=None) -> Recommendation:
         """The top ``k`` of ``candidates`` given in the request, scored by the current
@@ -314,6 +394,49 @@ class TopK:
                 return out
         return self._resolve(model, users, k)
 
+    # ------------------------------------------------------------------ filters
+    def _filtered(self, model: str, users: list, k: int, exclude, allow) -> list:
+        """Filtered answers for ``users`` from one version (last-known answers, filtered,
+        when Redis is down)."""
+        _check_k(k)
+
+        def attempt():
+            st = self.versions.current_state(model)
+            return self._resolve_once(model, users, k, ItemFilter(st, exclude, allow))
+
+        def failed(err, again):
+            out = self._failed(model, users, max(k, 1000), err, again)
+            drop, only = set(exclude or ()), None if allow is None else set(allow)
+            for rec in out:
+                rec.items = [p for p in rec.items if p[0] not in drop and str(p[0]) not in drop
+                             and (only is None or p[0] in only or str(p[0]) in only)][:k]
+            return out
+
+        return self._guarded(model, attempt, failed)
+
+    def _factors(self, st: VersionState):
+        return load_factors(self.transport.bulk, st)
+
+    def _ranked_global(self, st: VersionState, k: int, filt: ItemFilter | None) -> list:
+        """The first ``k`` of the global list (a global-list model's, or the fallback) that
+        ``filt`` lets through; when the stored list runs short of them, every eligible item
+        ranked by the per-item global scores."""
+        if st.global_items is None:
+            return []
+        listed = st.global_items if filt is None else filt.keep(st.global_items)
+        if len(listed) >= k or len(st.global_items) < st.top_k:
+            return listed[:k]
+        scores = load_global_scores(self.transport.bulk, st)
+        if scores is None:    # published before per-item scores were kept
+            return listed[:k]
+        idx, sc = topk_of_scores(scores if filt is None else filt.mask(scores), k)
+        ids = st.item_ids
+        return [(ids[i], s) for i, s in zip(idx.tolist(), sc.tolist())]
+
+    def _no_answer(self, err, again: bool):
+        """Similar items and fold-ins have no last-known answer: Redis down raises."""
+        raise RedisUnavailable(self._went_down(err, again)) from err
+
     # ------------------------------------------------------------------ slow path
     def _resolve(self, model: str, users: list, k: int) -> list[Recommendation]:
         if k < 0:
@@ -364,18 +487,19 @@ class TopK:
                 return failed(err, True)
             raise
 
-    def _resolve_once(self, model: str, users: list, k: int) -> list[Recommendation]:
+    def _resolve_once(self, model: str, users: list, k: int,
+                      filt: ItemFilter | None = None) -> list[Recommendation]:
         st = self.versions.current.get(model)
         if st is None or not st.per_key:
             st = self.versions.current_state(model)
         if not st.per_key:
-            return [self._global(st, u, k) for u in users]
+            return [self._global(st, u, k, filt) for u in users]
         if None in users:   # no user given: the version's list for everyone (the fallback)
             known = [i for i, u in enumerate(users) if u is not None]
-            answers = self._resolve_once(model, [users[i] for i in known], k) if known else []
-            source = "fallback" if st.global_items is not None else "missing"
-            out = [Recommendation(model, None, st.global_answer(k), st.version, source)
-                   for _ in users]
+            answers = (self._resolve_once(model, [users[i] for i in known], k, filt)
+                       if known else [])
+            out = [Recommendation(model, None, self._ranked_global(st, k, filt), st.version,
+                                  _fallback_source(st)) for _ in users]
             for i, rec in zip(known, answers):
                 out[i] = rec
             return out
@@ -388,17 +512,26 @@ class TopK:
         out: list = [None] * len(users)
         need = []
         for i, value in enumerate(lists):
-            if value is not None and (k <= st.top_k or not st.rank):
+            if value is not None and filt is not None:
+                listed = _pairs(st, value, st.top_k, names[i])
+                kept = filt.keep(listed)
+                # short of k: the user's factor ranks every eligible item, unless the list
+                # already holds every item the user has not met
+                if len(kept) >= k or len(listed) < st.top_k or not st.rank:
+                    out[i] = Recommendation(model, users[i], kept[:k], st.version,
+                                            st.sources["precomputed"])
+                    continue
+            elif value is not None and (k <= st.top_k or not st.rank):
                 out[i] = Recommendation(model, users[i], _pairs(st, value, k, names[i]),
                                         st.version, st.sources["precomputed"])
-            else:
-                need.append(i)
+                continue
+            need.append(i)
         if need:
-            self._answer_rest(st, users, names, buckets, lists, need, k, out)
+            self._answer_rest(st, users, names, buckets, lists, need, k, out, filt)
         return out
 
     def _answer_rest(self, st: VersionState, users, names, buckets, lists, need, k,
-                     out) -> None:
+                     out, filt: ItemFilter | None = None) -> None:
         """On-demand scoring or fallback for ``need``; one more round trip."""
         extra = [(buckets[i], ("EXISTS", st.topk_prefixes[buckets[i]] + names[i]))
                  for i in need if lists[i] is None]
@@ -418,25 +551,29 @@ class TopK:
                                   "not a string (a foreign key under the namespace?)")
             u_raw = factors[2 * j] if st.rank else None
             if u_raw is not None:
-                items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i], buckets[i])
+                items = self._on_demand(st, u_raw, factors[2 * j + 1], k, names[i], buckets[i],
+                                        filt)
                 out[i] = Recommendation(st.model, users[i], items, st.version,
                                         st.sources["on_demand"])
             elif lists[i] is not None:
-                out[i] = Recommendation(st.model, users[i], _pairs(st, lists[i], k, names[i]),
+                listed = _pairs(st, lists[i], k, names[i])
+                out[i] = Recommendation(st.model, users[i],
+                                        listed if filt is None else filt.keep(listed)[:k],
                                         st.version, st.sources["precomputed"])
             else:
-                source = "fallback" if st.global_items is not None else "missing"
-                out[i] = Recommendation(st.model, users[i], st.global_answer(k), st.version,
-                                        source)
+                out[i] = Recommendation(st.model, users[i], self._ranked_global(st, k, filt),
+                                        st.version, _fallback_source(st))
 
     def _on_demand(self, st: VersionState, u_raw: bytes, seen_raw, k: int, name: str,
-                   bucket: int) -> list:
+                   bucket: int, filt: ItemFilter | None = None) -> list:
         V, b = load_factors(self.transport.bulk, st)
         u = unpack_f32(u_raw, st.user_prefixes[bucket] + name)
         if u.shape != (st.rank,):
             raise LayoutError(f"{st.user_prefixes[bucket] + name} holds {u.size} floats, the "
                               f"version has rank {st.rank}")
         scores = V @ u if b is None else V @ u + b
+        if filt is not None:
+            scores = filt.mask(scores)
         seen = None
         if seen_raw is not None:
             seen = unpack_i32(seen_raw, st.seen_prefixes[bucket] + name)
@@ -447,10 +584,11 @@ class TopK:
         ids = st.item_ids
         return [(ids[i], s) for i, s in zip(idx.tolist(), sc.astype(np.float32).tolist())]
 
-    def _global(self, st: VersionState, user, k: int) -> Recommendation:
+    def _global(self, st: VersionState, user, k: int,
+                filt: ItemFilter | None = None) -> Recommendation:
         if st.global_items is None:
             return Recommendation(st.model, user, [], st.version, "missing")
-        return Recommendation(st.model, user, st.global_answer(k), st.version,
+        return Recommendation(st.model, user, self._ranked_global(st, k, filt), st.version,
                               st.sources["global"])
 
     # ------------------------------------------------------------------ failure policy

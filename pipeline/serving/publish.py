@@ -91,11 +91,12 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "publish_id": publish_id, "status": "writing", "algorithm": art.algorithm,
         "params": json.dumps(art.params), "metrics": json.dumps(art.metrics),
         "trained_at": art.trained_at or "", "published_at": _now(), "n_items": art.n_items,
-        "served_as": art.served_as,
+        "served_as": art.served_as, "fold_in": json.dumps(art.fold_in),
         "item_id_type": "int64" if art.item_ids.dtype.kind in "iu" else "str",
         "item_chunk": ITEM_CHUNK, "n_item_chunks": n_item_chunks, "rank": art.rank,
         "has_item_bias": int(art.item_bias is not None),
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
+        "has_global_scores": int(global_role != "none"),
         "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": KEY_CHUNK,
         "bucket_keys": json.dumps(np.bincount(buckets, minlength=BUCKETS).tolist()),
         **counts,
@@ -239,6 +240,9 @@ def _write_all(w: ShardWriter, vk: VersionKeys, artifact: ModelArtifact, model_n
         w.set(vk.scorer, artifact.scorer.to_bytes())
     if global_scores is not None:
         w.set(vk.global_list, pack_pairs(*topk_of_scores(global_scores, top_k)))
+        for c, lo in enumerate(range(0, artifact.n_items, ITEM_CHUNK)):
+            w.set(vk.global_scores(c), pack_f32(np.asarray(global_scores[lo:lo + ITEM_CHUNK],
+                                                           np.float32)))
     bar = None
     if progress and kind_of(artifact.kind).per_key:
         from tqdm import tqdm

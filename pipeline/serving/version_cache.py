@@ -13,6 +13,8 @@ Examples
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from pipeline.serving.artifact_kinds import KINDS
@@ -27,7 +29,8 @@ from pipeline.serving.layout import (
     unpack_ids,
 )
 
-OWN_SOURCES = ("precomputed", "on_demand", "global", "scored")   # the version's own answers
+# the version's own answers (a version that serves something else reports that instead)
+OWN_SOURCES = ("precomputed", "on_demand", "global", "scored", "fold_in")
 
 
 class Vanished(Exception):
@@ -41,7 +44,8 @@ class VersionState:
                  "kind", "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
                  "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefixes",
                  "user_prefixes", "seen_prefixes", "vkeys", "n_item_chunks", "item_factors",
-                 "item_bias", "meta", "scorer", "sources")
+                 "item_bias", "meta", "scorer", "sources", "fold_in", "global_scores",
+                 "item_index", "derived")
 
     def names(self, pointer: bytes | None) -> bool:
         """Whether a ``current``/bucket pointer value names this version (any epoch)."""
@@ -49,6 +53,24 @@ class VersionState:
 
     def global_answer(self, k: int) -> list:
         return self.global_items[:k] if self.global_items is not None else []
+
+    def index_of(self, item):
+        """The index of item id ``item`` in this version (a decimal string names an int64
+        id), or None when the version has no such item."""
+        if self.item_index is None:
+            self.item_index = {x: i for i, x in enumerate(self.item_ids)}
+        int_ids = self.meta.get("item_id_type") == "int64"
+        if type(item) is str and int_ids:
+            try:
+                item = int(item)
+            except ValueError:
+                return None
+        elif type(item) is int and not int_ids:
+            item = str(item)
+        try:
+            return self.item_index.get(item)
+        except TypeError:   # unhashable: no item has it
+            return None
 
 
 def _ask(client, what: str, fn):
@@ -112,7 +134,12 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     st.topk_prefixes = [p + "topk:" for p in vk.bucket_prefixes]
     st.user_prefixes = [p + "u:" for p in vk.bucket_prefixes]
     st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]
-    st.item_factors = st.item_bias = st.scorer = None
+    st.item_factors = st.item_bias = st.scorer = st.global_scores = st.item_index = None
+    st.derived = {}
+    try:
+        st.fold_in = json.loads(meta.get("fold_in") or "{}")
+    except ValueError:
+        raise LayoutError(f"{vk.meta} field 'fold_in' is not JSON") from None
     pipe = client.pipeline(transaction=False)
     for c in range(st.n_item_chunks):
         pipe.get(vk.items(c))
@@ -167,6 +194,26 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
                           f"({st.n_items}, {st.rank})")
     st.item_factors, st.item_bias = V, b
     return V, b
+
+
+def load_global_scores(client, st: VersionState) -> np.ndarray | None:
+    """The score of every item the global list ranks by (float32), read once and kept; None
+    for a version without them (no global list, or published before they were written)."""
+    if st.global_scores is not None or st.meta.get("has_global_scores") != "1":
+        return st.global_scores
+    pipe = client.pipeline(transaction=False)
+    for c in range(st.n_item_chunks):
+        pipe.get(st.vkeys.global_scores(c))
+    replies = _ask(client, st.vkeys.prefix + "gs:*", pipe.execute)
+    if any(r is None for r in replies):
+        raise Vanished(st.version)
+    scores = np.concatenate([unpack_f32(r, st.vkeys.global_scores(c))
+                             for c, r in enumerate(replies)])
+    if scores.shape != (st.n_items,):
+        raise LayoutError(f"{st.vkeys.prefix}gs:* hold {scores.size} scores, meta says "
+                          f"n_items={st.n_items}")
+    st.global_scores = scores
+    return scores
 
 
 def load_scorer(client, st: VersionState):

@@ -475,7 +475,8 @@ def _indexed_names(client, vk, meta: dict) -> tuple[list[str], list[int]]:
         raise LayoutError("unknown format")
     names = [vk.global_list, vk.scorer]
     for c in range(int(meta["n_item_chunks"])):
-        names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c)]
+        names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c),
+                  vk.global_scores(c)]
     counts = json.loads(meta["bucket_keys"])
     key_chunk = int(meta["key_chunk"])
     if len(counts) != BUCKETS or key_chunk < 1:

@@ -77,6 +77,8 @@ def _skip_unless_run(summary: dict) -> dict:
     if summary.get("run_dir") is None or summary.get("decision") == retrain.Decision.NO_DATA:
         from airflow.sdk.exceptions import AirflowSkipException
 
+        retrain.record_outcome(settings(), summary["model"], summary, 0.0)
+
         raise AirflowSkipException(f"{summary['model']}: {summary['decision']} "
                                    f"({summary.get('reason', 'no events in the window')})")
     return summary
@@ -105,7 +107,19 @@ def gate_step(config: str, model: str, run_dir: str) -> dict:
 
 
 def publish_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(config, model, lambda ctx: retrain.publish_step(_with_redis(ctx)), run_dir)
+    def step(ctx):
+        from pipeline.training.report import report_step
+
+        summary = retrain.publish_step(_with_redis(ctx))
+        summary["report"] = report_step(ctx)["report"]
+        trained = retrain.read_json(ctx.run_dir / "train.json") or {}
+        decision = (retrain.Decision.PUBLISHED if summary["published"]
+                    else retrain.Decision.REJECTED)
+        retrain.record_outcome(ctx.settings, model, {**summary, "decision": decision},
+                               float(trained.get("fit_seconds", 0.0)))
+        return summary
+
+    return _locked(config, model, step, run_dir)
 
 
 def prune_step(config: str, model: str) -> dict:

@@ -471,8 +471,26 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
         return _run(ctx, cold, publish, ingest, progress)
 
 
+def record_outcome(settings: Settings, model: str, summary: dict, seconds: float) -> dict:
+    """Keep what the model's last run decided, and how long it took, in
+    ``runs/{model}/last_run.json`` (what ``rankstream metrics`` exports)."""
+    _runs_root(settings, model).mkdir(parents=True, exist_ok=True)
+    return write_json(_runs_root(settings, model) / "last_run.json", {
+        "model": model, "decision": str(summary.get("decision", "")),
+        "reason": summary.get("reason", ""), "seconds": round(seconds, 3),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+
 def _run(ctx: RunContext, cold: bool, publish: bool, ingest: bool, progress: bool) -> dict:
     started = time.perf_counter()
+    summary = _run_steps(ctx, cold, publish, ingest, progress)
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    record_outcome(ctx.settings, ctx.model, summary, summary["seconds"])
+    return summary
+
+
+def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
+               progress: bool) -> dict:
     summary = {"model": ctx.model, "algorithm": ctx.cfg.algorithm}
     if ingest:
         summary["ingest"] = ingest_step(ctx, progress=progress)
@@ -486,17 +504,20 @@ def _run(ctx: RunContext, cold: bool, publish: bool, ingest: bool, progress: boo
                 summary.update(decision=Decision.REPUBLISHED,
                                reason=summary["served"]["reason"])
         return summary
+    from pipeline.training.report import report_step
+
     ctx = ctx.at(ds["run_dir"])
     summary["train"] = train_step(ctx, trial=not publish)
     if publish:
         ctx.client()     # a Redis URL is given (the train command checked Redis is up)
         summary["gate"] = gate_step(ctx)
         summary["publish"] = publish_step(ctx)
+        summary["report"] = report_step(ctx)["report"]
         summary["prune"] = prune_step(ctx)
         summary["decision"] = (Decision.PUBLISHED if summary["publish"]["published"]
                                else Decision.REJECTED)
         summary["reason"] = summary["publish"]["reason"]
     else:
+        summary["report"] = report_step(ctx)["report"]
         summary["decision"] = Decision.TRAINED
-    summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary

@@ -3,6 +3,7 @@ redis-server. Answers as the lookup client gives them; every bad request a JSON 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -121,23 +122,38 @@ def test_random_requests_get_json_and_never_a_5xx(served):
     from hypothesis import strategies as st
 
     base, _, token, _ = served
-    paths = st.sampled_from(["/healthz", "/readyz", "/v1/models", "/v1/models/movies",
-                             "/v1/models/movies/recommend", "/v1/models/%00/recommend",
-                             "/v1/models/" + "x" * 300, "/v1/models/movies/recommend/extra"])
+    from pipeline.serving.openapi import ROUTES
+
+    routes = [p.replace("{model}", m) for _, p, _ in ROUTES for m in ("movies", "%00", "x" * 300)
+              if "{model}" in p or m == "movies"]
+    paths = st.sampled_from(sorted(set(routes)) + ["/v1/models/movies/recommend/extra"])
     text = st.text(max_size=40)
+    ids = st.one_of(st.integers(-2**70, 2**70), st.text(max_size=8), st.floats(), st.none())
+    json_value = st.recursive(st.one_of(ids, st.booleans()),
+                              lambda inner: st.lists(inner, max_size=4)
+                              | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                              max_leaves=12)
+    fields = st.sampled_from(["users", "items", "comparisons", "k", "exclude", "allow",
+                              "candidates", "features", "text", "query", "x"])
+    bodies = st.one_of(st.binary(max_size=200),
+                       st.dictionaries(fields, json_value, max_size=4).map(
+                           lambda d: json.dumps(d, allow_nan=True).encode()))
     auth = st.sampled_from([{"Authorization": f"Bearer {token}"}, {}, {"Authorization": "x"}])
 
-    @settings(max_examples=80, deadline=None,
+    @settings(max_examples=250, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(paths, st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
-           st.dictionaries(st.sampled_from(["user", "k", "items", "x"]), text, max_size=3),
-           st.binary(max_size=200), auth)
+           st.dictionaries(st.sampled_from(["user", "k", "item", "exclude", "allow", "x"]),
+                           text, max_size=3), bodies, auth)
     def check(path, method, params, body, headers):
         got = httpx.request(method, base + path, params=params, content=body, headers=headers,
                             timeout=10)
-        assert got.status_code < 500 or got.status_code == 503, (path, params, got.text)
-        assert isinstance(got.json(), dict), got.text
+        assert got.status_code < 500 or got.status_code == 503, (path, params, body, got.text)
         assert "Traceback" not in got.text
+        if got.headers["content-type"].startswith("application/json"):
+            assert isinstance(got.json(), dict), got.text
+        else:   # the metrics and the docs page
+            assert path in ("/metrics", "/docs") and got.status_code == 200, got.text
 
     check()
 

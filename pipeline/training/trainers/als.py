@@ -140,7 +140,9 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     everything = interactions(arrays, relevant, (TRAIN, VALIDATION, TEST), choice["input"])
     U_all, V_all = fit_als(everything, choice, seed=seed, start=(U, V),
                            iterations=WARM_ITERATIONS)
-    artifact = trainer.factor_artifact((U_all, V_all, None), arrays)
+    artifact = trainer.factor_artifact((U_all, V_all, None), arrays, fold_in={
+        "method": "least_squares", "reg": float(choice["regularization"]),
+        "alpha": float(choice["alpha"])})
     blended = None
     als_validated = trained.get(_key(choice))
     weight = last["blend_weight"] if last is not None else None

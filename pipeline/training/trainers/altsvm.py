@@ -274,7 +274,15 @@ class AltSVMTrainer(Trainer):
     # ------------------------------------------------------------------ publishing
 
     def artifact(self, model, arrays: dict, cfg, **describe):
-        return self.factor_artifact(model, arrays, algorithm=self.family.name, **describe)
+        """Factors, and for a fitted model how the lookup client folds in a new user: the
+        same pairwise problem with V fixed, on implicit comparisons made as training's are."""
+        fold_in = {}
+        if hasattr(model, "reg_"):
+            per_item = self.family.dataset_param(cfg.params, "implicit_per_item")
+            fold_in = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
+                       "per_item": int(per_item)}
+        return self.factor_artifact(model, arrays, algorithm=self.family.name,
+                                    fold_in=fold_in, **describe)
 
     def factor_artifact(self, model, arrays: dict, **describe):
         """A ``user_item`` artifact of a fitted AltSVM or of factors ``(U, V, b)``; every

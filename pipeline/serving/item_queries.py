@@ -1,0 +1,113 @@
+"""Answers computed from a version's item factors at request time: items similar to an item,
+and recommendations for a user the version does not know, folded in from their items.
+
+Both rank with the one top-K of the project (:func:`solvers.topk.topk_of_scores`) and keep
+what they derive per version (unit-length factors, ``VᵀV``) in the version's state: versions
+are immutable, so it is computed once per version and process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.serving.answers import Recommendation
+from pipeline.serving.item_filter import ItemFilter
+from pipeline.serving.version_cache import VersionState
+from solvers.fold_in import (
+    implicit_pairs,
+    least_squares_fold_in,
+    pairwise_fold_in,
+)
+from solvers.topk import topk_of_scores
+
+MAX_FOLD_IN_ITEMS = 500        # items (or comparisons) one fold-in takes
+FOLD_IN_EPOCHS = 200           # dual coordinate descent sweeps: bounds the time of one
+FOLD_IN_GAP = 1e-6             # relative duality gap a fold-in stops at
+
+
+class UnknownItemError(LookupError):
+    """The version has no such item."""
+
+
+def _answer(st: VersionState, asked, scores: np.ndarray, k: int, exclude, filt: ItemFilter,
+            source: str) -> Recommendation:
+    idx, sc = topk_of_scores(filt.mask(scores), k, exclude=exclude)
+    ids = st.item_ids
+    items = [(ids[i], s) for i, s in zip(idx.tolist(), sc.astype(np.float32).tolist())]
+    return Recommendation(st.model, asked, items, st.version, st.sources[source])
+
+
+def _derived(st: VersionState, name: str, make):
+    value = st.derived.get(name)
+    if value is None:
+        value = st.derived[name] = make()
+    return value
+
+
+def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recommendation:
+    """The ``k`` items of highest cosine similarity to ``item``'s factor (itself left out)."""
+    if not st.rank:
+        raise ValueError(f"model {st.model!r} version {st.version} ({st.kind}) has no item "
+                         "factors: similar items need a factor model")
+    i = st.index_of(item)
+    if i is None:
+        raise UnknownItemError(f"item {item!r:.60} is not in model {st.model!r} version "
+                               f"{st.version}")
+    V = factors[0]
+
+    def unit():
+        norms = np.linalg.norm(V, axis=1, keepdims=True)
+        return (V / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+
+    U = _derived(st, "unit", unit)
+    return _answer(st, item, U @ U[i], k, [i], filt, "on_demand")
+
+
+def known_items(st: VersionState, items) -> np.ndarray:
+    """Sorted indices of the ``items`` the version knows (unknown ones are skipped)."""
+    items = list(items or ())
+    if len(items) > MAX_FOLD_IN_ITEMS:
+        raise ValueError(f"{len(items)} items, at most {MAX_FOLD_IN_ITEMS} are taken")
+    found = {st.index_of(x) for x in items} - {None}
+    return np.fromiter(sorted(found), np.int64, len(found))
+
+
+def known_pairs(st: VersionState, comparisons) -> np.ndarray:
+    """(winner, loser) index rows of the ``comparisons`` whose items the version knows."""
+    rows = []
+    for n, c in enumerate(comparisons or ()):
+        if not isinstance(c, (list, tuple)) or len(c) != 2:
+            raise ValueError(f"comparisons[{n}] is {c!r:.60}, expected [winner, loser]")
+        w, lo = st.index_of(c[0]), st.index_of(c[1])
+        if w is not None and lo is not None and w != lo:
+            rows.append((w, lo))
+    if len(rows) > MAX_FOLD_IN_ITEMS:
+        raise ValueError(f"{len(rows)} comparisons, at most {MAX_FOLD_IN_ITEMS} are taken")
+    return np.array(rows, np.int64).reshape(-1, 2)
+
+
+def fold_in(st: VersionState, factors, met: np.ndarray, pairs: np.ndarray, k: int,
+            filt: ItemFilter) -> Recommendation:
+    """Recommendations for a new user who met the item indices ``met`` and made the
+    comparisons ``pairs``, by the version's fold-in (``st.fold_in``)."""
+    V, b = factors
+    spec = st.fold_in
+    if spec.get("method") == "pairwise":
+        V64 = _derived(st, "V64", lambda: V.astype(np.float64))
+        b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
+        rows = np.concatenate([pairs, implicit_pairs(met, st.n_items,
+                                                     int(spec.get("per_item", 10)))])
+        u = pairwise_fold_in(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
+                             max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
+    elif spec.get("method") == "least_squares":
+        gram = _derived(st, "gram", lambda: V.T.astype(np.float64) @ V.astype(np.float64))
+        u = least_squares_fold_in(V, np.union1d(met, pairs[:, 0]), reg=float(spec["reg"]),
+                                  alpha=float(spec["alpha"]), gram=gram)
+    else:
+        raise ValueError(f"model {st.model!r} version {st.version} has fold-in "
+                         f"{spec.get('method')!r}, this client knows pairwise and "
+                         "least_squares")
+    scores = V @ u.astype(np.float32)
+    if b is not None:
+        scores = scores + b
+    return _answer(st, None, scores, k, None, filt, "fold_in")
