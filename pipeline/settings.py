@@ -18,6 +18,9 @@ Environment variables (all optional):
 ``RANKSTREAM_MAX_FUTURE_SECONDS`` events dated more than this after the ingesting machine's clock
                                  are dead letters (default ``86400``: one day)
 ``RANKSTREAM_MAX_FEATURE_INDEX`` larger feature indices are dead letters (default ``16777215``)
+``RANKSTREAM_LEASE_TTL``         seconds a retrain's Redis lease on its model lives without
+                                 renewal (default ``30``): how long a dead host blocks the next
+                                 run, and how long a live one may stall before it loses it
 ``RANKSTREAM_CONFIG``            TOML file with a ``[rankstream]`` table of the same keys
                                  (lower case, without the prefix) and the model configs
 """
@@ -83,6 +86,7 @@ class Settings:
     max_future_seconds: float = 86_400.0
     max_feature_index: int = 2**24 - 1
     min_event_time: str = "1990-01-01"
+    lease_ttl: float = 30.0
     config: Path | None = None
 
     def __repr__(self) -> str:

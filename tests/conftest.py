@@ -36,6 +36,8 @@ def pytest_collection_modifyitems(items):
         for fixture, marker in SERVER_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
+        if "multihost" in item.path.parts:     # `pytest -m "not multihost"` skips them
+            item.add_marker("multihost")
 
 
 @pytest.fixture(scope="session")

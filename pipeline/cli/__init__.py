@@ -6,7 +6,8 @@ Each subcommand lives in ``pipeline/cli/<name>.py`` with ``add_arguments(parser)
 Exit status: 0 done (``train``: published, unchanged, republished or trained without
 publishing); 1 an error, said in one line on stderr; 2 a usage mistake or a refused input
 (one line: what to do); 3 ``train`` only: the quality gate rejected the model (the served
-version stays).
+version stays); 4 ``train`` only: the run lost the model's lease (it expired or was revoked)
+before its flip, so it did not publish over the run that holds it now.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMANDS = {
     "recommend": ("recommend", "top-K lookup from Redis for a user or query"),
     "versions": ("versions", "list the published versions of a model"),
     "rollback": ("rollback", "flip a model's current version back"),
+    "lease": ("lease", "who holds a model's retrain lease; --revoke takes it away"),
     "serve": ("serve", "the HTTP API over the served models (loopback by default)"),
     "report": ("report", "open a model's latest run report (HTML with figures)"),
     "metrics": ("metrics", "the pipeline's Prometheus metrics: ingest lag, dead letters, "

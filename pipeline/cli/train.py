@@ -133,4 +133,5 @@ def run(args) -> int:
     except (ValueError, KeyError, OSError, ModelBusyError) as err:
         return fail("train", err)
     print(json.dumps(summary, indent=2, default=str) if args.json else format_summary(summary))
-    return 3 if summary.get("decision") == retrain.Decision.REJECTED else 0   # see cli/__init__.py
+    return {retrain.Decision.REJECTED: 3, retrain.Decision.FENCED: 4}.get(
+        summary.get("decision"), 0)       # see cli/__init__.py

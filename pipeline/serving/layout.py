@@ -63,6 +63,9 @@ KEY_PATTERNS = {
     "pending": ("<tag>:pending", "set", "ascii version numbers being written or deleted"),
     "lookups": ("<tag>:lookups", "hash",
                 "lookup answers by source, field `<version>:<source>`, added by readers"),
+    "lease": ("<tag>:lease", "string",
+              "`<token> <holder>` of the retrain holding the model's lease, with a TTL"),
+    "lease_seq": ("<tag>:lease_seq", "string", "integer counter (INCR) of lease tokens"),
     "meta": ("<tag>:v<version>:meta", "hash", "utf-8 fields, see the meta table"),
     "items": ("<tag>:v<version>:items:<chunk>", "string",
               "item ids of rows chunk*item_chunk...: int64 LE, or a JSON array of strings"),
@@ -296,6 +299,14 @@ class ModelKeys:
     @property
     def lookups(self) -> str:
         return self.tag + ":lookups"
+
+    @property
+    def lease(self) -> str:
+        return self.tag + ":lease"
+
+    @property
+    def lease_seq(self) -> str:
+        return self.tag + ":lease_seq"
 
     def version(self, version: int) -> VersionKeys:
         return VersionKeys(self.namespace + ":" + self.model, int(version))

@@ -44,6 +44,7 @@ from pipeline.serving.layout import (
 from pipeline.serving.redis_client import as_client
 from pipeline.serving.shards import ShardWriter
 from pipeline.serving.versions import (
+    FencedError,
     SupersededError,
     delete_version,
     flip,
@@ -56,7 +57,8 @@ from pipeline.serving.versions import (
 )
 from solvers.topk import topk_of_scores
 
-__all__ = ["PublishResult", "SupersededError", "publish", "rollback", "versions", "prune"]
+__all__ = ["PublishResult", "SupersededError", "FencedError", "publish", "rollback", "versions",
+           "prune"]
 
 ITEM_CHUNK = 65536  # rows per items/V/b/val value (8 MiB of rank-32 factors)
 KEY_CHUNK = 10000  # keys per key-index value
@@ -118,7 +120,7 @@ def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact) -> None:
 
 def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
             keep_versions: int = 3, *, namespace: str = "rankstream",
-            progress: bool = False) -> PublishResult:
+            progress: bool = False, fence: int | None = None) -> PublishResult:
     """Write ``artifact`` as a new version of ``model_name``, flip ``current`` to it, prune.
 
     Parameters
@@ -137,6 +139,9 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
         Key namespace (the first part of the hash tag ``{namespace:model}``).
     progress : bool
         Show a progress bar over users.
+    fence : int or None
+        The retrain's lease token (:mod:`pipeline.serving.lease`): the flip happens only while
+        the model's lease still holds it.
 
     Returns
     -------
@@ -145,8 +150,9 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     Raises
     ------
     SupersededError
-        A newer version went live while this one was written (a concurrent publisher); this
-        version is deleted and ``current`` stays on the newer one.
+        A newer version went live while this one was written (a concurrent publisher), or
+        (:class:`FencedError`) ``fence`` lost the model's lease; this version is deleted and
+        ``current`` stays where it was.
 
     Examples
     --------
@@ -183,7 +189,7 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
                                         buckets, top_k, global_scores, progress)
         t_written = time.perf_counter()
         client.hset(vk.meta, "status", "complete")
-        value = flip(client, keys, version, publish_id)
+        value = flip(client, keys, version, publish_id, fence)
     except BaseException:
         try:  # best effort: leave no half-written or superseded version (prune retries later)
             now = read_current(client, keys)

@@ -36,11 +36,22 @@ from pipeline.serving.layout import (
 )
 from pipeline.serving.shards import NodeBatch
 
-# KEYS: current, versions, pending, meta, epoch;  ARGV: version, publish_id. Refuses to go
-# backwards: a version older than the newest flipped one (a concurrent publisher started later
-# and finished first) never becomes current, so `versions` stays in ascending order. Returns
+# KEYS: current, versions, pending, meta, epoch, lease;  ARGV: version, publish_id, fencing
+# token ('' for a publish that holds no lease). Refuses to go backwards: a version older than
+# the newest flipped one (a concurrent publisher started later and finished first) never
+# becomes current, so `versions` stays in ascending order. With a token, refuses unless the
+# model's lease still holds that token: a retrain whose lease expired or was revoked (a paused
+# process, a partitioned host) never flips over the run that took the lease after it. Returns
 # the new value of `current`, "<version>:<publish_id>:<epoch>".
 FLIP = """
+if ARGV[3] ~= '' then
+  local held = redis.call('GET', KEYS[6])
+  if not held or string.match(held, '^(%d+) ') ~= ARGV[3] then
+    return redis.error_reply('rankstream: FENCED the retrain lease (token ' .. ARGV[3] ..
+      ') is no longer held: ' .. (held and ('token ' .. held .. ' holds it') or
+      'it expired or was revoked') .. '; not flipping')
+  end
+end
 local newest = redis.call('LINDEX', KEYS[2], -1)
 if newest and tonumber(newest) > tonumber(ARGV[1]) then
   return redis.error_reply('rankstream: SUPERSEDED version ' .. newest .. ' was published ' ..
@@ -115,6 +126,10 @@ return removed
 
 class SupersededError(RuntimeError):
     """A newer version of the model went live while this one was being written."""
+
+
+class FencedError(SupersededError):
+    """The retrain's lease on the model was lost (expired or revoked) before its flip."""
 
 
 @dataclass
@@ -261,18 +276,23 @@ def versions(model: str, redis, *, namespace: str = "rankstream") -> list[Versio
     return out
 
 
-def flip(client, keys: ModelKeys, version: int, publish_id: str) -> bytes:
+def flip(client, keys: ModelKeys, version: int, publish_id: str,
+         fence: int | None = None) -> bytes:
     """Point ``current`` at a completely written version and append it to the version list;
     returns the new value of ``current`` (the caller then runs :func:`sync_pointers`);
-    :class:`SupersededError` if a newer version was flipped meanwhile."""
+    :class:`SupersededError` if a newer version was flipped meanwhile, :class:`FencedError`
+    if ``fence`` (a lease token) no longer holds the model's lease."""
     import redis
 
     vk = keys.version(version)
     try:
         return _script(client, FLIP, [keys.current, keys.versions, keys.pending, vk.meta,
-                                      keys.epoch], [version, publish_id])
+                                      keys.epoch, keys.lease],
+                       [version, publish_id, "" if fence is None else int(fence)])
     except redis.ResponseError as err:
         reason = _lua_error(err)
+        if reason.startswith("FENCED "):
+            raise FencedError(f"model {keys.model!r}: {reason[len('FENCED '):]}") from None
         if reason.startswith("SUPERSEDED "):
             raise SupersededError(f"model {keys.model!r}: {reason[len('SUPERSEDED '):]}") \
                 from None

@@ -9,6 +9,7 @@ A missing connection falls back to the environment (``RANKSTREAM_KAFKA_BOOTSTRAP
 
 from __future__ import annotations
 
+from dataclasses import replace
 from urllib.parse import quote
 
 from pipeline.settings import Settings
@@ -69,8 +70,8 @@ def _locked(config: str, model: str, step, run_dir: str | None = None):
 
     s = settings()
     ctx = retrain.RunContext.of(config, model, s, s.redis_url, run_dir)
-    with model_lock(s, model, wait=LOCK_WAIT):
-        return step(ctx)
+    with model_lock(s, model, wait=LOCK_WAIT, redis_url=s.redis_url) as lease:
+        return step(replace(ctx, fence=lease and lease.token))
 
 
 def _skip_unless_run(summary: dict) -> dict:
@@ -113,8 +114,9 @@ def publish_step(config: str, model: str, run_dir: str) -> dict:
         summary = retrain.publish_step(_with_redis(ctx))
         summary["report"] = report_step(ctx)["report"]
         trained = retrain.read_json(ctx.run_dir / "train.json") or {}
-        decision = (retrain.Decision.PUBLISHED if summary["published"]
-                    else retrain.Decision.REJECTED)
+        decision = (retrain.Decision.PUBLISHED if summary["published"] else
+                    retrain.Decision.FENCED if summary.get("fenced") else
+                    retrain.Decision.REJECTED)
         retrain.record_outcome(ctx.settings, model, {**summary, "decision": decision},
                                float(trained.get("fit_seconds", 0.0)))
         return summary

@@ -1,5 +1,7 @@
 """One retrain of a model at a time: an ``flock`` on ``HOME/locks/<model>.lock``, which the
-kernel releases when its process dies (no stale lock after a crash or SIGKILL).
+kernel releases when its process dies (no stale lock after a crash or SIGKILL), and, when the
+run publishes to Redis, the model's Redis lease (:mod:`pipeline.serving.lease`), which holds
+across hosts and gives the run the fencing token its publish flip is checked against.
 
 Examples
 --------
@@ -31,10 +33,33 @@ class ModelBusyError(RuntimeError):
 
 
 @contextmanager
-def model_lock(settings, model: str, *, wait: float = 0.0):
-    """Hold the model's retrain lock within the block. If another process holds it, wait up to
-    ``wait`` seconds (0: not at all) for it, then raise :class:`ModelBusyError` naming the
-    holder."""
+def model_lock(settings, model: str, *, wait: float = 0.0, redis_url: str | None = None):
+    """Hold the model's retrain lock within the block, and with ``redis_url`` its Redis lease
+    too (kept alive by a thread); yields the lease (its ``token`` is the fence to publish with)
+    or None. If another run holds either, wait up to ``wait`` seconds (0: not at all) for it,
+    then raise :class:`ModelBusyError` naming the holder."""
+    started = time.monotonic()
+    with _flock(settings, model, wait) as holder:
+        if redis_url is None:
+            yield None
+            return
+        from pipeline.serving.lease import Lease, LeaseHeldError
+
+        try:
+            lease = Lease.acquire(redis_url, settings.namespace, model, holder=holder,
+                                  ttl=settings.lease_ttl,
+                                  wait=max(0.0, wait - (time.monotonic() - started)))
+        except LeaseHeldError as err:
+            raise ModelBusyError(str(err)) from None
+        try:
+            yield lease.keep_alive()
+        finally:
+            lease.release()
+
+
+@contextmanager
+def _flock(settings, model: str, wait: float):
+    """The host-local lock; yields who holds it ("pid N on HOST since T")."""
     path = Path(settings.home) / "locks" / f"{model}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8") as fh:
@@ -51,12 +76,13 @@ def model_lock(settings, model: str, *, wait: float = 0.0):
                         f"model {model!r} is being retrained by {holder}; let it finish, or "
                         "wait for it (rankstream train --wait)") from None
                 time.sleep(0.2)
+        holder = (f"pid {os.getpid()} on {socket.gethostname()} since "
+                  f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
         fh.seek(0)
         fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                 f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}")
+        fh.write(holder)
         fh.flush()
         try:
-            yield
+            yield holder
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)

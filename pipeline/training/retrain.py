@@ -61,6 +61,7 @@ class Decision(StrEnum):
     TRAINED = "trained"            # trained, and not meant to publish (a trial run)
     PUBLISHED = "published"
     REJECTED = "rejected"          # the gate kept what is served
+    FENCED = "fenced"              # the run lost its lease on the model: its flip was refused
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class RunContext:
     settings: Settings
     redis_url: str | None = None
     run_dir: Path | None = None
+    fence: int | None = None      # the model's Redis lease token its publish is checked against
 
     @classmethod
     def of(cls, config, model: str, settings: Settings | None = None,
@@ -396,7 +398,7 @@ def publish_step(ctx: RunContext) -> dict:
         return write_json(run_dir / "published.json", {
             "model": model, "published": False, "version": None, "reason": gate["reason"]})
     from pipeline.serving.artifact import ModelArtifact
-    from pipeline.serving.publish import SupersededError, publish
+    from pipeline.serving.publish import FencedError, SupersededError, publish
 
     ds = _summary(read_manifest(run_dir / "dataset", fmt=DATASET_FORMAT))
     trained = read_json(run_dir / "train.json")
@@ -414,10 +416,11 @@ def publish_step(ctx: RunContext) -> dict:
             result = publish(model, ModelArtifact.load(artifact), client,
                              top_k=int(cfg.publish["top_k"]),
                              keep_versions=int(cfg.publish["keep_versions"]),
-                             namespace=settings.namespace)
-        except SupersededError as err:
+                             namespace=settings.namespace, fence=ctx.fence)
+        except SupersededError as err:     # FencedError too: the lease was lost
             return write_json(run_dir / "published.json", {
-                "model": model, "published": False, "version": None, "reason": str(err)})
+                "model": model, "published": False, "version": None, "reason": str(err),
+                "fenced": isinstance(err, FencedError)})
         version, seconds = result.version, result.seconds
     # what was published (the model, or the trivial list the gate chose instead) is kept with
     # the checkpoint, so that ensure_served republishes the same thing after Redis lost it
@@ -443,7 +446,7 @@ def ensure_served(ctx: RunContext, checkpoint) -> dict:
     result = publish(model, ModelArtifact.load(Path(checkpoint) / "artifact"), client,
                      top_k=int(cfg.publish["top_k"]),
                      keep_versions=int(cfg.publish["keep_versions"]),
-                     namespace=ctx.settings.namespace)
+                     namespace=ctx.settings.namespace, fence=ctx.fence)
     return {"republished": True, "version": result.version,
             "reason": f"Redis served nothing for {model!r}: republished checkpoint "
                       f"{Path(checkpoint).name} as version {result.version}"}
@@ -467,8 +470,10 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
     """All steps for one model in this process, holding the model's retrain lock (waiting up
     to ``wait`` seconds for another run to finish); returns a summary for people and XCom."""
     ctx = RunContext.of(config, model, settings, redis_url)
-    with model_lock(ctx.settings, model, wait=wait):
-        return _run(ctx, cold, publish, ingest, progress)
+    with model_lock(ctx.settings, model, wait=wait,
+                    redis_url=ctx.redis_url if publish else None) as lease:
+        return _run(replace(ctx, fence=lease and lease.token), cold, publish, ingest,
+                    progress)
 
 
 def record_outcome(settings: Settings, model: str, summary: dict, seconds: float) -> dict:
@@ -514,8 +519,9 @@ def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
         summary["publish"] = publish_step(ctx)
         summary["report"] = report_step(ctx)["report"]
         summary["prune"] = prune_step(ctx)
-        summary["decision"] = (Decision.PUBLISHED if summary["publish"]["published"]
-                               else Decision.REJECTED)
+        summary["decision"] = (Decision.PUBLISHED if summary["publish"]["published"] else
+                               Decision.FENCED if summary["publish"].get("fenced") else
+                               Decision.REJECTED)
         summary["reason"] = summary["publish"]["reason"]
     else:
         summary["report"] = report_step(ctx)["report"]

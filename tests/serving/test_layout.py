@@ -66,7 +66,8 @@ def test_key_builders_follow_the_patterns():
     bucket = L.bucket_of("alice")
     built = {"current": keys.current, "epoch": keys.epoch, "pointer": keys.pointer(bucket),
              "versions": keys.versions, "seq": keys.seq,
-             "pending": keys.pending, "lookups": keys.lookups, "meta": vk.meta,
+             "pending": keys.pending, "lookups": keys.lookups, "lease": keys.lease,
+             "lease_seq": keys.lease_seq, "meta": vk.meta,
              "items": vk.items(3),
              "item_factors": vk.item_factors(3), "item_bias": vk.item_bias(3),
              "item_values": vk.item_values(3), "global_scores": vk.global_scores(3),

@@ -160,11 +160,11 @@ def test_concurrent_publisher_never_flips_current_backwards(redis_client, topk, 
     real_flip = P.flip
     newer = user_model(2, n_users=10, n_items=20)
 
-    def slow_flip(client, keys, version, publish_id):
+    def slow_flip(client, keys, version, publish_id, fence=None):
         if version == 1:                      # B runs and finishes while A is about to flip
             monkeypatch.setattr(P, "flip", real_flip)
             assert publish("m", newer, redis_client, top_k=5).version == 2
-        real_flip(client, keys, version, publish_id)
+        real_flip(client, keys, version, publish_id, fence)
 
     monkeypatch.setattr(P, "flip", slow_flip)
     with pytest.raises(P.SupersededError, match="version 2 was published after version 1"):
