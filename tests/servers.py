@@ -49,13 +49,15 @@ def infra_server(name: str, tmp: Path):
 
 def free_port_block(n: int, offset: int = 10000) -> int:
     """A base port with ``base .. base+n-1`` and each ``+ offset`` free on loopback (a Redis
-    Cluster node listens on its port and its bus port, port + 10000)."""
+    Cluster node listens on its port and its bus port, port + 10000; ``offset=0``: the block
+    alone)."""
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20000, 65535 - offset - n)
         socks = []
         try:
-            for port in [*range(base, base + n), *range(base + offset, base + offset + n)]:
+            extra = range(base + offset, base + offset + n) if offset else ()
+            for port in [*range(base, base + n), *extra]:
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))

@@ -44,11 +44,16 @@ def app_from_environment():
     environment."""
     from argparse import Namespace
 
+    from threadpoolctl import threadpool_limits
+
     from pipeline.serving.api import create_app
     from pipeline.serving.lookup import TopK
     from pipeline.serving.metrics import ServeMetrics
     from pipeline.training.config import load_models
 
+    # one server process per core: a BLAS thread pool in each would fight the others for the
+    # cores (fold-in's solve and the similar-items product are BLAS calls)
+    threadpool_limits(1)
     options = json.loads(os.environ[OPTIONS])
     settings = settings_of(Namespace(**options["redis"]))
     models = list(load_models(settings.config)) if settings.config else []
@@ -84,6 +89,8 @@ def run(args) -> int:
     shutil.rmtree(metrics_dir, ignore_errors=True)   # a dead server's of this pid: ours
     metrics_dir.mkdir(mode=0o700)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")      # see app_from_environment
     os.environ[OPTIONS] = json.dumps({
         "redis": {"redis_url": args.redis_url, "namespace": args.namespace,
                   "home": args.home, "config": args.config},
