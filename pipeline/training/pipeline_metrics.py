@@ -26,7 +26,7 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from pipeline.training.retrain import Decision
+from pipeline.training.retrain import Decision, outcome_path
 
 KAFKA_RETRY = 30.0
 KAFKA_TIMEOUT_MS = 2000
@@ -144,12 +144,12 @@ class PipelineCollector:
                      labels=["model"])
         decision = Gauge("rankstream_last_retrain", "1 for the decision of the last run",
                          labels=["model", "decision"])
-        runs = Path(self.settings.home) / "runs"
-        models = self.models or sorted(p.name for p in runs.iterdir() if p.is_dir()) \
-            if runs.is_dir() else self.models
+        kept = outcome_path(self.settings, "_").parent
+        models = self.models or (sorted(p.stem for p in kept.glob("*.json"))
+                                 if kept.is_dir() else [])
         for model in models:
             try:
-                last = read_json(runs / model / "last_run.json")
+                last = read_json(outcome_path(self.settings, model))
             except (OSError, ValueError):
                 last = None
             if not last:

@@ -476,11 +476,18 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
                     progress)
 
 
+def outcome_path(settings: Settings, model: str) -> Path:
+    """Where the model's last run outcome is kept: ``HOME/outcomes/{model}.json`` (beside the
+    run directories, not among them)."""
+    return Path(settings.home) / "outcomes" / f"{model}.json"
+
+
 def record_outcome(settings: Settings, model: str, summary: dict, seconds: float) -> dict:
-    """Keep what the model's last run decided, and how long it took, in
-    ``runs/{model}/last_run.json`` (what ``rankstream metrics`` exports)."""
-    _runs_root(settings, model).mkdir(parents=True, exist_ok=True)
-    return write_json(_runs_root(settings, model) / "last_run.json", {
+    """Keep what the model's last run decided, and how long it took (what ``rankstream
+    metrics`` exports), at :func:`outcome_path`."""
+    path = outcome_path(settings, model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json(path, {
         "model": model, "decision": str(summary.get("decision", "")),
         "reason": summary.get("reason", ""), "seconds": round(seconds, 3),
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
