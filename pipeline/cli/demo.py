@@ -457,4 +457,6 @@ def run(args) -> int:
     path = Path(args.report) if args.report else home / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str))
     say(f"\ndone in {report['seconds']:.1f} s; report: {path}")
+    say(f"each run's page: rankstream report MODEL --home {home}  (e.g. movies; "
+        "runs/MODEL/*/report.html)")
     return 0
