@@ -37,7 +37,11 @@ def run(args) -> int:
     if args.port is None:
         sys.stdout.write(generate_latest(registry).decode())
         return 0
-    server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    try:
+        server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    except OSError as err:
+        return fail("metrics", f"cannot listen on {args.host}:{args.port} ({err.strerror}): "
+                    "pick another --port, or stop what uses it")
     print(f"rankstream metrics: http://{args.host}:{args.port}/metrics", file=sys.stderr,
           flush=True)
     try:

@@ -79,6 +79,7 @@ def run(args) -> int:
             raise ValueError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
         if args.workers < 1:
             raise ValueError(f"--workers is {args.workers}, expected 1 or more")
+        _check_address(args.host, args.port)
         if settings.config:
             from pipeline.training.config import load_models
 
@@ -105,6 +106,21 @@ def run(args) -> int:
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """A ValueError saying so when ``host:port`` cannot be bound (taken, or not this
+    machine's): the servers would answer that with a backtrace."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except (OSError, IndexError) as err:
+        raise ValueError(f"cannot listen on {host}:{port} ({getattr(err, 'strerror', err)}): "
+                         "pick another --port, or stop what uses it") from None
 
 
 def _uvicorn(args) -> None:

@@ -295,8 +295,7 @@ class TopK:
         >>> topk.rank("search", docs, k=1, query="shoes").items  # doctest: +SKIP
         [('d2', 1.73)]
         """
-        if k < 0:
-            raise ValueError(f"k is {k}, it must be >= 0")
+        _check_k(k)
         candidates = list(candidates)
         for n, c in enumerate(candidates):
             if not isinstance(c, (tuple, list)) or len(c) != 2:
@@ -439,8 +438,7 @@ class TopK:
 
     # ------------------------------------------------------------------ slow path
     def _resolve(self, model: str, users: list, k: int) -> list[Recommendation]:
-        if k < 0:
-            raise ValueError(f"k is {k}, it must be >= 0")
+        _check_k(k)
 
         def attempt():
             out = self._resolve_once(model, users, k)

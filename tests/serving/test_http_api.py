@@ -164,3 +164,15 @@ def test_redis_down_is_a_503_on_every_route_that_needs_it(tmp_path):
         for path in ("/readyz", "/v1/models/movies", "/v1/models/movies/recommend?user=u1"):
             got = httpx.get(base + path)
             assert got.status_code == 503 and "unavailable" in got.json()["error"], got.text
+
+
+def test_a_taken_port_is_one_line_not_a_backtrace(tmp_path, redis_url):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port),
+                              "--redis-url", redis_url, "--home", str(tmp_path / "home")],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr

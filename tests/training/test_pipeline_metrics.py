@@ -104,3 +104,17 @@ def test_a_retrain_outcome_is_exported_by_the_cli(tmp_path, redis_url, redis_cli
 def test_reason_classes_are_bounded():
     assert reason_class("ts is 0: epoch milliseconds, not seconds") == "ts is 0"
     assert reason_class("") == "unknown" and len(reason_class("x" * 500)) == 80
+
+
+def test_metrics_on_a_taken_port_is_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "pipeline.cli", "metrics", "--port",
+                              str(port), "--home", str(tmp_path)], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "cannot listen on" in out.stderr
