@@ -9,14 +9,9 @@
 #   RANKSTREAM_KAFKA_LIBS   jar cache (default ~/.cache/rankstream/kafka-libs)
 #   RANKSTREAM_KAFKA_HEAP   JVM heap (default 512m)
 set -euo pipefail
-fresh=0
-case ${1:-} in
-  --fresh) fresh=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--fresh]   (--fresh: wipe the broker's data first)" >&2; exit 2 ;;
-esac
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../state.sh"
+fresh=$(rs_fresh "$@")
 port=${RANKSTREAM_KAFKA_PORT:-9092}
 cport=$((port + 1))
 dir=${RANKSTREAM_KAFKA_DIR:-$(rs_state_dir "kafka-$port")}

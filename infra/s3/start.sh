@@ -9,14 +9,9 @@
 #                        and each of the four its port + 10000 for gRPC
 #   RANKSTREAM_S3_DIR    state dir (default ~/.local/state/rankstream/s3-$PORT): pid, logs, data
 set -euo pipefail
-fresh=0
-case ${1:-} in
-  --fresh) fresh=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--fresh]   (--fresh: wipe the server's data first)" >&2; exit 2 ;;
-esac
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../state.sh"
+fresh=$(rs_fresh "$@")
 port=${RANKSTREAM_S3_PORT:-8333}
 dir=${RANKSTREAM_S3_DIR:-$(rs_state_dir "s3-$port")}
 pidfile=$dir/weed.pid
