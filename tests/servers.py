@@ -47,13 +47,24 @@ def infra_server(name: str, tmp: Path):
         subprocess.run([INFRA / name / "stop.sh"], env=env, capture_output=True, timeout=60)
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(n: int, offset: int = 10000) -> int:
     """A base port with ``base .. base+n-1`` and each ``+ offset`` free on loopback (a Redis
     Cluster node listens on its port and its bus port, port + 10000; ``offset=0``: the block
-    alone)."""
+    alone). The ports lie below the kernel's range for outgoing connections: a server that
+    starts after its peers must not find its port taken by one of their outgoing sockets (a
+    Kafka controller port was, once)."""
     rng = random.Random()
+    high = _ephemeral_low() - offset - n
     for _ in range(200):
-        base = rng.randrange(20000, 65535 - offset - n)
+        base = rng.randrange(10000, max(high, 10001))
         socks = []
         try:
             extra = range(base + offset, base + offset + n) if offset else ()
