@@ -23,7 +23,6 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from datetime import datetime, timezone
 
 import msgspec
 import redis
@@ -37,7 +36,7 @@ from pipeline.serving import openapi
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.layout import UnknownModelError
-from pipeline.serving.versions import current_version, fallback_share
+from pipeline.serving.versions import age_seconds, current_version, fallback_share
 
 log = logging.getLogger(__name__)
 MAX_K = 1000
@@ -353,15 +352,3 @@ def _model_info(client, namespace: str, model: str) -> dict:
             "kind": current.kind, "served_as": current.served_as, "metrics": current.metrics,
             "trained_at": current.trained_at, "age_seconds": age_seconds(current.trained_at),
             "lookups": total, "fallback_share": share}
-
-
-def age_seconds(iso: str) -> float | None:
-    """Seconds since the ISO 8601 time ``iso`` (UTC when it names no zone); None when it is
-    not one."""
-    try:
-        then = datetime.fromisoformat(iso)
-    except (TypeError, ValueError):
-        return None
-    if then.tzinfo is None:
-        then = then.replace(tzinfo=timezone.utc)
-    return round(time.time() - then.timestamp(), 1)

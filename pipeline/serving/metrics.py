@@ -42,8 +42,7 @@ class ModelCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        from pipeline.serving.api import age_seconds
-        from pipeline.serving.versions import current_version, fallback_share
+        from pipeline.serving.versions import age_seconds, current_version, fallback_share
 
         version = GaugeMetricFamily("rankstream_served_version",
                                     "version number served per model", labels=["model"])

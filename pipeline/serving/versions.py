@@ -22,7 +22,7 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 
 from pipeline.serving.layout import (
     BUCKETS,
@@ -414,6 +414,18 @@ def current_version(model: str, redis, *, namespace: str = "rankstream") -> Vers
     """The version lookups are served from, or None."""
     return next((v for v in served_versions(model, redis, namespace=namespace) if v.current),
                 None)
+
+
+def age_seconds(iso: str) -> float | None:
+    """Seconds since the ISO 8601 time ``iso`` (UTC when it names no zone); None when it is
+    not one."""
+    try:
+        then = datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=timezone.utc)
+    return round(time.time() - then.timestamp(), 1)
 
 
 def fallback_share(model: str, redis, version: int, *,
