@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/chaos.py --minutes 3            # --seed S to repeat a schedule
     .venv/bin/python bench/chaos.py --minutes 10 --keep    # keep the state dir for a post-mortem
+    .venv/bin/python bench/chaos.py --minutes 10 --store object   # two hosts, one object store
 
 It starts its own servers through ``infra/`` (a Kafka broker and a redis-server on free loopback
-ports, state in a temp dir under ``~/.cache/rankstream/``; both stopped by process id at the end,
-Ctrl-C and SIGTERM included) and runs, all at once:
+ports, and an S3 server with ``--store object``; state in a temp dir under
+``~/.cache/rankstream/``; all stopped by process id at the end, Ctrl-C and SIGTERM included) and
+runs, all at once:
 
 * a **producer** thread: rating events (``--rate`` per second, users and items with planted
   structure) to ``rankstream.rating`` (2 partitions), ~10% outcome events to
@@ -33,15 +35,27 @@ window is unchanged (reported, not part of the exit status). Then it prints what
 with status 1 if any event was lost or duplicated or any lookup answer was torn (2 if the harness
 itself failed, 130 on Ctrl-C; the state directory is kept unless the run passed).
 
+Object-store mode (``--store object``)
+--------------------------------------
+An S3 server (``infra/s3``, SeaweedFS) is started with the other servers and stopped with them;
+every child gets ``RANKSTREAM_STORE=s3://bench/chaos-<uuid>``, so the event store, dead letters,
+run directories and checkpoints are all in the object store. Two simulated hosts, A and B, each
+with a HOME of its own (its local working copies), take turns: ingest children alternate between
+them, and so do retrain runs, so every warm start comes through the object store's committed
+checkpoints and a killed run's leftovers on one host are invisible to the other. Every check
+below then reads the object store: events, dead letters, and the run directories the monitor
+matches versions with (``runs/movies/*/train.json``). Files that a killed ingest child wrote but
+never committed are listed (``segments(complete=False)``) and reported, not counted.
+
 Definitions
 -----------
 lost
     A valid event (one :func:`pipeline.ingest.validate.check_event` accepts; the producer
     classifies every message when it sends it) missing from the event store, or a poison message
-    missing from the local dead-letter files, after the final drain.
+    missing from the store's dead letters, after the final drain.
 duplicated
     An event id stored more than once, or a poison message dead-lettered more than once, in the
-    local files.
+    store (local files, or the object store's committed segments).
 torn read
     A lookup answer that is not exactly (item ids and float32 scores, first k) the list the
     monitor read directly for that user in the answer's version (``source == "fallback"``:
@@ -75,6 +89,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,10 +135,11 @@ def log(msg: str) -> None:
 
 
 class Servers:
-    """A Kafka broker and a redis-server started through ``infra/``, stopped by pid."""
+    """A Kafka broker, a redis-server and (``s3=True``) an S3 server started through
+    ``infra/``, stopped by pid."""
 
-    def __init__(self, state: Path):
-        from tests.servers import free_port
+    def __init__(self, state: Path, s3: bool = False):
+        from tests.servers import free_port, free_port_block
 
         self.state = state
         self.kafka_port, self.redis_port = free_port(pair=True), free_port()
@@ -131,6 +147,11 @@ class Servers:
                           "RANKSTREAM_KAFKA_DIR": str(state / "kafka")}
         self.redis_env = {**os.environ, "RANKSTREAM_REDIS_PORT": str(self.redis_port),
                           "RANKSTREAM_REDIS_DIR": str(state / "redis")}
+        # the S3 gateway's port and the next three (master, volume, filer), each + 10000 (gRPC)
+        self.s3_port = free_port_block(4, offset=10000) if s3 else None
+        self.s3_env = {**os.environ, "RANKSTREAM_S3_PORT": str(self.s3_port),
+                       "RANKSTREAM_S3_DIR": str(state / "s3")}
+        self.aws: dict[str, str] = {}     # AWS_* for clients of the S3 server, once it runs
         self.started: list[str] = []
         self.lock = threading.Lock()       # a Redis restart and the final stop never overlap
         self.closed = False
@@ -152,12 +173,23 @@ class Servers:
             raise RuntimeError(f"infra/{name}/{script} failed ({done.returncode}):\n"
                                f"{done.stdout}{done.stderr}")
 
+    @property
+    def s3_endpoint(self) -> str | None:
+        return None if self.s3_port is None else f"http://127.0.0.1:{self.s3_port}"
+
     def start(self) -> None:
-        log(f"starting Kafka on {self.bootstrap} and Redis on {self.redis_url} (infra/) ...")
+        log(f"starting Kafka on {self.bootstrap} and Redis on {self.redis_url}"
+            + (f" and S3 on {self.s3_endpoint}" if self.s3_port else "") + " (infra/) ...")
         self.started.append("kafka")      # first: an interrupted start is stopped too
         self._run("kafka", "start.sh", self.kafka_env)
         self.started.append("redis")
         self.start_redis()
+        if self.s3_port is not None:
+            self.started.append("s3")
+            self._run("s3", "start.sh", self.s3_env)
+            creds = (self.state / "s3" / "credentials.env").read_text().split()
+            self.aws = {**dict(line.split("=", 1) for line in creds),
+                        "AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_REGION": "us-east-1"}
 
     def start_redis(self) -> None:
         with self.lock:
@@ -171,7 +203,8 @@ class Servers:
     def stop(self) -> None:
         with self.lock:
             self.closed = True
-        for name, env in (("redis", self.redis_env), ("kafka", self.kafka_env)):
+        for name, env in (("redis", self.redis_env), ("kafka", self.kafka_env),
+                          ("s3", self.s3_env)):
             if name in self.started:
                 try:
                     self._run(name, "stop.sh", env)
@@ -180,6 +213,18 @@ class Servers:
 
 
 # ---------------------------------------------------------------- children
+
+
+@dataclass(frozen=True)
+class Host:
+    """A simulated machine: its own HOME (``--home``), and the environment its children get."""
+
+    name: str
+    home: Path
+    env: dict
+
+    def args(self) -> list[str]:
+        return ["--home", str(self.home)]
 
 
 class Children:
@@ -191,11 +236,16 @@ class Children:
         self.lock = threading.Lock()
         self.closed = False
 
-    def start(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def start(self, host: Host, args: list[str], log_name: str) -> subprocess.Popen:
+        """``rankstream ARGS --home HOME`` on ``host``, its output appended to ``log_name``."""
         with self.lock, open(self.state / log_name, "ab") as out:
             if self.closed:       # after kill_all() no child may start (a loop thread racing)
                 raise RuntimeError("shutting down")
-            child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO,
+            out.write(f"--- {time.strftime('%H:%M:%S')} {args[0]} on host {host.name}\n"
+                      .encode())
+            out.flush()
+            child = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args,
+                                      *host.args()], cwd=REPO, env=host.env,
                                      stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
             self.live.add(child)
@@ -395,12 +445,22 @@ class Producer(threading.Thread):
 
 class ChildLoop(threading.Thread):
     """A thread that starts and kills child processes until ``stop`` is set (a RuntimeError
-    from a child it was killing at the stop is no failure)."""
+    from a child it was killing at the stop is no failure); each child on the next of
+    ``hosts`` in turn."""
 
-    def __init__(self, name: str, children: Children, args: list[str], rng: random.Random,
-                 stop: threading.Event):
+    def __init__(self, name: str, children: Children, hosts: list[Host], args: list[str],
+                 rng: random.Random, stop: threading.Event):
         super().__init__(name=name, daemon=True)
         self.children, self.args, self.rng, self.stop = children, args, rng, stop
+        self.hosts = hosts
+        self.turns = 0
+        self.per_host: Counter = Counter()     # host name -> children started there
+
+    def next_host(self) -> Host:
+        host = self.hosts[self.turns % len(self.hosts)]
+        self.turns += 1
+        self.per_host[host.name] += 1
+        return host
 
     def run(self) -> None:
         try:
@@ -416,14 +476,14 @@ class ChildLoop(threading.Thread):
 class IngestLoop(ChildLoop):
     """``rankstream ingest`` in follow mode, SIGKILLed after a random 2-8 s, restarted."""
 
-    def __init__(self, children: Children, args: list[str], rng: random.Random,
-                 stop: threading.Event):
-        super().__init__("ingest-loop", children, args, rng, stop)
+    def __init__(self, children: Children, hosts: list[Host], args: list[str],
+                 rng: random.Random, stop: threading.Event):
+        super().__init__("ingest-loop", children, hosts, args, rng, stop)
         self.kills = self.crashes = 0
 
     def _loop(self) -> None:
         while not self.stop.is_set():
-            child = self.children.start(["ingest", *self.args], "ingest.log")
+            child = self.children.start(self.next_host(), ["ingest", *self.args], "ingest.log")
             self.stop.wait(self.rng.uniform(2.0, 8.0))
             if child.poll() is not None:
                 self.crashes += 1
@@ -437,15 +497,16 @@ class IngestLoop(ChildLoop):
 class RetrainLoop(ChildLoop):
     """``rankstream train movies`` over and over; a third of the runs SIGKILLed at random."""
 
-    def __init__(self, children: Children, args: list[str], rng: random.Random,
-                 stop: threading.Event, kill_fraction: float = 1 / 3):
-        super().__init__("retrain-loop", children, args, rng, stop)
+    def __init__(self, children: Children, hosts: list[Host], args: list[str],
+                 rng: random.Random, stop: threading.Event, kill_fraction: float = 1 / 3):
+        super().__init__("retrain-loop", children, hosts, args, rng, stop)
         self.kill_fraction = kill_fraction
         self.kills = self.runs = self.failures = 0
         self.seconds: list[float] = []        # durations of the runs that were not killed
 
     def run_once(self, kill_after: float | None) -> int | None:
-        child = self.children.start(["train", MODEL, *self.args], "train.log")
+        child = self.children.start(self.next_host(), ["train", MODEL, *self.args],
+                                    "train.log")
         self.runs += 1
         started = time.monotonic()
         deadline = started + (kill_after if kill_after is not None else 300)
@@ -543,12 +604,15 @@ class Monitor(threading.Thread):
     """Polls ``current``; reads each newly current version whole; notes when it went live and
     which store offsets it was trained on."""
 
-    def __init__(self, url: str, home: Path, stop: threading.Event):
+    def __init__(self, url: str, home: Path, stop: threading.Event, objects=None):
         super().__init__(name="monitor", daemon=True)
         import redis
 
         self.client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.home, self.stop = home, stop
+        self.objects = objects        # an ObjectStore: run directories are read from it
+        self.read_runs: set[str] = set()              # object-store run keys already read
+        self.listed_at = 0.0
         self.keys = ModelKeys(NAMESPACE, MODEL)
         self.snapshots: dict[int, list[dict]] = defaultdict(list)   # version -> snapshots
         self.live: list[tuple[float, bytes]] = []     # (time seen, current value)
@@ -613,15 +677,7 @@ class Monitor(threading.Thread):
         todo = [raw for raw, w in self.windows.items() if w["offsets"] is None]
         if not todo:
             return
-        for train_json in (self.home / "runs" / MODEL).glob("*/train.json"):
-            try:
-                trained_at = json.loads(train_json.read_text())["trained_at"]
-                if trained_at in self.runs:
-                    continue
-                manifest = json.loads((train_json.parent / "dataset" / "manifest.json")
-                                      .read_text())
-            except (OSError, ValueError, KeyError):
-                continue
+        for trained_at, manifest in self._new_runs():
             offsets = {}
             for tp, offset in manifest["window"]["end_offsets"].items():
                 topic, partition = tp.rsplit("/", 1)
@@ -632,14 +688,50 @@ class Monitor(threading.Thread):
             if offsets is not None:
                 self.windows[raw]["offsets"] = offsets
 
+    def _new_runs(self):
+        """``(trained_at, dataset manifest)`` of the run directories not matched yet: under
+        ``HOME/runs/``, or in the object store (pushed there when a run ends)."""
+        if self.objects is None:
+            for train_json in (self.home / "runs" / MODEL).glob("*/train.json"):
+                try:
+                    trained_at = json.loads(train_json.read_text())["trained_at"]
+                    if trained_at in self.runs:
+                        continue
+                    yield trained_at, json.loads((train_json.parent / "dataset"
+                                                  / "manifest.json").read_text())
+                except (OSError, ValueError, KeyError):
+                    continue
+            return
+        if time.monotonic() - self.listed_at < 0.5:      # a LIST per half second is enough
+            return
+        self.listed_at = time.monotonic()
+        try:
+            listed = self.objects.list(self.objects.key("runs", MODEL) + "/")
+        except Exception as err:
+            self.errors[f"run listing {type(err).__name__}"] += 1
+            return
+        for obj in listed:
+            run = obj.key.removesuffix("/train.json")
+            if run == obj.key or run in self.read_runs:
+                continue
+            try:    # a run being pushed may have its train.json up before its manifest
+                train, manifest = self.objects.get_many([obj.key,
+                                                         f"{run}/dataset/manifest.json"])
+                if train is None or manifest is None:
+                    continue
+                self.read_runs.add(run)
+                yield json.loads(train)["trained_at"], json.loads(manifest)
+            except Exception as err:
+                self.errors[f"run read {type(err).__name__}"] += 1
+
 
 # ---------------------------------------------------------------- final checks
 
 
-def check_store(home: Path, produced: Produced) -> dict:
-    from pipeline.ingest.store import EventStore
-
-    store = EventStore(home / "store", home / "dead-letter")
+def check_store(store, produced: Produced) -> dict:
+    """Lost and duplicated events and dead letters: what ``store`` (an
+    :class:`~pipeline.ingest.store.EventStore`, local or on the object store) holds against
+    what the producer sent."""
     stored = Counter()
     for kind in ("rating", "outcome", "comparison", "judgment", "ordinal"):
         stored.update(store.read(kind, columns=["event_id"], topics=list(TOPICS))
@@ -726,6 +818,10 @@ def main(argv=None) -> int:
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds to wait at the end for current to cover every event")
     parser.add_argument("--keep", action="store_true", help="keep the state directory")
+    parser.add_argument("--store", choices=("local", "object"), default="local",
+                        help="where the event store, dead letters, runs and checkpoints live: "
+                             "the one host's HOME (local), or an S3 server of this run's own "
+                             "shared by two hosts with a HOME each (object)")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else time.time_ns() % 1_000_000
     poison = [p for p in args.poison.split(",") if p]
@@ -737,8 +833,6 @@ def main(argv=None) -> int:
     root = Path.home() / ".cache" / "rankstream"
     root.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="chaos-", dir=root))
-    home = state / "home"
-    home.mkdir()
     (state / "models.toml").write_text(CONFIG)
     log(f"seed {seed} (--seed {seed} repeats the schedule); state in {state}")
 
@@ -747,18 +841,20 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even when started with it ignored
-    servers, children = Servers(state), Children(state)
+    servers, children = Servers(state, s3=args.store == "object"), Children(state)
     stop_chaos, stop_all = threading.Event(), threading.Event()
     code = 2
     try:
         servers.start()
+        hosts, store_url = _hosts(args.store, state, servers)
         _create_topics(servers.bootstrap)
         log("compiling the solver kernels once (solvers.warm_up(), cached for the children)")
         warm = subprocess.run([sys.executable, "-c", "import solvers; solvers.warm_up()"],
                               cwd=REPO, capture_output=True, text=True, start_new_session=True)
         if warm.returncode != 0:
             raise RuntimeError(f"solvers.warm_up() failed:\n{warm.stderr[-2000:]}")
-        code = run(args, seed, rng, poison, state, home, servers, children, stop_chaos, stop_all)
+        code = run(args, seed, rng, poison, state, hosts, store_url, servers, children,
+                   stop_chaos, stop_all)
     except KeyboardInterrupt:
         log("interrupted: stopping children and servers")
         code = 130
@@ -782,6 +878,26 @@ def main(argv=None) -> int:
     return code
 
 
+def _hosts(mode: str, state: Path, servers: Servers) -> tuple[list[Host], str | None]:
+    """The hosts the children run on, and the object store's URL (None: the store is in the
+    one host's HOME)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANKSTREAM_STORE", "RANKSTREAM_HOME", "AWS_ENDPOINT_URL_S3")}
+    if mode == "local":
+        (state / "home").mkdir()
+        return [Host("local", state / "home", env)], None
+    from pipeline.storage import ObjectStore
+
+    url = f"s3://bench/chaos-{uuid.uuid4().hex[:12]}"
+    env = {**env, **servers.aws, "RANKSTREAM_STORE": url}
+    ObjectStore(url, environ=env).ensure_bucket()
+    hosts = [Host(name, state / f"host-{name}", env) for name in ("a", "b")]
+    for host in hosts:
+        host.home.mkdir()
+    log(f"object store {url} at {servers.s3_endpoint}; hosts a and b take turns")
+    return hosts, url
+
+
 def _create_topics(bootstrap: str) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -793,20 +909,24 @@ def _create_topics(bootstrap: str) -> None:
         admin.close()
 
 
-def run(args, seed, rng, poison, state, home, servers, children, stop_chaos, stop_all) -> int:
-    common = ["--home", str(home)]
-    ingest_args = [*common, "--bootstrap", servers.bootstrap, "--no-progress",
+def run(args, seed, rng, poison, state, hosts, store_url, servers, children, stop_chaos,
+        stop_all) -> int:
+    ingest_args = ["--bootstrap", servers.bootstrap, "--no-progress",
                    *[a for t in TOPICS for a in ("--topic", t)], "--group", "chaos",
                    "--instance-id", "chaos-ingest", "--dead-letter-topic", DEAD_LETTER_TOPIC,
                    "--flush-events", "2000", "--flush-interval", "0.5", "--no-check-crcs"]
-    train_args = [*common, "--config", str(state / "models.toml"),
-                  "--redis-url", servers.redis_url]
+    train_args = ["--config", str(state / "models.toml"), "--redis-url", servers.redis_url]
+    objects = None
+    if store_url is not None:
+        from pipeline.storage import ObjectStore
+
+        objects = ObjectStore(store_url, environ=hosts[0].env)
 
     producer = Producer(servers.bootstrap, args.rate, poison, args.poison_rate, seed, stop_chaos)
-    ingest = IngestLoop(children, ingest_args, random.Random(rng.random()), stop_chaos)
-    retrain = RetrainLoop(children, train_args, random.Random(rng.random()), stop_chaos)
+    ingest = IngestLoop(children, hosts, ingest_args, random.Random(rng.random()), stop_chaos)
+    retrain = RetrainLoop(children, hosts, train_args, random.Random(rng.random()), stop_chaos)
     restarts = RedisRestarts(servers, args.redis_every, random.Random(rng.random()), stop_chaos)
-    monitor = Monitor(servers.redis_url, home, stop_all)
+    monitor = Monitor(servers.redis_url, hosts[0].home, stop_all, objects)
     lookups = [Lookups(servers.redis_url, random.Random(rng.random()), stop_all)
                for _ in range(args.lookup_threads)]
     threads = [producer, ingest, retrain, monitor, *lookups]
@@ -835,7 +955,7 @@ def run(args, seed, rng, poison, state, home, servers, children, stop_chaos, sto
             thread.join(timeout=360)
     if not _redis_up(servers):
         servers.start_redis()
-    drain = _drain(children, ingest_args)
+    drain = _drain(children, ingest, ingest_args)
     final = retrain.run_once(None)
     log(f"final retrain exited {final}; waiting up to {args.settle:g} s for current to cover "
         "every rating event")
@@ -852,11 +972,21 @@ def run(args, seed, rng, poison, state, home, servers, children, stop_chaos, sto
         thread.join(timeout=30)
     end = time.time()
 
-    store = check_store(home, producer.out)
+    if objects is None:
+        from pipeline.ingest.store import EventStore
+
+        event_store = EventStore(hosts[0].home / "store", hosts[0].home / "dead-letter")
+    else:
+        from pipeline.ingest.object_store import ObjectEventStore
+
+        event_store = ObjectEventStore(store_url, objects=objects)
+    store = check_store(event_store, producer.out)
     torn = torn_reads(lookups, monitor)
     st = staleness(producer.out, monitor, end)
+    where = (f"in HOME {hosts[0].home} (one host)" if objects is None else
+             f"{store_url}, S3 endpoint {servers.s3_endpoint}")
     report = _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups,
-                     ingest, retrain, restarts, monitor, drain, children, republish)
+                     ingest, retrain, restarts, monitor, drain, children, republish, where)
     print(report, flush=True)
     bad = (len(store["lost_events"]) + len(store["lost_poison"]) + len(store["dup_events"])
            + len(store["dup_dead"]) + len(torn["torn"]))
@@ -897,11 +1027,14 @@ def _redis_up(servers: Servers) -> bool:
         return False
 
 
-def _drain(children: Children, ingest_args: list[str], attempts: int = 3) -> dict:
-    """``rankstream ingest --until-end`` until it succeeds (at most ``attempts`` times)."""
+def _drain(children: Children, ingest: IngestLoop, ingest_args: list[str],
+           attempts: int = 3) -> dict:
+    """``rankstream ingest --until-end`` until it succeeds (at most ``attempts`` times), on the
+    ingest loop's next host."""
     results = []
     for _ in range(attempts):
-        child = children.start(["ingest", "--until-end", *ingest_args], "drain.log")
+        child = children.start(ingest.next_host(), ["ingest", "--until-end", *ingest_args],
+                               "drain.log")
         try:
             code = child.wait(timeout=600)
         except subprocess.TimeoutExpired:
@@ -915,6 +1048,10 @@ def _drain(children: Children, ingest_args: list[str], attempts: int = 3) -> dic
             "log": "" if results[-1] == 0 else children.tail("drain.log")}
 
 
+def _per_host(loop: ChildLoop) -> str:
+    return " / ".join(f"{name} {loop.per_host[name]}" for name in sorted(loop.per_host))
+
+
 def _median(values):
     return statistics.median(values) if values else None
 
@@ -924,7 +1061,7 @@ def _fmt_s(x) -> str:
 
 
 def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups, ingest,
-            retrain, restarts, monitor, drain, children, republish) -> str:
+            retrain, restarts, monitor, drain, children, republish, where) -> str:
     out = producer.out
     n_rating = out.kinds.get("rating", 0)
     kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(out.kinds.items()) if k != "poison")
@@ -940,6 +1077,10 @@ def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups
         "",
         f"rankstream chaos: {chaos_seconds / 60:.1f} min of chaos (seed {seed}, "
         f"{args.rate:g} ratings/s, {args.poison_rate:.0%} poison)",
+        f"  store           {args.store}: {where}"
+        + ("" if len(ingest.hosts) == 1 else
+           f"; ingest children per host {_per_host(ingest)} (final drain included), "
+           f"train runs per host {_per_host(retrain)}"),
         f"  produced        {len(out.valid):,} valid events ({kinds}) + {len(out.poison):,} "
         f"poison messages ({', '.join(f'{k} {n}' for k, n in sorted(poison_kinds.items()))})",
         f"  stored          {store['stored']:,} events",
@@ -974,11 +1115,16 @@ def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups
         f"  final drain     {'ok' if drain['ok'] else 'FAILED'} (exit codes "
         f"{drain['exit codes']})",
     ]
-    if store["unexpected"] or store["dead_not_poison"] or store["unfinished"]:
+    if args.store == "object":
+        n = store["unfinished"]
+        lines.append(f"  uncommitted     {n} segment file{'' if n == 1 else 's'} that no commit "
+                     "names (left by killed ingest children: never read, not counted)")
+    unfinished = store["unfinished"] if args.store == "local" else 0
+    if store["unexpected"] or store["dead_not_poison"] or unfinished:
         lines.append(f"  also            stored but never produced as valid: "
                      f"{store['unexpected']}; dead letters of valid events: "
                      f"{store['dead_not_poison']}; unfinished segment groups: "
-                     f"{store['unfinished']}")
+                     f"{unfinished}")
     if monitor.errors:
         lines.append(f"  monitor         polls that failed (Redis down): {dict(monitor.errors)}")
     if producer.error or restarts.error:

@@ -8,12 +8,14 @@ imports happen inside the tasks). The config path comes from ``RANKSTREAM_CONFIG
 (event store, checkpoints) from ``RANKSTREAM_HOME``. The dataset task snapshots the event store's
 offsets; every later task works in that snapshot's run directory (its path is all XCom carries),
 so a retried task continues the same run and re-running a window publishes nothing new. A model
-with nothing new to learn skips the rest of its run.
+with nothing new to learn skips the rest of its run. A failed task is retried 3 times, first after
+``RANKSTREAM_RETRY_DELAY`` seconds (default 30), then with exponential backoff up to 15 minutes.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tomllib
 from datetime import datetime, timedelta
@@ -24,10 +26,24 @@ from airflow.sdk import dag, task
 from pipeline.naming import is_valid_name
 
 CONFIG = os.environ.get("RANKSTREAM_CONFIG") or str(Path(__file__).with_name("models.toml"))
+
+
+def _retry_delay() -> float:
+    raw = os.environ.get("RANKSTREAM_RETRY_DELAY") or "30"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"RANKSTREAM_RETRY_DELAY is {raw!r}, expected seconds >= 0 (e.g. 30)")
+    return seconds
+
+
+RETRY_DELAY = _retry_delay()
 DEFAULT_ARGS = {
     "owner": "rankstream",
     "retries": 3,
-    "retry_delay": timedelta(seconds=30),
+    "retry_delay": timedelta(seconds=RETRY_DELAY),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=15),
 }

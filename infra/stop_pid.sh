@@ -13,7 +13,7 @@ read -r pid started < "$pidfile" || true
 if [[ ! $pid =~ ^[0-9]+$ ]]; then
   echo "$name: $pidfile holds no pid; removed" >&2; rm -f "$pidfile"; exit 0
 fi
-cmdline=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
+cmdline=$({ tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null || true)   # gone: no message
 if [[ -z $cmdline ]]; then
   echo "$name: not running (pid $pid is gone)"; rm -f "$pidfile"; exit 0
 fi

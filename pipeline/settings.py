@@ -5,6 +5,13 @@ Environment variables (all optional):
 ``RANKSTREAM_HOME``              working directory for the store, checkpoints, dead letters
                                  (default ``$XDG_DATA_HOME/rankstream``, i.e.
                                  ``~/.local/share/rankstream``: the same from any directory)
+``RANKSTREAM_STORE``             where the event store, dead letters, run directories and
+                                 checkpoints live: a local directory (default: ``HOME``) or an
+                                 object store, ``s3://bucket/prefix`` (server and credentials
+                                 from ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+                                 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``; see
+                                 :mod:`pipeline.storage`). With an object store, ``HOME`` keeps
+                                 only this host's working copies, locks and caches
 ``RANKSTREAM_KAFKA_BOOTSTRAP``   e.g. ``127.0.0.1:9092``; unset means embedded (files) mode
 ``RANKSTREAM_KAFKA_SECURITY``    JSON object passed to kafka-python (``security_protocol``,
                                  ``sasl_mechanism``, ``sasl_plain_username``, ``ssl_cafile`` ...)
@@ -76,6 +83,7 @@ ON_ERROR = ("raise", "last_known")   # what lookups do when Redis is down or slo
 @dataclass(frozen=True)
 class Settings:
     home: Path = field(default_factory=lambda: default_home())
+    store: str | None = None
     kafka_bootstrap: str | None = None
     kafka_security: dict = field(default_factory=dict)
     redis_url: str | None = None
@@ -105,16 +113,33 @@ class Settings:
             object.__setattr__(self, "config", Path(self.config))
 
     @property
+    def remote(self) -> bool:
+        """Whether the store is an object store (``s3://``) rather than local directories."""
+        from pipeline.storage import is_object_url
+
+        return is_object_url(self.store)
+
+    @property
+    def root(self) -> Path:
+        """The local directory of the store, runs and checkpoints: ``store`` when it is a local
+        path, else ``home`` (with an object store: this host's working copies and caches)."""
+        return Path(self.store).expanduser() if self.store and not self.remote else self.home
+
+    @property
     def store_dir(self) -> Path:
-        return self.home / "store"
+        return self.root / "store"
 
     @property
     def dead_letter_dir(self) -> Path:
-        return self.home / "dead-letter"
+        return self.root / "dead-letter"
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.home / "checkpoints"
+        return self.root / "checkpoints"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
 
     @classmethod
     def load(cls, overrides: dict | None = None, environ=None) -> "Settings":
@@ -160,6 +185,17 @@ class Settings:
                 except ValueError:
                     raise ValueError(f"{where.get(f.name, f.name)} is {value!r}, expected "
                                      f"a number") from None
+        store = values.get("store")
+        if store is not None and str(store).startswith("s3://"):
+            from pipeline.storage import split_url
+
+            try:
+                split_url(str(store))
+            except ValueError as err:
+                raise ValueError(f"{where.get('store', 'store')}: {err}") from None
+        elif store is not None and "://" in str(store):
+            raise ValueError(f"{where.get('store', 'store')} is {store!r}: expected a local "
+                             "directory or s3://bucket/prefix")
         on_error = values.get("redis_on_error", "raise")
         if on_error not in ON_ERROR:
             raise ValueError(f"{where.get('redis_on_error', 'redis_on_error')} is "

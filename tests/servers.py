@@ -99,3 +99,44 @@ def redis_cluster(tmp: Path):
     finally:
         subprocess.run([INFRA / "redis" / "cluster-stop.sh"], env=env, capture_output=True,
                        timeout=120)
+
+
+class ServerStartError(RuntimeError):
+    """A server of infra/ did not start."""
+
+
+@contextmanager
+def s3_server(state: Path):
+    """The ``AWS_*`` variables of infra/s3's server, started on free loopback ports with its
+    state in ``state``; stopped by its pid after. :class:`ServerStartError` if it does not
+    start."""
+    port = free_port_block(4, offset=10000)
+    env = {**os.environ, "RANKSTREAM_S3_PORT": str(port), "RANKSTREAM_S3_DIR": str(state)}
+    start = subprocess.run([INFRA / "s3" / "start.sh"], env=env, capture_output=True, text=True,
+                           timeout=900)
+    try:
+        if start.returncode != 0:
+            raise ServerStartError(f"infra/s3/start.sh failed: {start.stderr.strip()[-400:]}")
+        creds = dict(line.split("=", 1) for line in
+                     (state / "credentials.env").read_text().split())
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1",
+               "AWS_ACCESS_KEY_ID": creds["AWS_ACCESS_KEY_ID"],
+               "AWS_SECRET_ACCESS_KEY": creds["AWS_SECRET_ACCESS_KEY"]}
+    finally:
+        subprocess.run([INFRA / "s3" / "stop.sh"], env=env, capture_output=True, timeout=60)
+
+
+@contextmanager
+def environment(values: dict):
+    """``os.environ`` with ``values`` set within the block (child processes inherit them),
+    as it was after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield values
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

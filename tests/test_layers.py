@@ -14,10 +14,11 @@ rank  modules                               why there
       ``pipeline.features``                 ``pipeline`` (``pipeline/__init__.py`` sits here
                                             too: it holds a docstring only)
 2     ``pipeline.ingest``,                  ``settings`` is a shared utility, but
-      ``pipeline.settings``                 ``Settings.load`` imports
-                                            ``pipeline.ingest.events.parse_iso_ts``, so it
+      ``pipeline.settings``,                ``Settings.load`` imports
+      ``pipeline.storage``                  ``pipeline.ingest.events.parse_iso_ts``, so it
                                             cannot sit below ingest (and ingest's ``kafka`` and
-                                            ``files`` read ``Settings``, so no higher either)
+                                            ``files`` read ``Settings``, so no higher either);
+                                            ``storage`` (object stores) serves ingest's store
 3     ``pipeline.serving``                  must not import training
 4     ``pipeline.training``                 may import serving: publishing is a training step
 5     ``pipeline.cli``                      the top
@@ -43,6 +44,7 @@ RANKS = {
     "pipeline.features": 1,
     "pipeline.ingest": 2,
     "pipeline.settings": 2,
+    "pipeline.storage": 2,
     "pipeline.serving": 3,
     "pipeline.training": 4,
     "pipeline.cli": 5,

@@ -64,8 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"pipeline.cli.{module_name}")
     sub = argparse.ArgumentParser(prog=f"rankstream {top.command}", description=help_text)
     module.add_arguments(sub)
+    from pipeline.storage import StorageError
+
     try:
         return int(module.run(sub.parse_args(argv[1:])) or 0)
+    except StorageError as err:      # the object store is down or refused: one line, any command
+        print(f"rankstream {top.command}: {err}", file=sys.stderr)
+        return 1
     except BrokenPipeError:   # `rankstream store stats | head` closed the pipe: not an error
         import os
 

@@ -17,7 +17,9 @@ def add_redis_arguments(parser) -> None:
     group.add_argument("--namespace", help="key namespace (default: RANKSTREAM_NAMESPACE or "
                        "'rankstream')")
     group.add_argument("--home", help="working directory (default: RANKSTREAM_HOME or "
-                       "./.rankstream)")
+                       "~/.local/share/rankstream)")
+    group.add_argument("--store", help="where the store, runs and checkpoints live, if not in "
+                                       "HOME: a directory or s3://bucket/prefix")
     group.add_argument("--config", help="TOML settings file")
 
 
@@ -26,7 +28,8 @@ def settings_of(args):
     from pipeline.settings import Settings
 
     return Settings.load({"redis_url": args.redis_url, "namespace": args.namespace,
-                          "home": args.home, "config": args.config})
+                          "home": args.home, "store": getattr(args, "store", None),
+                          "config": args.config})
 
 
 @contextmanager

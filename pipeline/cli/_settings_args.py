@@ -11,6 +11,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, kafka: bool = True) 
     group = parser.add_argument_group("settings (flags > RANKSTREAM_* environment > TOML file)")
     group.add_argument("--config", help="TOML file with a [rankstream] table")
     group.add_argument("--home", help="working directory holding store/ and dead-letter/")
+    group.add_argument("--store", help="where the store, runs and checkpoints live, if not in "
+                                       "HOME: a directory or s3://bucket/prefix")
     if kafka:
         group.add_argument("--bootstrap", dest="kafka_bootstrap",
                            help="Kafka bootstrap servers, host:port[,host:port]")
@@ -25,5 +27,5 @@ def load_settings(args: argparse.Namespace):
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    names = ("config", "home", "kafka_bootstrap", "dead_letter_topic")
+    names = ("config", "home", "store", "kafka_bootstrap", "dead_letter_topic")
     return Settings.load({name: getattr(args, name, None) for name in names})

@@ -34,6 +34,7 @@ def run(args) -> int:
         print(f"model {args.model!r}: no lease held")
     else:
         token, _, holder = held.decode(errors="replace").partition(" ")
+        holder = holder.split("\t", 1)[0]     # what follows the tab is for machines
         print(f"model {args.model!r}: token {token}, held by {holder}, {ttl / 1000:.1f} s left "
               "unless renewed")
     return 0

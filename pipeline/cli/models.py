@@ -23,6 +23,7 @@ def _fallback_share(client, model: str, namespace: str, current) -> str:
 def run(args) -> int:
     import redis
 
+    from pipeline.training import remote
     from pipeline.training.checkpoints import latest_checkpoint
     from pipeline.training.config import load_models
     from pipeline.training.retrain import served_versions
@@ -43,6 +44,7 @@ def run(args) -> int:
                     notes.append(f"{name}: WARNING {warning}")
                 value = current[0].metrics.get(cfg.metric) if current else None
                 metric = f"{cfg.metric} {value:.4f}" if value is not None else cfg.metric
+                remote.pull_checkpoints(settings, name)   # another host's, on an object store
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
                 rows.append((name, cfg.algorithm, served, metric,
                              _fallback_share(client, name, settings.namespace, current),
@@ -60,13 +62,14 @@ def run(args) -> int:
 def _window_warning(settings, model: str) -> str | None:
     """The window warning of the model's latest run (a window that drops most events or
     users), or None."""
-    from pathlib import Path
 
+    from pipeline.training import remote
     from pipeline.training.checkpoints import run_dirs
     from pipeline.training.retrain import DATASET_FORMAT
     from solvers.persist import read_manifest
 
-    for run in reversed(run_dirs(Path(settings.home) / "runs", model)):
+    remote.pull_latest_runs(settings, model)     # the newest run may be another host's
+    for run in reversed(run_dirs(settings.runs_dir, model)):
         manifest = read_manifest(run / "dataset", fmt=DATASET_FORMAT)
         if manifest:
             return manifest.get("window", {}).get("warning")

@@ -1,10 +1,12 @@
 """``rankstream store``: inspect the event store. ``stats`` prints events, segments, bytes and
 time range per kind, and where each partition resumes; ``dead-letters`` lists or exports the
-dead letters (JSON lines, raw bytes in base64)."""
+dead letters (JSON lines, raw bytes in base64); ``copy --to LOCATION`` copies the store's
+flushes, offsets and all, into another store (a directory or ``s3://bucket/prefix``)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -12,20 +14,32 @@ from pipeline.cli._settings_args import add_settings_arguments, load_settings
 
 
 def add_arguments(parser):
-    parser.add_argument("action", choices=["stats", "dead-letters"])
+    parser.add_argument("action", choices=["stats", "dead-letters", "copy"])
     parser.add_argument("--json", action="store_true", help="stats as JSON")
     parser.add_argument("--topic", help="dead letters of this source topic only")
     parser.add_argument("--export", metavar="JSONL", help="write the dead letters to this file")
+    parser.add_argument("--to", metavar="LOCATION",
+                        help="copy: the target store, a directory or s3://bucket/prefix")
     add_settings_arguments(parser, kafka=False)
 
 
 def run(args) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError) as err:
+        print(f"rankstream store: {err}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
     from pipeline.ingest.store import EventStore
 
     settings = load_settings(args)
     store = EventStore.from_settings(settings)
     if args.action == "dead-letters":
         return _dead_letters(store, args)
+    if args.action == "copy":
+        return _copy(store, args)
     stats = store.stats()
     if args.json:
         print(json.dumps(stats, indent=2))
@@ -41,8 +55,9 @@ def run(args) -> int:
     for key, offset in stats["next_offsets"].items():
         print(f"  {key}: {offset:,}")
     if stats["unfinished_files"]:
-        print(f"\n{stats['unfinished_files']} files of unfinished flushes (removed on the next "
-              "ingest of their partition)")
+        print(f"\n{stats['unfinished_files']} files of unfinished flushes: readers ignore them, "
+              "and the next ingest of their partition removes them (on an object store, once "
+              "they are an hour old)")
     return 0
 
 
@@ -57,6 +72,20 @@ def _dead_letters(store, args) -> int:
     print(f"{table.num_rows:,} dead letters; most common reasons:")
     for reason, count in reasons.most_common(20):
         print(f"  {count:>8,}  {reason}")
+    return 0
+
+
+def _copy(store, args) -> int:
+    from dataclasses import replace
+
+    from pipeline.ingest.store import EventStore, copy_store
+
+    if not args.to:
+        raise ValueError("store copy needs --to LOCATION (a directory or s3://bucket/prefix)")
+    target = EventStore.from_settings(replace(load_settings(args), store=args.to))
+    copied, skipped = copy_store(store, target)
+    print(f"copied {copied:,} flushes from {store.root} to {target.root}; {skipped:,} were "
+          "there already")
     return 0
 
 

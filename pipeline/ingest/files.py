@@ -68,6 +68,10 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
         check_source(path, fmt, kind)
     settings = settings or _settings()
     store = store or EventStore.from_settings(settings)
+    if store.filesystem is not None:
+        raise ValueError(f"files are ingested into a local store only, and the store is "
+                         f"{store.root}: send them through Kafka (rankstream produce), or "
+                         "unset RANKSTREAM_STORE to ingest them locally")
     limits = Limits.from_settings(settings)
     summary = IngestSummary(unit="records")
     ledger = FileLedger(store.root)

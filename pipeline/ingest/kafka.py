@@ -533,8 +533,20 @@ class _KafkaRun:
                 return "end offsets reached"
 
     def _drained(self, ends: dict) -> bool:
+        """Whether every partition of the topics is drained to its end offset at the start:
+        by this consumer (its position), or, for a partition it is not assigned, by another
+        member of the group (the store's end). A member handed no partitions while its group
+        rebalances must not call the topics drained: they are not, and it would stop with
+        nothing done."""
         assignment = self.consumer.assignment()
-        return all(self.consumer.position(tp) >= ends.get(tp, 0) for tp in assignment)
+        if not all(self.consumer.position(tp) >= ends.get(tp, 0) for tp in assignment):
+            return False
+        others = [tp for tp in ends if tp not in assignment and ends[tp] > 0]
+        for tp in others:
+            name = self.stored_as.get(tp) or self.store.generation(tp.topic, tp.partition)
+            if (self.store.next_offset(name, tp.partition) or 0) < ends[tp]:
+                return False
+        return True
 
 
 def _chunks(records: list, max_bytes: int):

@@ -135,9 +135,16 @@ class EventStore:
         self.compression = compression
         self.writer = f"{socket.gethostname()}:{os.getpid()}"
 
+    filesystem = None      # pyarrow's filesystem of the segment paths (None: local paths)
+
     @classmethod
     def from_settings(cls, settings) -> "EventStore":
-        """The store of a :class:`pipeline.settings.Settings`."""
+        """The store of a :class:`pipeline.settings.Settings`: local directories, or an object
+        store when ``settings.store`` is an ``s3://`` URL."""
+        if settings.remote:
+            from pipeline.ingest.object_store import ObjectEventStore
+
+            return ObjectEventStore(settings.store)
         return cls(settings.store_dir, settings.dead_letter_dir)
 
     # ------------------------------------------------------------------ listing
@@ -211,14 +218,17 @@ class EventStore:
     def generation(self, topic: str, partition: int) -> str:
         """The store's name for the newest generation of ``topic``'s ``partition`` that holds
         segments (``topic`` itself when none has been re-created)."""
-        names = {name for _, root in self._kind_roots()
-                 for name in (d.name[len("topic="):] for d in _subdirs(root, "topic="))}
         best, best_n = topic, 1
-        for name in names:
+        for name in self._topic_names():
             n = _generation_number(topic, name)
             if n > best_n and (self.next_offset(name, partition) is not None):
                 best, best_n = name, n
         return best
+
+    def _topic_names(self) -> set[str]:
+        """Every topic name (generations included) the store has a directory for."""
+        return {name for _, root in self._kind_roots()
+                for name in (d.name[len("topic="):] for d in _subdirs(root, "topic="))}
 
     def next_generation(self, topic: str, partition: int) -> str:
         """The name for events of a re-created ``topic``: one past the newest generation."""
@@ -276,31 +286,21 @@ class EventStore:
         OverlapError
             If ``first`` is not past what the store already holds for this partition.
         """
-        parts = {k: t for k, t in tables.items() if t.num_rows}
-        if dead_letters is not None and dead_letters.num_rows:
-            parts[DEAD_LETTER_KIND] = dead_letters
+        parts = flush_parts(tables, dead_letters)
         if not parts:
             return []
         with self.lock(topic, partition):
             self._recover(topic, partition)
-            stored = self.next_offset(topic, partition)
-            if stored is not None and first < stored:
-                raise OverlapError(f"{topic}/{partition}: segment starts at offset {first} but "
-                                   f"the store already holds offsets up to {stored - 1}")
+            refuse_overlap(topic, partition, first, self.next_offset(topic, partition) or 0)
             name = f"{first:020d}-{last:020d}-of{len(parts)}.parquet"
-            meta = {"format_version": FORMAT_VERSION, "topic": topic, "partition": partition,
-                    "first_offset": first, "last_offset": last, "group": sorted(parts),
-                    "writer": self.writer, "written_at": int(time.time() * 1000)}
+            meta = self._flush_meta(topic, partition, first, last, parts)
             moves = []
             for kind, table in parts.items():
                 directory = self._dir(kind, topic, partition)
                 makedirs_durable(directory)
                 final = directory / name
                 temp = directory / f".{name}.{os.getpid()}.tmp"
-                table = table.replace_schema_metadata(
-                    {"rankstream": json.dumps({**meta, "kind": kind})})
-                pq.write_table(table, temp, compression=self.compression,
-                               **_encodings(table.schema))
+                self._write_segment(table, kind, meta, temp)
                 fsync_file(temp)
                 moves.append((temp, final))
             for temp, final in moves:
@@ -308,6 +308,18 @@ class EventStore:
             for directory in {final.parent for _, final in moves}:
                 fsync_dir(directory)
             return [final for _, final in moves]
+
+    def _flush_meta(self, topic: str, partition: int, first: int, last: int,
+                    parts: Mapping[str, pa.Table]) -> dict:
+        """What every segment of a flush carries in its Parquet metadata."""
+        return {"format_version": FORMAT_VERSION, "topic": topic, "partition": partition,
+                "first_offset": first, "last_offset": last, "group": sorted(parts),
+                "writer": self.writer, "written_at": int(time.time() * 1000)}
+
+    def _write_segment(self, table: pa.Table, kind: str, meta: dict, where) -> None:
+        table = table.replace_schema_metadata({"rankstream": json.dumps({**meta, "kind": kind})})
+        pq.write_table(table, str(where), filesystem=self.filesystem,
+                       compression=self.compression, **_encodings(table.schema))
 
     # ------------------------------------------------------------------ reading
 
@@ -356,13 +368,13 @@ class EventStore:
                 run.append(seg.path)
                 continue
             if run:
-                pieces.append(_scan(run, kind_schema, columns, time_filter))
+                pieces.append(self._scan(run, kind_schema, columns, time_filter))
                 run = []
             offset_filter = _window(pc.field("offset"), low, high)
             both = offset_filter if time_filter is None else (offset_filter & time_filter)
-            pieces.append(_scan([seg.path], kind_schema, columns, both))
+            pieces.append(self._scan([seg.path], kind_schema, columns, both))
         if run:
-            pieces.append(_scan(run, kind_schema, columns, time_filter))
+            pieces.append(self._scan(run, kind_schema, columns, time_filter))
         if not pieces:
             return kind_schema.empty_table().select(columns)
         return pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
@@ -373,18 +385,26 @@ class EventStore:
                                                None if topic is None else [topic])]
         if not paths:
             return DEAD_LETTER_SCHEMA.empty_table()
-        return _scan(paths, DEAD_LETTER_SCHEMA, DEAD_LETTER_SCHEMA.names, None)
+        return self._scan(paths, DEAD_LETTER_SCHEMA, DEAD_LETTER_SCHEMA.names, None)
+
+    def _scan(self, paths, table_schema: pa.Schema, columns: list[str], expr) -> pa.Table:
+        dataset = ds.dataset([str(p) for p in paths], schema=table_schema, format="parquet",
+                             filesystem=self.filesystem)
+        return dataset.to_table(columns=columns, filter=expr).replace_schema_metadata(None)
+
+    def _size(self, seg: Segment) -> int:
+        return seg.path.stat().st_size
 
     def stats(self) -> dict:
         """Per kind: segments, events, bytes, ts range; per partition: next offset."""
         per_kind: dict[str, dict] = {}
         for seg in self.segments():
-            meta = pq.read_metadata(seg.path)
+            meta = pq.read_metadata(str(seg.path), filesystem=self.filesystem)
             entry = per_kind.setdefault(seg.kind, {"segments": 0, "events": 0, "bytes": 0,
                                                    "min_ts": None, "max_ts": None})
             entry["segments"] += 1
             entry["events"] += meta.num_rows
-            entry["bytes"] += seg.path.stat().st_size
+            entry["bytes"] += self._size(seg)
             if seg.kind != DEAD_LETTER_KIND:
                 low, high = _ts_range(meta)
                 if low is not None:
@@ -395,6 +415,44 @@ class EventStore:
         return {"kinds": per_kind,
                 "next_offsets": {f"{t}/{p}": o for (t, p), o in offsets},
                 "unfinished_files": len(self.segments(complete=False))}
+
+
+def flush_parts(tables: Mapping[str, pa.Table], dead_letters: pa.Table | None
+                ) -> dict[str, pa.Table]:
+    """The segments of one flush, by kind: the non-empty tables, and the dead letters."""
+    parts = {k: t for k, t in tables.items() if t.num_rows}
+    if dead_letters is not None and dead_letters.num_rows:
+        parts[DEAD_LETTER_KIND] = dead_letters
+    return parts
+
+
+def refuse_overlap(topic: str, partition: int, first: int, stored: int) -> None:
+    """:class:`OverlapError` if a flush starting at ``first`` overlaps offsets below
+    ``stored`` (the partition's end in the store)."""
+    if first < stored:
+        raise OverlapError(f"{topic}/{partition}: segment starts at offset {first} but the "
+                           f"store already holds offsets up to {stored - 1}")
+
+
+def copy_store(source: EventStore, target: EventStore) -> tuple[int, int]:
+    """Copy every whole flush of ``source`` that ``target`` does not hold yet, with its offsets
+    (say a local store into an object store, to move a deployment onto several hosts; or back).
+    ``(copied, skipped)`` flushes: a flush the target already covers is skipped, so copying
+    again, or after an interruption, copies only the rest."""
+    groups: dict[tuple, list[Segment]] = defaultdict(list)
+    for seg in source.segments():
+        groups[seg.group].append(seg)
+    copied = skipped = 0
+    for (topic, partition, first, last), segs in sorted(groups.items()):
+        tables = {s.kind: pq.read_table(str(s.path), filesystem=source.filesystem)
+                  for s in segs}
+        dead = tables.pop(DEAD_LETTER_KIND, None)
+        try:
+            target.write(topic, partition, first, last, tables, dead)
+            copied += 1
+        except OverlapError:
+            skipped += 1
+    return copied, skipped
 
 
 # ---------------------------------------------------------------------- file helpers
@@ -439,11 +497,6 @@ def _window(field, low, high):
     if high is not None:
         expr = (field < high) if expr is None else (expr & (field < high))
     return expr
-
-
-def _scan(paths: list[Path], table_schema: pa.Schema, columns: list[str], expr) -> pa.Table:
-    dataset = ds.dataset([str(p) for p in paths], schema=table_schema, format="parquet")
-    return dataset.to_table(columns=columns, filter=expr).replace_schema_metadata(None)
 
 
 def _ts_range(meta) -> tuple[int | None, int | None]:

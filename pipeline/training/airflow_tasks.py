@@ -13,7 +13,7 @@ from dataclasses import replace
 from urllib.parse import quote
 
 from pipeline.settings import Settings
-from pipeline.training import retrain
+from pipeline.training import remote, retrain
 
 KAFKA_CONN, REDIS_CONN = "rankstream_kafka", "rankstream_redis"
 
@@ -71,7 +71,13 @@ def _locked(config: str, model: str, step, run_dir: str | None = None):
     s = settings()
     ctx = retrain.RunContext.of(config, model, s, s.redis_url, run_dir)
     with model_lock(s, model, wait=LOCK_WAIT, redis_url=s.redis_url) as lease:
-        return step(replace(ctx, fence=lease and lease.token))
+        summary = step(replace(ctx, fence=lease and lease.token))
+        run_dir = summary.get("run_dir") or ctx.run_dir
+        if run_dir:     # the next task may run on another host: hand it a URL
+            url = remote.push_run(s, run_dir)
+            if summary.get("run_dir"):
+                summary["run_dir"] = url
+        return summary
 
 
 def _skip_unless_run(summary: dict) -> dict:

@@ -46,15 +46,50 @@ def model_lock(settings, model: str, *, wait: float = 0.0, redis_url: str | None
         from pipeline.serving.lease import Lease, LeaseHeldError
 
         try:
-            lease = Lease.acquire(redis_url, settings.namespace, model, holder=holder,
-                                  ttl=settings.lease_ttl,
-                                  wait=max(0.0, wait - (time.monotonic() - started)))
+            lease = Lease.acquire(redis_url, settings.namespace, model,
+                                  holder=f"{holder}\t{_process_space()}", ttl=settings.lease_ttl,
+                                  wait=max(0.0, wait - (time.monotonic() - started)),
+                                  is_dead=_dead_here)
         except LeaseHeldError as err:
             raise ModelBusyError(str(err)) from None
         try:
             yield lease.keep_alive()
         finally:
             lease.release()
+
+
+def _process_space() -> str:
+    """Which process ids this process shares: the kernel's boot id and its pid namespace. Two
+    containers on one host share a boot id and (often) a hostname, but not a pid namespace."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def _dead_here(holder: str) -> bool:
+    """Whether a lease's holder ("pid N on HOST since T<tab>SPACE") is a process of this
+    machine's pid namespace that no longer exists: a run killed here (SIGKILL, OOM) then frees
+    its model at once, as the ``flock`` does, instead of after the lease's TTL. Anything else
+    (another host or container, a pid now reused, a holder of another format) counts as alive.
+
+    >>> _dead_here(f"pid {os.getpid()} on h since t\t{_process_space()}")
+    False
+    >>> _dead_here("pid 1 on another host since t\tother-space")
+    False
+    """
+    shown, _, space = holder.partition("\t")
+    words = shown.split()
+    if not space or space != _process_space() or len(words) < 2 or not words[1].isdigit():
+        return False
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:     # alive, another user's
+        return False
+    return False
 
 
 @contextmanager

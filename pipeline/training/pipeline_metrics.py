@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 
 from pipeline.training.retrain import Decision, outcome_path
 
@@ -47,7 +46,8 @@ class PipelineCollector:
 
     def __init__(self, settings, models: list[str]):
         self.settings, self.models = settings, list(models)
-        self._counted: dict[Path, Counter] = {}
+        self._counted: dict = {}       # dead-letter segment path -> reasons counted in it
+        self._store = None
         self._consumer = None
         self._kafka_down_since: float | None = None
 
@@ -56,7 +56,9 @@ class PipelineCollector:
 
         from pipeline.ingest.store import EventStore
 
-        store = EventStore.from_settings(self.settings)
+        if self._store is None:      # kept: an object store's commits are read once
+            self._store = EventStore.from_settings(self.settings)
+        store = self._store
         yield from self._lag(store, GaugeMetricFamily)
         dead = GaugeMetricFamily("rankstream_dead_letters", "dead letters kept, by reason",
                                  labels=["reason"])
@@ -121,12 +123,14 @@ class PipelineCollector:
     def _dead_letters(self, store) -> Counter:
         import pyarrow.parquet as pq
 
-        root = Path(store.dead_letter_root)
-        files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+        from pipeline.ingest.dead_letters import DEAD_LETTER_KIND
+
+        files = [seg.path for seg in store.segments(DEAD_LETTER_KIND)]   # whole flushes only
         for path in files:
             if path not in self._counted:
                 try:
-                    reasons = pq.read_table(path, columns=["reason"]).column("reason")
+                    reasons = pq.read_table(str(path), columns=["reason"],
+                                            filesystem=store.filesystem).column("reason")
                 except (OSError, ValueError, KeyError):    # being written: next scrape
                     continue
                 self._counted[path] = Counter(map(reason_class, reasons.to_pylist()))

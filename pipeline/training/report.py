@@ -426,7 +426,7 @@ def report_step(ctx: RunContext) -> dict:
     steps. A report is for people, so it never fails a run: any error becomes a logged
     warning and ``{"report": None, "report_error": ...}``."""
     try:
-        path = write_report(ctx.run_dir, Path(ctx.settings.home) / "runs")
+        path = write_report(ctx.run_dir, ctx.settings.runs_dir)
     except Exception as err:     # noqa: BLE001 - nothing here may stop a retrain
         reason = redact(f"{type(err).__name__}: {err}")
         log.warning("run %s: no report written (%s); the run goes on", ctx.run_dir, reason)

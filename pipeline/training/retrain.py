@@ -34,6 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from pipeline.settings import Settings
+from pipeline.training import remote
 from pipeline.training.checkpoints import (
     commit_checkpoint,
     latest_checkpoint,
@@ -80,9 +81,11 @@ class RunContext:
     @classmethod
     def of(cls, config, model: str, settings: Settings | None = None,
            redis_url: str | None = None, run_dir=None) -> "RunContext":
-        """``config``: a models TOML path, or a dict of parsed configs."""
-        return cls(model, _model(config, model), settings or Settings.load(), redis_url,
-                   None if run_dir is None else Path(run_dir))
+        """``config``: a models TOML path, or a dict of parsed configs; ``run_dir``: a path, or
+        the URL of a run directory in the object store (copied here first)."""
+        settings = settings or Settings.load()
+        return cls(model, _model(config, model), settings, redis_url,
+                   None if run_dir is None else remote.pull_run(settings, run_dir))
 
     def at(self, run_dir) -> "RunContext":
         return replace(self, run_dir=Path(run_dir))
@@ -113,7 +116,7 @@ def _store(settings: Settings):
 
 
 def _runs_root(settings: Settings, model: str) -> Path:
-    return Path(settings.home) / "runs" / model
+    return settings.runs_dir / model
 
 
 def _dataset(run_dir: Path) -> tuple[dict, dict]:
@@ -127,10 +130,13 @@ def ingest_step(ctx: RunContext, *, progress: bool = False) -> dict:
     if not settings.kafka_bootstrap:
         return {"ingested": 0, "mode": "embedded"}
     from pipeline.ingest.events import default_topic
-    from pipeline.ingest.kafka import ingest_kafka
+    from pipeline.ingest.kafka import DEFAULT_GROUP, ingest_kafka
 
-    summary = ingest_kafka({default_topic(k): k for k in kinds}, settings=settings,
-                           until_end=True, progress=progress)
+    topics = {default_topic(k): k for k in kinds}
+    # one consumer group per set of topics: members of one group that subscribe to different
+    # topics can be assigned nothing until the group leader's metadata catches up (minutes)
+    summary = ingest_kafka(topics, settings=settings, until_end=True, progress=progress,
+                           group_id=f"{DEFAULT_GROUP}.{'+'.join(sorted(topics))}")
     return {"ingested": sum(summary.events.values()),
             "dead_letters": sum(summary.dead_letters.values()),
             "seconds": round(summary.seconds, 3), "mode": "kafka"}
@@ -141,6 +147,8 @@ def dataset_step(ctx: RunContext, *, cold: bool = False) -> dict:
     cfg, model, settings = ctx.cfg, ctx.model, ctx.settings
     trainer = cfg.family.new_trainer()
     started = time.perf_counter()
+    if not cold:
+        remote.pull_checkpoints(settings, model)
     previous = None if cold else latest_checkpoint(settings.checkpoint_dir, model,
                                                    algorithm=cfg.algorithm)
     store = _store(settings)
@@ -190,10 +198,11 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
     trainer = cfg.family.new_trainer()
     ds, arrays = _dataset(run_dir)
     warm, warm_failed, last_arrays, same_config = None, None, None, False
-    if ds["warm_from"] and Path(ds["warm_from"]).is_dir():
+    warm_from = ds["warm_from"] and remote.warm_start(ctx.settings, model, ds["warm_from"])
+    if warm_from and warm_from.is_dir():    # the dataset step may have run on another host
         from pipeline.training.trainers import warm_state
 
-        last = read_checkpoint(ds["warm_from"])
+        last = read_checkpoint(warm_from)
         last_arrays, warm = last.arrays, warm_state(last.arrays)
         same_config = last.manifest.get("config_key") == ds["config_key"]
     try:
@@ -206,7 +215,7 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
         fitted, fit_info = trainer.fit(arrays, cfg, None)
         warm_failed = f"{type(err).__name__}: {err}"
         if same_config and not trial:
-            set_aside(ds["warm_from"], f"cannot warm-start this model ({warm_failed})")
+            set_aside(warm_from, f"cannot warm-start this model ({warm_failed})")
         else:
             import warnings
 
@@ -428,6 +437,7 @@ def publish_step(ctx: RunContext) -> dict:
         os.replace(published_artifact, run_dir / "checkpoint" / "artifact")
     ckpt = commit_checkpoint(run_dir / "checkpoint", settings.checkpoint_dir, model,
                              ds["run_key"])
+    remote.commit_checkpoint(settings, model, ckpt)
     return write_json(run_dir / "published.json", {
         "model": model, "published": True, "version": version, "checkpoint": str(ckpt),
         "publish_seconds": round(seconds, 3), "reason": gate["reason"]})
@@ -457,9 +467,11 @@ def prune_step(ctx: RunContext) -> dict:
     cfg, model, settings = ctx.cfg, ctx.model, ctx.settings
     removed = prune_checkpoints(settings.checkpoint_dir, model,
                                 keep=int(cfg.publish["keep_versions"]))
-    runs = run_dirs(Path(settings.home) / "runs", model)
+    runs = run_dirs(settings.runs_dir, model)
     for old in runs[:-KEEP_RUN_DIRS]:
         shutil.rmtree(old, ignore_errors=True)
+    remote.prune(settings, model, keep_checkpoints=int(cfg.publish["keep_versions"]),
+                 keep_runs=KEEP_RUN_DIRS)
     return {"model": model, "checkpoints_removed": len(removed),
             "runs_removed": max(0, len(runs) - KEEP_RUN_DIRS)}
 
@@ -496,6 +508,8 @@ def record_outcome(settings: Settings, model: str, summary: dict, seconds: float
 def _run(ctx: RunContext, cold: bool, publish: bool, ingest: bool, progress: bool) -> dict:
     started = time.perf_counter()
     summary = _run_steps(ctx, cold, publish, ingest, progress)
+    if summary["dataset"].get("run_dir"):
+        remote.push_run(ctx.settings, summary["dataset"]["run_dir"])
     summary["seconds"] = round(time.perf_counter() - started, 3)
     record_outcome(ctx.settings, ctx.model, summary, summary["seconds"])
     return summary
@@ -519,10 +533,16 @@ def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
     from pipeline.training.report import report_step
 
     ctx = ctx.at(ds["run_dir"])
+    dataset_upload = remote.start_push(ctx.settings, ctx.run_dir)     # overlaps the fit
     summary["train"] = train_step(ctx, trial=not publish)
+    if dataset_upload is not None:
+        dataset_upload.result()
     if publish:
         ctx.client()     # a Redis URL is given (the train command checked Redis is up)
         summary["gate"] = gate_step(ctx)
+        # before the version goes live: a run killed after its flip leaves its run directory
+        # (the window a served version was trained on) where every host finds it
+        remote.push_run(ctx.settings, ctx.run_dir)
         summary["publish"] = publish_step(ctx)
         summary["report"] = report_step(ctx)["report"]
         summary["prune"] = prune_step(ctx)

@@ -252,6 +252,9 @@ def test_a_closed_pipe_is_no_traceback(tmp_path):
     ({"RANKSTREAM_REDIS_ON_ERROR": "ignore"},
      "RANKSTREAM_REDIS_ON_ERROR is 'ignore', expected one of raise, last_known"),
     ({"RANKSTREAM_REDIS_TIMEOUT": "fast"}, "RANKSTREAM_REDIS_TIMEOUT is 'fast'"),
+    ({"RANKSTREAM_STORE": "gs://bucket/x"},
+     "RANKSTREAM_STORE is 'gs://bucket/x': expected a local directory or s3://bucket/prefix"),
+    ({"RANKSTREAM_STORE": "s3:///x"}, "RANKSTREAM_STORE: 's3:///x' names no bucket"),
 ])
 def test_a_settings_mistake_names_where_it_came_from(tmp_path, env, says):
     from pipeline.settings import Settings
@@ -306,3 +309,37 @@ def test_kafka_down_is_one_line_at_once(tmp_path, capsys, command):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Kafka does not answer at 127.0.0.1:1" in err, err
     assert time.perf_counter() - started < 10
+
+
+def test_the_store_location_moves_store_runs_and_checkpoints_together(tmp_path):
+    from pipeline.settings import Settings
+
+    local = Settings.load({"home": tmp_path / "h", "store": str(tmp_path / "shared")},
+                          environ={})
+    assert not local.remote and local.root == tmp_path / "shared"
+    assert {local.store_dir, local.runs_dir, local.checkpoint_dir, local.dead_letter_dir} == {
+        tmp_path / "shared" / name for name in ("store", "runs", "checkpoints", "dead-letter")}
+    remote = Settings.load({"home": tmp_path / "h"}, environ={"RANKSTREAM_STORE": "s3://b/p"})
+    assert remote.remote and remote.runs_dir == tmp_path / "h" / "runs"    # working copies
+    assert Settings.load({"home": tmp_path / "h"}, environ={}).store_dir == tmp_path / "h" / \
+        "store"
+
+
+def test_store_copy_copies_each_flush_once_and_says_so(tmp_path, capsys):
+    from pipeline.ingest import synthetic
+    from pipeline.ingest.files import ingest_files
+    from pipeline.ingest.store import EventStore
+    from pipeline.settings import Settings
+
+    settings = Settings(home=tmp_path / "a")
+    events = synthetic.rating_events(n_users=20, n_items=10, per_user=5, seed=1)
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
+                 settings=settings, progress=False)
+    target = tmp_path / "b"
+    for copied in ("copied 1 flushes", "copied 0 flushes"):
+        assert main(["store", "copy", "--home", str(settings.home), "--to", str(target)]) == 0
+        assert copied in capsys.readouterr().out
+    assert EventStore(target / "store").read("rating").num_rows == len(events)
+    assert main(["store", "copy", "--home", str(settings.home)]) == 1
+    assert capsys.readouterr().err.strip() == ("rankstream store: store copy needs --to "
+                                               "LOCATION (a directory or s3://bucket/prefix)")

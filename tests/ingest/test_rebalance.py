@@ -34,6 +34,20 @@ def writers(store: EventStore) -> dict[int, set[int]]:
     return out
 
 
+def slow_ingest(delay: float, bootstrap: str, topic: str, home, group: str,
+                log: str) -> subprocess.Popen:
+    """``tests/ingest/slow_ingest.py`` in a child process (until_end, DELAY s more per poll),
+    its output in ``home/log``."""
+    with open(home / log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.ingest.slow_ingest", str(delay), bootstrap, topic,
+             str(home), group], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def child_logs(home) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in home.glob("*.log"))
+
+
 def wait_for(condition, what: str, timeout: float, logs) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -133,13 +147,10 @@ def test_two_until_end_processes_share_a_two_partition_topic_exactly_once(kafka_
     group = new_group_id("two")
 
     def start(delay: float, log: str) -> subprocess.Popen:
-        with open(home / log, "wb") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "tests.ingest.slow_ingest", str(delay), kafka_bootstrap,
-                 topic, str(home), group], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        return slow_ingest(delay, kafka_bootstrap, topic, home, group, log)
 
     def logs():
-        return "\n".join(p.read_text()[-2000:] for p in home.glob("*.log"))
+        return child_logs(home)
 
     a = start(0.15, "a.log")      # > 60 polls of <= 100 messages: 9 s at least
     b = None
@@ -165,3 +176,48 @@ def test_two_until_end_processes_share_a_two_partition_topic_exactly_once(kafka_
     assert sum(s["events"] for s in summaries) == len(produced)
     assert all(s["events"] > 0 for s in summaries), summaries
     assert {a.pid, b.pid} <= set().union(*writers(store).values())
+
+
+def test_an_until_end_member_with_no_partition_waits_for_the_topic_to_be_stored(
+        kafka_bootstrap, tmp_path):
+    """Two ``until_end`` processes of one group on a 1-partition topic: after the rebalance one
+    of them has no partition. It must not call the topic drained (an Airflow ingest task that
+    did would let its retrain read a window without the events): each returns only once the
+    store holds the topic to its end, which the member holding the partition, slowed down,
+    reaches seconds later."""
+    topic = new_topic(kafka_bootstrap, partitions=1, prefix="idle-until-end")
+    rng = random.Random(8)
+    with EventProducer(kafka_bootstrap, encoding="compact", batch_events=1) as producer:
+        for i in range(3_000):
+            producer.send(topic, make_event("rating", i, rng, tag="idle"))
+    home = tmp_path / "home"
+    home.mkdir()
+    store = EventStore(home / "store", home / "dead-letter")
+    group = new_group_id("idle")
+
+    def start(delay: float, log: str) -> subprocess.Popen:
+        return slow_ingest(delay, kafka_bootstrap, topic, home, group, log)
+
+    def logs():
+        return child_logs(home)
+
+    busy = start(0.3, "busy.log")     # 3,000 messages, <= 100 per poll: 9 s at least
+    idle = None
+    held_at_exit = {}                 # process -> events stored when it returned
+    try:
+        wait_for(lambda: store.next_offsets(), "the first process to store a segment", 90, logs)
+        idle = start(0.0, "idle.log")
+        deadline = time.monotonic() + 240
+        while len(held_at_exit) < 2 and time.monotonic() < deadline:
+            for name, child in (("busy", busy), ("idle", idle)):
+                if name not in held_at_exit and child.poll() is not None:
+                    assert child.returncode == 0, logs()
+                    held_at_exit[name] = store.read("rating", columns=["event_id"]).num_rows
+            time.sleep(0.05)
+    finally:
+        for child in (busy, idle):
+            if child is not None and child.poll() is None:
+                child.kill()
+    # whichever member the rebalance left without the partition returned only once it was
+    # stored to its end
+    assert held_at_exit == {"busy": 3_000, "idle": 3_000}, (held_at_exit, logs())

@@ -128,6 +128,33 @@ def test_a_paused_run_whose_lease_expired_loses_to_the_run_after_it(hosts, redis
     assert first_token < int(redis_client.get(keys.lease_seq))
 
 
+def test_a_run_killed_on_this_machine_frees_its_lease_at_once(hosts, redis_url,
+                                                              redis_client):
+    """A `rankstream train` SIGKILLed holding the lease (an OOM kill, a crash) cannot renew or
+    release it; a run on the same machine sees its holder's process is gone and takes the
+    lease without waiting out the TTL, while a holder it cannot see (another host, another
+    container) still blocks it."""
+    config, (home_a, home_b), namespace = hosts
+    keys = ModelKeys(namespace, "movies")
+    killed = _train(config, home_a, redis_url, namespace, ttl=600.0)
+    _wait_for_lease(redis_client, keys)
+    killed.kill()                           # the process this test started
+    killed.wait(timeout=30)
+    assert redis_client.pttl(keys.lease) > 500_000          # the lease outlives its holder
+    after = _train(config, home_b, redis_url, namespace, ttl=600.0)
+    out, err = after.communicate(timeout=300)
+    assert after.returncode == 0 and "published" in out, err
+    elsewhere = Lease.acquire(redis_url, namespace, "movies",
+                              holder="pid 1 on host-c since now\tanother-machine")
+    from pipeline.training.lock import _dead_here
+
+    try:
+        with pytest.raises(LeaseHeldError, match=r"held by pid 1 on host-c since now \(lease"):
+            Lease.acquire(redis_url, namespace, "movies", holder="me", is_dead=_dead_here)
+    finally:
+        elsewhere.release()
+
+
 def test_a_fenced_publish_leaves_current_where_it_was(redis_url, redis_client):
     lease = Lease.acquire(redis_url, "fence", "m", holder="test", ttl=5.0)
     assert publish("m", user_model(0), redis_client, namespace="fence",

@@ -6,33 +6,9 @@ reads what it stores."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from contextlib import contextmanager
-
 import pytest
 
-from tests.conftest import unavailable
-from tests.servers import INFRA, free_port_block
-
-
-@contextmanager
-def s3_server(tmp_path):
-    """(endpoint, access key, secret) of a server of our own on free ports; stopped by pid."""
-    port = free_port_block(4, offset=10000)
-    env = {**os.environ, "RANKSTREAM_S3_PORT": str(port),
-           "RANKSTREAM_S3_DIR": str(tmp_path / "s3")}
-    start = subprocess.run([INFRA / "s3" / "start.sh"], env=env, capture_output=True, text=True,
-                           timeout=900)
-    try:
-        if start.returncode != 0:
-            unavailable(f"infra/s3/start.sh failed: {start.stderr.strip()[-400:]}")
-        creds = dict(line.split("=", 1) for line in
-                     (tmp_path / "s3" / "credentials.env").read_text().split())
-        yield (f"http://127.0.0.1:{port}", creds["AWS_ACCESS_KEY_ID"],
-               creds["AWS_SECRET_ACCESS_KEY"])
-    finally:
-        subprocess.run([INFRA / "s3" / "stop.sh"], env=env, capture_output=True, timeout=60)
+from tests.multihost.conftest import s3_server
 
 
 def _client(endpoint: str, key: str, secret: str):

@@ -1,0 +1,223 @@
+"""The event store on an object store (``RANKSTREAM_STORE=s3://bucket/prefix``): the same
+segments, schemas and reads as :class:`~pipeline.ingest.store.EventStore`, committed without
+rename or ``flock``.
+
+Layout under the prefix::
+
+    store/kind=rating/topic=ratings/partition=0/{first}-{last}-{writer}.parquet
+    dead-letter/topic=ratings/partition=0/{first}-{last}-{writer}.parquet
+    store/_commits/topic=ratings/partition=0/{position:020d}.json
+
+**The commit chain.** Each topic partition's flushes form a chain of commit objects. A commit
+is created at the *position* where the chain ended when its writer looked (0 for the first),
+names its segment files and covers offsets ``first..last`` (``first >= position``; Kafka
+offsets may skip), so the next commit's position is ``last + 1``. A flush is:
+
+1. write its segment files under names no other writer uses (the writer's id is in them);
+2. create the commit object at the chain's end with ``If-None-Match: *``.
+
+Step 2 is the only step that makes anything visible, and an object store performs a
+create-only put for exactly one of any number of writers. So:
+
+- *no reader sees a half-written flush*: readers follow the chain from position 0 and read only
+  the files its commits name; a commit is created after all of its files are whole (a PUT is
+  atomic per object), so every file a reader is sent to exists, whole;
+- *nothing is stored twice*: two writers of one partition (two hosts, a consumer that lost its
+  partition without noticing, a paused process) race for the same position; the loser gets
+  HTTP 412, deletes its own files and raises :class:`~pipeline.ingest.store.OverlapError`,
+  and its consumer resumes from the chain's new end. This is the per-partition writer's fence:
+  the position plays the part of a fencing token, checked by the store itself, so it needs no
+  lease, no clock and no Redis;
+- *nothing is lost*: a writer killed before step 2 leaves only files no commit names
+  (``segments(complete=False)``; deleted an hour later by the partition's next writer), and
+  its consumer resumes at the chain's end, before those offsets.
+
+A commit is never rewritten, so each process caches the ones it has read: listing the chain
+costs one LIST, and only new commits are fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+
+from pipeline.ingest.dead_letters import DEAD_LETTER_KIND
+from pipeline.ingest.store import (
+    EventStore,
+    OverlapError,
+    Segment,
+    TopicPartition,
+    flush_parts,
+    refuse_overlap,
+)
+from pipeline.storage import ObjectStore
+
+COMMITS = "_commits"
+ORPHAN_SECONDS = 3600.0      # uncommitted files older than this are a dead writer's leftovers
+_COMMIT_KEY = re.compile(r"/topic=([^/]+)/partition=(\d+)/(\d{20})\.json$")
+_DATA_KEY = re.compile(r"/topic=([^/]+)/partition=(\d+)/(\d{20})-(\d{20})-[^/]+\.parquet$")
+
+
+class ObjectEventStore(EventStore):
+    """Parquet segments in an object store, committed by create-only puts (module docstring).
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/prefix``; events go under ``prefix/store``, dead letters under
+        ``prefix/dead-letter``.
+    objects : ObjectStore, optional
+        The client (default: one for ``url``, from the ``AWS_*`` environment).
+    """
+
+    def __init__(self, url: str, *, compression: str = "lz4", objects: ObjectStore | None = None):
+        self.objects = objects or ObjectStore(url)
+        self.root = self.objects.url("store")
+        self.dead_letter_root = self.objects.url("dead-letter")
+        self.compression = compression
+        # unique per store object: two stores in one process are two writers
+        self.writer = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._commits: dict[str, dict] = {}          # commit key -> its (immutable) content
+        self._ends: dict[TopicPartition, int] = {}   # chain ends this writer made
+
+    @property
+    def filesystem(self):
+        return self.objects.fs
+
+    # ------------------------------------------------------------------ the chains
+
+    def _commit_key(self, topic: str, partition: int, position: int) -> str:
+        return self.objects.key("store", COMMITS, f"topic={topic}", f"partition={partition}",
+                                f"{position:020d}.json")
+
+    def _chains(self, topics: Iterable[str] | None = None) -> dict[TopicPartition, list[dict]]:
+        """Each partition's committed flushes, in offset order: one LIST, plus a GET of each
+        commit this process has not read yet."""
+        prefixes = ([self.objects.key("store", COMMITS) + "/"] if topics is None else
+                    [self.objects.key("store", COMMITS, f"topic={t}") + "/" for t in set(topics)])
+        listed = {}
+        for obj in (o for prefix in prefixes for o in self.objects.list(prefix)):
+            match = _COMMIT_KEY.search(obj.key)
+            if match:
+                listed[obj.key] = (match.group(1), int(match.group(2)), int(match.group(3)))
+        new = [k for k in listed if k not in self._commits]
+        for key, data in zip(new, self.objects.get_many(new)):
+            if data is not None:
+                self._commits[key] = json.loads(data)
+        at: dict[TopicPartition, dict[int, dict]] = {}
+        for key, (topic, partition, position) in listed.items():
+            if key in self._commits:
+                at.setdefault((topic, partition), {})[position] = self._commits[key]
+        chains = {}
+        for tp, by_position in at.items():
+            chain, commit = [], by_position.get(0)
+            while commit is not None:
+                chain.append(commit)
+                commit = by_position.get(commit["last"] + 1)
+            chains[tp] = chain
+        return chains
+
+    def _all_segments(self, topics: Iterable[str] | None = None) -> list[Segment]:
+        found = []
+        for (topic, partition), chain in self._chains(topics).items():
+            for commit in chain:
+                files = commit["files"]
+                for kind, key in files.items():
+                    found.append(Segment(self.objects.fs_path(key), kind, topic, partition,
+                                         commit["first"], commit["last"], len(files)))
+        return found
+
+    def segments(self, kind: str | None = None, topics: Iterable[str] | None = None, *,
+                 complete: bool = True) -> list[Segment]:
+        """Committed segments (of one kind, or all), sorted by topic, partition and offset;
+        with ``complete=False`` the files no commit names (a dead writer's leftovers)."""
+        if complete:
+            chosen = [s for s in self._all_segments(topics) if kind is None or s.kind == kind]
+        else:
+            chosen = [_orphan_segment(o.key, self.objects) for o in self._orphans(topics)]
+            chosen = [s for s in chosen if kind is None or s.kind == kind]
+        return sorted(chosen, key=lambda s: (s.topic, s.partition, s.first, s.kind))
+
+    def _orphans(self, topics: Iterable[str] | None = None, partition: int | None = None):
+        named = {self.objects.fs_path(key) for chain in self._chains(topics).values()
+                 for commit in chain for key in commit["files"].values()}
+        wanted = None if topics is None else set(topics)
+        found = []
+        for root in ("store", "dead-letter"):
+            for obj in self.objects.list(self.objects.key(root) + "/"):
+                match = _DATA_KEY.search(obj.key)
+                if (match and self.objects.fs_path(obj.key) not in named
+                        and (wanted is None or match.group(1) in wanted)
+                        and (partition is None or int(match.group(2)) == partition)):
+                    found.append(obj)
+        return found
+
+    def _topic_names(self) -> set[str]:
+        return {topic for topic, _ in self._chains()}
+
+    def _size(self, seg: Segment) -> int:
+        return self.filesystem.get_file_info(str(seg.path)).size
+
+    # ------------------------------------------------------------------ writing
+
+    def lock(self, topic: str, partition: int):
+        """No lock: the create-only commit at the chain's end fences writers (module
+        docstring); a context manager for the callers that hold one around a flush."""
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def recover(self, topic: str, partition: int) -> list[str]:
+        """Delete this partition's uncommitted files older than an hour: a dead writer's
+        (a live writer commits within seconds of writing them)."""
+        cutoff = time.time() - ORPHAN_SECONDS
+        old = [o.key for o in self._orphans([topic], partition) if o.modified < cutoff]
+        self.objects.delete(old)
+        return old
+
+    def write(self, topic: str, partition: int, first: int, last: int,
+              tables: Mapping[str, pa.Table], dead_letters: pa.Table | None = None
+              ) -> list[str]:
+        """Add one flush (messages ``first..last``): its files, then its commit at the chain's
+        end. Raises :class:`OverlapError` if the chain already covers ``first``, or another
+        writer committed at that position first (its files are then deleted)."""
+        parts = flush_parts(tables, dead_letters)
+        if not parts:
+            return []
+        position = self._ends.get((topic, partition))
+        if position is None:       # a writer that made the chain's end knows it without a LIST
+            chain = self._chains([topic]).get((topic, partition), [])
+            position = chain[-1]["last"] + 1 if chain else 0
+        refuse_overlap(topic, partition, first, position)
+        name = f"{first:020d}-{last:020d}-{self.writer}.parquet"
+        meta = self._flush_meta(topic, partition, first, last, parts)
+        files = {}
+        for kind, table in parts.items():
+            root = ("dead-letter",) if kind == DEAD_LETTER_KIND else ("store", f"kind={kind}")
+            key = self.objects.key(*root, f"topic={topic}", f"partition={partition}", name)
+            self._write_segment(table, kind, meta, self.objects.fs_path(key))
+            files[kind] = key
+        commit = {"first": first, "last": last, "position": position, "files": files,
+                  "writer": self.writer, "written_at": meta["written_at"]}
+        commit_key = self._commit_key(topic, partition, position)
+        if not self.objects.create(commit_key, json.dumps(commit).encode()):
+            self._ends.pop((topic, partition), None)
+            self.objects.delete(list(files.values()))
+            raise OverlapError(f"{topic}/{partition}: another writer committed offsets from "
+                               f"{position} first; this flush ({first}..{last}) was dropped")
+        self._commits[commit_key] = commit
+        self._ends[(topic, partition)] = last + 1
+        return [self.objects.fs_path(k) for k in files.values()]
+
+
+def _orphan_segment(key: str, objects: ObjectStore) -> Segment:
+    topic, partition, first, last = _DATA_KEY.search(key).groups()
+    kind = (DEAD_LETTER_KIND if "/kind=" not in key
+            else key.split("/kind=", 1)[1].split("/", 1)[0])
+    return Segment(objects.fs_path(key), kind, topic, int(partition), int(first), int(last), 0)
