@@ -65,7 +65,11 @@ CHUNK_BYTES = 4 << 20      # a poll's records are decoded this many message byte
 # heartbeat: at kafka-python's default of one per 3 s, a consumer that joins a busy group
 # waits up to 3 s before it gets partitions, longer than an --until-end run of a million
 # events takes. Four heartbeats a second are still nothing for a broker.
-GROUP_CONFIG = {"heartbeat_interval_ms": 250}
+# A group leader that assigned partitions before it knew a subscribed topic's (a topic just
+# created, or metadata not fetched yet) assigns them only after its next metadata refresh: at
+# kafka-python's default of 5 minutes, a lone --until-end member would wait that long with no
+# partition. A metadata request every 5 s is nothing for a broker.
+GROUP_CONFIG = {"heartbeat_interval_ms": 250, "metadata_max_age_ms": 5000}
 
 
 def ingest_kafka(topics: Iterable[str] | Mapping[str, str | None], *, kind: str | None = None,

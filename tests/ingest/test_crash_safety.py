@@ -66,7 +66,7 @@ def test_sigkill_at_random_moments_keeps_the_store_exactly_once(kafka_bootstrap,
             "--dead-letter-topic", f"dlq-{topic}", "--flush-events", "4000",
             "--flush-interval", "0.3", "--max-poll-records", "3000",
             "--max-message-bytes", str(MAX_BYTES))
-    kills, progress, leftovers = 0, [], 0
+    kills, progress, leftovers, final = 0, [], 0, None
     try:
         # at least MIN_KILLS kills, and on until production ends and the kills have hit the
         # child after it stored something at least twice (a child needs ~1 s to start)
@@ -84,6 +84,9 @@ def test_sigkill_at_random_moments_keeps_the_store_exactly_once(kafka_bootstrap,
         final = cli_ingest(home, kafka_bootstrap, topic, "--until-end", *args)
         assert final.wait(timeout=300) == 0, (home / "child.log").read_text()[-3000:]
     finally:
+        if final is not None and final.poll() is None:
+            final.kill()                     # the process this test started
+            final.wait(timeout=30)
         producer.join(timeout=60)
     print(f"{kills} kills; stored messages after each: {progress}; "
           f"{leftovers} kills left an unfinished flush behind")
