@@ -2,10 +2,12 @@
 duals, publish if it is good". Airflow runs the steps as separate tasks; the CLI runs them in
 one process through :func:`run`.
 
-Every step reads and writes one run directory ``{home}/runs/{model}/{run_key}`` whose key is a
-fingerprint of the data snapshot (the store offsets of the model's own event kinds), the model
-config and the warm-start source, so each step is idempotent: a repeated or retried step finds
-its output and returns it, and running the same window twice publishes one version.
+Every step reads and writes one run directory ``{runs}/{model}/{run_key}``
+(``Settings.runs_dir``; with an object store, a local copy of ``s3://.../runs/...``, see
+:mod:`pipeline.training.remote`) whose key is a fingerprint of the data snapshot (the store
+offsets of the model's own event kinds), the model config and the warm-start source, so each
+step is idempotent: a repeated or retried step finds its output and returns it, and running the
+same window twice publishes one version.
 
 A run directory holds ``dataset/`` (a bundle: the solver inputs, its manifest the dataset
 summary), ``artifact/`` (the :class:`~pipeline.serving.artifact.ModelArtifact` to publish),
