@@ -973,9 +973,9 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
     end = time.time()
 
     if objects is None:
-        from pipeline.ingest.store import EventStore
+        from pipeline.ingest.local_store import LocalEventStore
 
-        event_store = EventStore(hosts[0].home / "store", hosts[0].home / "dead-letter")
+        event_store = LocalEventStore(hosts[0].home / "store", hosts[0].home / "dead-letter")
     else:
         from pipeline.ingest.object_store import ObjectEventStore
 

@@ -211,9 +211,9 @@ def group_run(bootstrap: str, topic: str, n: int, processes: int, check_crcs: bo
 def _stored_ids(home: Path) -> tuple[int, int]:
     import pyarrow.compute as pc
 
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.local_store import LocalEventStore
 
-    ids = EventStore(home / "store", home / "dead-letter").read(
+    ids = LocalEventStore(home / "store", home / "dead-letter").read(
         "rating", columns=["event_id"]).column("event_id")
     return len(ids), pc.count_distinct(ids).as_py()
 

@@ -25,7 +25,7 @@ Both against real servers started for the run: a Kafka broker (``infra/kafka/sta
    weighs in a run about as in a shipped one (see :func:`model_config`).
 
 While timing, a few methods are wrapped to count calls and time them (per flush:
-``EventStore.write`` / ``ObjectEventStore.write``; requests of ``ObjectStore``; the window read
+``EventStore.write``, local or object store; requests of ``ObjectStore``; the window read
 ``EventStore.read``): the wrapping costs microseconds against flushes of tens of milliseconds.
 Ends with summary lines meant to be pasted into a note.
 
@@ -58,11 +58,11 @@ from bench._s3 import s3_server  # noqa: E402
 from bench.ingest_throughput import broker, machine_state, produce  # noqa: E402
 from pipeline.ingest.buffer import load_fast_path  # noqa: E402
 from pipeline.ingest.kafka import ingest_kafka, new_group_id  # noqa: E402
-from pipeline.ingest.object_store import ObjectEventStore  # noqa: E402
+from pipeline.ingest.open_store import open_store  # noqa: E402
 from pipeline.ingest.store import EventStore, copy_store  # noqa: E402
 from pipeline.settings import Settings, state_dir  # noqa: E402
 from pipeline.storage import ObjectStore  # noqa: E402
-from pipeline.training import remote  # noqa: E402
+from pipeline.training.run_store import ObjectRunStore  # noqa: E402
 
 DEFAULT_FLUSH_EVENTS = inspect.signature(ingest_kafka).parameters["flush_events"].default
 MODEL = "bench-movies"
@@ -142,7 +142,7 @@ def stored_ids(settings: Settings) -> tuple[int, int]:
     """(events, distinct event ids) of the ratings in the settings' store."""
     import pyarrow.compute as pc
 
-    ids = EventStore.from_settings(settings).read("rating", columns=["event_id"]).column(
+    ids = open_store(settings).read("rating", columns=["event_id"]).column(
         "event_id")
     return len(ids), pc.count_distinct(ids).as_py()
 
@@ -155,8 +155,7 @@ def ingest_once(bootstrap: str, topic: str, n: int, store_url: str | None,
     with fresh_home(f"bench-os-ingest-{where}-") as home:
         url = f"{store_url}/{uuid.uuid4().hex}" if store_url else None
         settings = Settings(home=home, store=url, kafka_bootstrap=bootstrap)
-        targets = [(EventStore, "write", "flush"), (ObjectEventStore, "write", "flush"),
-                   *_object_targets()]
+        targets = [(EventStore, "write", "flush"), *_object_targets()]
         with Probe(targets) as probe:
             started, cpu = time.perf_counter(), time.process_time()
             summary = ingest_kafka([topic], settings=settings, group_id=new_group_id("bench-os"),
@@ -246,7 +245,7 @@ def retrain_once(models: dict, settings: Settings) -> dict:
     from pipeline.training import retrain
 
     targets = [(EventStore, "read", "window read"), (EventStore, "next_offsets", "offsets"),
-               (remote, "push_run", "push"), *_object_targets()]
+               (ObjectRunStore, "push_run", "push"), *_object_targets()]
     with Probe(targets) as probe:
         started, cpu = time.perf_counter(), time.process_time()
         summary = retrain.run(MODEL, models, settings=settings, publish=False, cold=True)
@@ -274,8 +273,8 @@ def retrain_bench(args, bucket_url: str, rows: list) -> dict:
                            fmt="movielens", progress=False)
         url = f"{bucket_url}/{uuid.uuid4().hex}"
         started = time.perf_counter()
-        copied, _ = copy_store(EventStore.from_settings(local),
-                               EventStore.from_settings(Settings(home=source, store=url)))
+        copied, _ = copy_store(open_store(local),
+                               open_store(Settings(home=source, store=url)))
         print(f"\n2. retrain: MovieLens 100K, {sum(got.events.values()):,} ratings in "
               f"{got.flushes} flush(es), copied to {url} ({copied} flush(es), "
               f"{time.perf_counter() - started:.2f} s); AltSVM rank {args.rank}, max_iter "

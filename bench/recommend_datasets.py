@@ -155,6 +155,7 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
     from pipeline.training import retrain
     from pipeline.training.config import load_models
     from pipeline.training.datasets import TRAIN, VALIDATION
+    from pipeline.training.run_types import DATASET_FORMAT
     from pipeline.training.trainers.als import interactions
     from solvers.persist import read_bundle
 
@@ -186,7 +187,7 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False) -> 
                        "first_decision": first["decision"]}
             tuned = first["train"]    # the first run tuned; the warm one reused its choice
             run_dir = Path(summary["dataset"]["run_dir"])
-            _, arrays = read_bundle(run_dir / "dataset", fmt=retrain.DATASET_FORMAT)
+            _, arrays = read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT)
             relevance = float(arrays["relevance"])
             held: dict = {}
             for r, h in zip(rows, held_mask):

@@ -169,7 +169,7 @@ def dataset_throughput(n_users=20000, per_user=100, n_items=5000):
     import pyarrow as pa
 
     from pipeline.ingest.events import schema
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.local_store import LocalEventStore
     from pipeline.training.trainers.altsvm_data import collaborative
 
     rng = np.random.default_rng(0)
@@ -183,7 +183,7 @@ def dataset_throughput(n_users=20000, per_user=100, n_items=5000):
         "rating": pa.array(rng.integers(1, 6, n).astype(float)),
     }, schema=schema("rating"))
     with tempfile.TemporaryDirectory() as tmp:
-        store = EventStore(tmp)
+        store = LocalEventStore(tmp)
         for lo in range(0, n, 500_000):
             store.write("bench", 0, first=lo, last=min(lo + 500_000, n) - 1,
                         tables={"rating": table.slice(lo, 500_000)})

@@ -41,6 +41,8 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from pipeline.timestamps import parse_iso_ts
+
 ENV_PREFIX = "RANKSTREAM_"
 _SECRET_WORDS = ("password", "secret", "token", "key", "sasl_plain_username")
 
@@ -201,8 +203,6 @@ class Settings:
             raise ValueError(f"{where.get('redis_on_error', 'redis_on_error')} is "
                              f"{on_error!r}, expected one of {', '.join(ON_ERROR)}")
         if "min_event_time" in values:
-            from pipeline.ingest.events import parse_iso_ts
-
             try:
                 parse_iso_ts(str(values["min_event_time"]))
             except ValueError:

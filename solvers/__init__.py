@@ -41,8 +41,10 @@ def __getattr__(name):
 
 
 def scorer_estimator(kind: str):
-    """The estimator class whose published model is a request-time scorer of ``kind`` (its
-    ``scorer_kind``; ``pipeline.serving.scorers``), which rebuilds it with ``from_scorer``.
+    """The shipped estimator class whose published model is a request-time scorer of ``kind``
+    (its ``scorer_kind``; ``pipeline.serving.scorers``), which rebuilds it with
+    ``from_scorer``. Only for scorers published without the ``module:Class`` of their
+    estimator (a scorer names it now, so a plugin's estimator is found too).
 
     >>> scorer_estimator("kernel").__name__
     'KernelRankSVM'

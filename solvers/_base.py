@@ -53,7 +53,8 @@ class Estimator(abc.ABC):
     Class attributes a family sets: ``algorithm`` (its name in saved files and warm states),
     ``format_version`` (of its saved arrays; bump it when they change), ``fitted_attribute``
     (a learned attribute that exists once fitted), ``warm_keys`` (the arrays of its warm
-    state) and ``_parameter_constraints`` (constructor parameter -> constraint).
+    state), ``_parameter_constraints`` (constructor parameter -> constraint) and, for a model
+    scored at request time, ``scorer_kind`` (with :meth:`from_scorer`).
     """
 
     algorithm: str = ""
@@ -61,6 +62,16 @@ class Estimator(abc.ABC):
     fitted_attribute: str = ""
     warm_keys: tuple[str, ...] = ()
     _parameter_constraints: dict = {}
+    # a family whose published model scores candidates at request time names its kind of
+    # scorer (a kind registered in pipeline.serving.scorers, or the module:Class of its own)
+    # and rebuilds a predict-only model from it in from_scorer
+    scorer_kind: str = ""
+
+    @classmethod
+    def from_scorer(cls, params: dict, arrays: dict):
+        """A predict-only model from a published scorer's ``params`` and ``arrays`` (families
+        with a ``scorer_kind``)."""
+        raise NotImplementedError(f"{cls.__name__} publishes no request-time scorer")
 
     @abc.abstractmethod
     def fit(self, *args, **kwargs):

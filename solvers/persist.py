@@ -40,16 +40,7 @@ _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
 
 
-def fsync_file(path) -> None:
-    """fsync one file."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path) -> None:
+def _fsync_dir(path) -> None:
     """fsync a directory: what makes a rename or a new entry in it durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -58,7 +49,7 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def makedirs_durable(path) -> None:
+def _makedirs_durable(path) -> None:
     """``mkdir -p`` that also fsyncs the parent of every directory it creates."""
     path = Path(path)
     missing = []
@@ -67,7 +58,7 @@ def makedirs_durable(path) -> None:
         path = path.parent
     for directory in reversed(missing):
         directory.mkdir(exist_ok=True)
-        fsync_dir(directory.parent)
+        _fsync_dir(directory.parent)
 
 
 def _libc():
@@ -106,7 +97,7 @@ def write_bundle(path, arrays: dict, manifest: dict) -> Path:
         raise TypeError(f"arrays {pickled} have dtype object; a bundle holds plain numeric or "
                         "string arrays only (pickle is not allowed)")
     text = json.dumps(manifest, indent=2, sort_keys=True, default=str) + "\n"
-    makedirs_durable(path.parent)
+    _makedirs_durable(path.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         with open(tmp / ARRAYS, "wb") as fh:
@@ -117,7 +108,7 @@ def write_bundle(path, arrays: dict, manifest: dict) -> Path:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        fsync_dir(tmp)
+        _fsync_dir(tmp)
         if not path.exists():
             os.replace(tmp, path)
         elif not _exchange(tmp, path):
@@ -125,7 +116,7 @@ def write_bundle(path, arrays: dict, manifest: dict) -> Path:
             os.replace(path, aside)
             os.replace(tmp, path)
             tmp = aside
-        fsync_dir(path.parent)
+        _fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the old bundle after a swap, or a failed write
     return path
@@ -170,25 +161,3 @@ def read_manifest(path, *, fmt: str) -> dict | None:
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
         raise ValueError(f"{path} does not hold a {fmt!r} bundle")
     return manifest
-
-
-def write_json(path, obj) -> dict:
-    """Write ``obj`` as a JSON file atomically and durably (temp file, fsync, rename, fsync of
-    the directory); returns ``obj``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    return obj
-
-
-def read_json(path) -> dict | None:
-    """A JSON file written by :func:`write_json`, or None if it does not exist."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None

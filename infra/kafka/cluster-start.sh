@@ -42,8 +42,8 @@ cp="$libs/*"
 (umask 077 && mkdir -p "$dir")
 cluster_id_file=$dir/cluster.id
 if [[ ! -f $cluster_id_file ]]; then
-  java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1 \
-    > "$cluster_id_file"
+  java -cp "$cp" "${java_opts[@]}" "-Dkafka.logs.dir=$dir" kafka.tools.StorageTool random-uuid \
+    2>/dev/null | tail -n 1 > "$cluster_id_file"
 fi
 
 for n in "${nodes[@]}"; do
@@ -81,8 +81,8 @@ auto.create.topics.enable=true
 message.max.bytes=4194304
 PROPS
   if [[ ! -f $node/data/meta.properties ]]; then   # a new data dir: format it once
-    java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format -t "$(cat "$cluster_id_file")" \
-      -c "$node/server.properties" > "$node/logs/format.log" 2>&1
+    java -cp "$cp" "${java_opts[@]}" "-Dkafka.logs.dir=$node/logs" kafka.tools.StorageTool format \
+      -t "$(cat "$cluster_id_file")" -c "$node/server.properties" > "$node/logs/format.log" 2>&1
   fi
   if [[ -f $node/logs/server.log ]]; then mv "$node/logs/server.log" "$node/logs/server.log.1"; fi
   nohup java -cp "$cp" "${java_opts[@]}" "-Dkafka.logs.dir=$node/logs" kafka.Kafka \

@@ -10,8 +10,9 @@ comparison (for reviews: MAE warm vs cold). Prints a short report and writes it 
 
 The query ranker (kernel RankSVM on judgments: synthetic with a planted non-linear relevance,
 or a LETOR 4.0 file via ``--letor``) is trained and published the same way; the report sets its
-NDCG@10 on held-out queries beside a linear kernel's and the best single feature's, and shows a
-query's precomputed list next to its docs re-ranked from the published support set.
+NDCG@10 on held-out queries beside its family's linear challenger's (trained and gated by the
+retrain loop) and the best single feature's, and shows a query's precomputed list next to its
+docs re-ranked from the published support set. The streams are made in :mod:`.demo_streams`.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.cli import demo_streams
+from pipeline.cli.demo_streams import read_reviews as _read_reviews  # noqa: F401 (tests)
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("--ratings", help="a MovieLens-style u.data file (user item rating ts, "
                         "tab separated) instead of the synthetic ratings")
     parser.add_argument("--reviews", help="reviews to rate instead of the synthetic ones: a "
                         "text file of 'item<TAB>rating<TAB>text' lines in time order, ratings "
-                        "integers >= 1 (see _read_reviews)")
+                        "integers >= 1 (see demo_streams.read_reviews)")
     parser.add_argument("--letor", help="a LETOR 4.0 file ('label qid:Q 1:v ... #docid = D', "
                         ".txt or .txt.gz, e.g. MQ2008's Fold1/train.txt.gz) instead of the "
                         "synthetic judgments")
@@ -62,70 +66,6 @@ def _warm_up() -> float:
     import solvers
 
     return sum(solvers.warm_up().values())
-
-
-def _split_stream(events: list, first: float, step: float):
-    n = len(events)
-    cut, nxt = int(n * first), int(n * (first + step))
-    return events[:cut], events[cut:nxt]
-
-
-def _movielens_stream(path: Path, out: Path):
-    lines = [ln for ln in path.read_text(encoding="latin-1").splitlines() if ln.strip()]
-    ts = np.array([int(ln.split("\t")[3]) if len(ln.split("\t")) > 3 else 0 for ln in lines])
-    ordered = [lines[i] for i in np.argsort(ts, kind="stable")]
-    initial, fresh = _split_stream(ordered, 0.9, 0.02)
-    (out / "ratings-0.data").write_text("\n".join(initial) + "\n")
-    (out / "ratings-1.data").write_text("\n".join(fresh) + "\n")
-    return out / "ratings-0.data", out / "ratings-1.data", "movielens", len(lines)
-
-
-def _synthetic_stream(out: Path, args):
-    from pipeline.ingest import synthetic
-
-    ratings = synthetic.rating_events(n_users=args.users, n_items=args.items, per_user=60,
-                                      seed=args.seed)
-    initial, fresh = _split_stream(ratings, 0.9, 0.02)
-    return (synthetic.write_jsonl(initial, out / "ratings-0.jsonl"),
-            synthetic.write_jsonl(fresh, out / "ratings-1.jsonl"), None, len(ratings))
-
-
-def _read_reviews(path: Path) -> list[dict]:
-    """Ordinal events from a reviews file: one review per line, ``item<TAB>rating<TAB>text``
-    (the text may hold more tabs), lines in time order, ratings integers >= 1 (consecutive,
-    e.g. 1-5); blank lines are skipped. A malformed line stops the demo, naming it."""
-    from pipeline.ingest.synthetic import BASE_TS
-
-    events = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        parts = line.split("\t", 2)
-        if len(parts) != 3:
-            raise SystemExit(f"{path}:{n}: {len(parts)} tab-separated fields, expected 3 "
-                             "(item, rating, text)")
-        item, rating, text = parts
-        if not (rating.strip().isdigit() and int(rating) >= 1):
-            raise SystemExit(f"{path}:{n}: rating is {rating!r}, expected an integer >= 1")
-        events.append({"event_id": f"review{n}", "ts": BASE_TS + len(events) * 1000,
-                       "item": item.strip(), "label": int(rating), "text": text})
-    if not events:
-        raise SystemExit(f"{path}: no reviews found")
-    return events
-
-
-def _reviews_stream(out: Path, args):
-    """The reviews as a stream: (first 90% file, next 2% file, the next 2% itself, source)."""
-    from pipeline.ingest import synthetic
-
-    if args.reviews:
-        events, source = _read_reviews(Path(args.reviews)), f"reviews file {args.reviews}"
-    else:
-        events = synthetic.ordinal_events(n_items=600, n_reviews=6000, seed=args.seed)
-        source = "synthetic: 6000 reviews of 600 items, text and 4 features"
-    initial, fresh = _split_stream(events, 0.9, 0.02)
-    return (synthetic.write_jsonl(initial, out / "reviews-0.jsonl"),
-            synthetic.write_jsonl(fresh, out / "reviews-1.jsonl"), fresh, source, len(events))
 
 
 def _review_lookups(url: str, unseen: list) -> dict:
@@ -169,90 +109,46 @@ def _lookups(url: str, users: list, n: int = 2000) -> dict:
                            "p99": round(float(np.percentile(times, 99)), 1), "n": n}}
 
 
-def _read_letor(path: Path, limit: int) -> list[tuple]:
-    """``(query, doc, label, {index: value})`` rows of a LETOR 4.0 file (``label qid:Q 1:v 2:v
-    ... #docid = D ...``; feature k becomes index k - 1, zeros left out), whole queries in file
-    order until ``limit`` rows are reached. A malformed line stops the demo, naming it."""
-    import gzip
+def _dataset_arrays(summary: dict) -> dict:
+    """The arrays of the dataset a run's summary trained on."""
+    from pipeline.training.run_types import DATASET_FORMAT
+    from solvers.persist import read_bundle
 
-    rows, queries = [], set()
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="ascii") as fh:
-        for n, line in enumerate(fh, start=1):
-            body, _, comment = line.partition("#")
-            parts = body.split()
-            if not parts:
-                continue
-            if len(parts) < 2 or not parts[1].startswith("qid:") or not parts[0].isdigit():
-                raise SystemExit(f"{path}:{n}: expected 'label qid:Q k:v ...', got "
-                                 f"{line[:60]!r}")
-            query = parts[1][4:]
-            if query not in queries and len(rows) >= limit:
-                break
-            queries.add(query)
-            try:
-                features = {str(int(k) - 1): float(v) for k, _, v in
-                            (tok.partition(":") for tok in parts[2:]) if float(v) != 0.0}
-            except ValueError:
-                raise SystemExit(f"{path}:{n}: a feature is not 'index:value'") from None
-            doc = comment.split("docid =")[1].split()[0] if "docid =" in comment else f"l{n}"
-            rows.append((query, doc, int(parts[0]), features))
-    if not rows:
-        raise SystemExit(f"{path}: no judgments found")
-    return rows
+    return read_bundle(Path(summary["dataset"]["run_dir"]) / "dataset", fmt=DATASET_FORMAT)[1]
 
 
-def _judgments_stream(out: Path, args):
-    """The judgments as a stream (rows shuffled in time, seeded): (first 90% file, next 2%
-    file, source, count)."""
-    from pipeline.ingest import synthetic
+def _challenged(cfg):
+    """The query ranker's config gated against its family's first challenger (the same
+    solver with a linear kernel), trained and scored beside it by the retrain loop."""
+    from dataclasses import replace
 
-    if args.letor:
-        rows = _read_letor(Path(args.letor), args.judgments or 10**9)
-        order = np.random.default_rng(args.seed).permutation(len(rows))
-        events = [{"event_id": f"letor{pos}", "ts": synthetic.BASE_TS + pos * 1000,
-                   "query": rows[i][0], "doc": rows[i][1], "label": rows[i][2],
-                   "features": rows[i][3]} for pos, i in enumerate(order)]
-        source = (f"LETOR file {args.letor}: {len(rows):,} judgments of "
-                  f"{len({r[0] for r in rows})} queries")
-    else:
-        n_queries = max((args.judgments or 3000) // 15, 10)
-        events = synthetic.judgment_events(n_queries=n_queries, docs_per_query=15,
-                                           seed=args.seed)
-        source = (f"synthetic: {n_queries} queries x 15 docs, 10 features, relevance "
-                  "x2 - 2|x0 - x1| + noise")
-    initial, fresh = _split_stream(events, 0.9, 0.02)
-    return (synthetic.write_jsonl(initial, out / "judgments-0.jsonl"),
-            synthetic.write_jsonl(fresh, out / "judgments-1.jsonl"), source, len(events))
+    if cfg.gate["challenger"] != "none" or not cfg.family.challengers:
+        return cfg
+    return replace(cfg, gate={**cfg.gate, "challenger": cfg.family.challengers[0]})
 
 
 def _query_ranker(url: str, summary: dict, cfg, n: int = 200) -> dict:
-    """The query ranker against a linear kernel (same C, same split) and the best single
-    feature on the held-out queries; one held-out query's precomputed list next to its docs
-    re-ranked by ``TopK.rank`` from the published support set, with that call's latency."""
+    """The query ranker against its linear challenger (tuned on the same split by the retrain
+    loop) and the best single feature on the held-out queries; one held-out query's
+    precomputed list next to its docs re-ranked by ``TopK.rank`` from the published support
+    set, with that call's latency."""
     from pipeline.serving.lookup import TopK
-    from pipeline.training import retrain
     from pipeline.training.arrays import csr_from_arrays
-    from pipeline.training.trainers.kernel_ranksvm import query_metrics
-    from solvers.persist import read_bundle
+    from pipeline.training.run_types import Decision
 
-    arrays = read_bundle(Path(summary["dataset"]["run_dir"]) / "dataset",
-                         fmt=retrain.DATASET_FORMAT)[1]
+    arrays = _dataset_arrays(summary)
     X, test = csr_from_arrays(arrays).toarray(), arrays["test_mask"]
     query, label, k = arrays["query"], arrays["label"], int(cfg.evaluation["k"])
-    params = {**cfg.family.estimator_params(cfg.params), "kernel": "linear"}
-    t = time.perf_counter()
-    linear = cfg.family.estimator_class()(**params).fit(X[~test], label[~test], query[~test])
-    linear_seconds = time.perf_counter() - t
     ndcg = f"ndcg@{k}"
     best = summary["train"]["baselines"].get("best_feature", {})
+    linear = summary["train"].get("challenger") or {}
     out = {"held_out_queries": int(np.unique(query[test]).size), "metric": ndcg,
            "kernel": summary["train"]["metrics"].get(ndcg),
-           "linear": query_metrics(query[test], label[test],
-                                   linear.decision_function(X[test]), k).get(ndcg),
-           "linear_fit_seconds": round(linear_seconds, 3),
+           "linear": linear.get("metrics", {}).get(ndcg),
+           "linear_fit_seconds": linear.get("fit_seconds"),
            "best_feature": best.get(ndcg), "feature": best.get("feature"),
            "feature_sign": best.get("sign"), "support": summary["train"]["n_support"]}
-    if summary["decision"] != retrain.Decision.PUBLISHED:
+    if summary["decision"] != Decision.PUBLISHED:
         return out
     # the held-out query with the most docs among those with a relevant one
     relevant = np.bincount(query[test], weights=label[test] > 0, minlength=query.max() + 1)
@@ -290,7 +186,7 @@ def _say_query_ranker(say, qr: dict, source: str) -> None:
         return "n/a" if v is None else f"{v:.4f}"
 
     say(f"   query ranker ({source}): {qr['metric']} on {qr['held_out_queries']} held-out "
-        f"queries: RBF kernel {value(qr['kernel'])}, linear kernel {value(qr['linear'])}, "
+        f"queries: RBF kernel {value(qr['kernel'])}, linear challenger {value(qr['linear'])}, "
         f"best single feature {feature} {value(qr['best_feature'])}")
     if "query" not in qr:
         return
@@ -335,14 +231,71 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _ingest(streams: dict, part: int, settings) -> int:
+    """Ingest part ``part`` (0: the first 90%, 1: the fresh 2%) of every stream; the events."""
+    from pipeline.ingest.files import ingest_files
+
+    return sum(sum(ingest_files([files[part]], kind, settings=settings, progress=False,
+                                **({"fmt": streams["fmt"]} if kind == "rating" else {}))
+                   .events.values()) for kind, files in streams["files"].items())
+
+
+def _answer_lookups(url: str, report: dict, models: dict, streams: dict, say) -> None:
+    """Step 3: the published models answer (top-K lists, new reviews, re-ranked queries)."""
+    from pipeline.training.run_types import Decision
+
+    users = [str(u) for u in _dataset_arrays(report["initial"]["movies"])["user_ids"][:50]]
+    lk = report["lookups"] = _lookups(url, users)
+    say(f"3. top-K lookups from Redis: p50 {lk['latency_us']['p50']:.0f} us, p99 "
+        f"{lk['latency_us']['p99']:.0f} us over {lk['latency_us']['n']} calls")
+    for user, items in lk["samples"].items():
+        say(f"   user {user}: " + ", ".join(f"{i} ({s:.2f})" for i, s in items))
+    say(f"   a new user gets the {lk['unknown_user']['source']} list: "
+        f"{', '.join(map(str, lk['unknown_user']['items']))}")
+    say("   ads, best candidates: " + ", ".join(f"{i}" for i, _ in lk["ads_top5"]))
+    if report["initial"]["reviews"].get("decision") == Decision.PUBLISHED:
+        rv = report["review_lookups"] = _review_lookups(url, streams["unseen"])
+        say(f"   reviews ({streams['sources']['reviews']}), best-rated items: "
+            + ", ".join(f"{i} ({s:.2f})" for i, s in rv["best_items"]))
+        for r in rv["rated"]:
+            say(f"   a new review rated {r['predicted']} (true {r['true']}): {r['text']!r}")
+        say(f"   {rv['ranked_from']} new reviews ranked, top 5 (true ratings): "
+            + ", ".join(str(t) for _, _, t in rv["ranked"]))
+    if report["initial"]["search"].get("train"):
+        qr = report["query_ranker"] = _query_ranker(url, report["initial"]["search"],
+                                                    models["search"])
+        _say_query_ranker(say, qr, streams["sources"]["judgments"])
+
+
+def _warm_vs_cold(name: str, models: dict, settings, url: str) -> dict:
+    """Retrain ``name`` warm (published) and cold (not published) on the same data."""
+    from pipeline.training import retrain
+
+    warm = retrain.run(name, models, settings=settings, redis_url=url)
+    cold = retrain.run(name, models, settings=settings, redis_url=url, cold=True,
+                       publish=False)
+    w, c, metric = warm["train"], cold["train"], models[name].metric
+    return {"warm_seconds": w["fit_seconds"], "cold_seconds": c["fit_seconds"],
+            "speedup": round(c["fit_seconds"] / max(w["fit_seconds"], 1e-9), 2),
+            "warm_iterations": w["n_iter"], "cold_iterations": c["n_iter"],
+            f"warm_{metric}": w["metrics"].get(metric),
+            f"cold_{metric}": c["metrics"].get(metric), "decision": warm["decision"],
+            "version": (warm.get("publish") or {}).get("version")}
+
+
+def _say_retrain(say, name: str, entry: dict, metric: str) -> None:
+    say(f"   {name}: warm {entry['warm_seconds']:.2f} s / {entry['warm_iterations']} "
+        f"it vs cold {entry['cold_seconds']:.2f} s / {entry['cold_iterations']} it "
+        f"({entry['speedup']:.1f}x); {metric} warm {entry[f'warm_{metric}']:.4f} "
+        f"cold {entry[f'cold_{metric}']:.4f}; {entry['decision']}"
+        + (f" as v{entry['version']}" if entry["version"] else ""))
+
+
 def run(args) -> int:
     from pipeline.cli.train import format_summary
-    from pipeline.ingest import synthetic
-    from pipeline.ingest.files import ingest_files
     from pipeline.serving.embedded_redis import EmbeddedRedis
     from pipeline.settings import Settings
     from pipeline.training import retrain
-    from solvers.persist import read_bundle
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # unwinds: the embedded Redis stops
     started = time.perf_counter()
@@ -352,40 +305,19 @@ def run(args) -> int:
     except ValueError as err:
         print(f"rankstream demo: {err}", file=sys.stderr)
         return 2
-    (home / "events").mkdir(parents=True)
     settings = Settings(home=home)
     models = demo_models()
+    models["search"] = _challenged(models["search"])
     say = print
     say(f"rankstream demo: working directory {home}\n")
-
-    if args.ratings:
-        r0, r1, fmt, n_ratings = _movielens_stream(Path(args.ratings), home / "events")
-        source = f"MovieLens-style file {args.ratings}"
-    else:
-        r0, r1, fmt, n_ratings = _synthetic_stream(home / "events", args)
-        source = f"synthetic: {args.users} users x {args.items} items, planted rank-6 tastes"
-    outcomes = synthetic.outcome_events(n_items=5000, seed=args.seed)
-    o0, o1 = _split_stream(outcomes, 0.9, 0.02)
-    o0 = synthetic.write_jsonl(o0, home / "events" / "outcomes-0.jsonl")
-    o1 = synthetic.write_jsonl(o1, home / "events" / "outcomes-1.jsonl")
-
-    v0, v1, unseen_reviews, review_source, n_reviews = _reviews_stream(home / "events", args)
-    j0, j1, judgment_source, n_judgments = _judgments_stream(home / "events", args)
-
-    report: dict = {"source": source, "events": {"ratings": n_ratings, "outcomes": len(outcomes),
-                                                 "reviews": n_reviews,
-                                                 "judgments": n_judgments}}
+    streams = demo_streams.streams(home, args)
+    source = streams["sources"]["ratings"]
+    report: dict = {"source": source, "events": streams["counts"]}
     t = time.perf_counter()
-    s1 = ingest_files([r0], "rating", settings=settings, fmt=fmt, progress=False)
-    s2 = ingest_files([o0], "outcome", settings=settings, progress=False)
-    s3 = ingest_files([v0], "ordinal", settings=settings, progress=False)
-    s4 = ingest_files([j0], "judgment", settings=settings, progress=False)
-    report["ingest_initial"] = {"events": sum(s1.events.values()) + sum(s2.events.values())
-                                + sum(s3.events.values()) + sum(s4.events.values()),
+    report["ingest_initial"] = {"events": _ingest(streams, 0, settings),
                                 "seconds": round(time.perf_counter() - t, 2)}
     say(f"1. ingested the first 90% of the stream: {report['ingest_initial']['events']:,} "
         f"events in {report['ingest_initial']['seconds']:.2f} s ({source})")
-
     say("   compiling the solvers' kernels, or loading them from numba's cache (the first run "
         "on a machine compiles: about two minutes; infra/setup.sh does it ahead)", flush=True)
     jit = _warm_up()
@@ -399,60 +331,15 @@ def run(args) -> int:
             summary = retrain.run(name, models, settings=settings, redis_url=url)
             report["initial"][name] = summary
             say("   " + format_summary(summary).replace("\n", "\n   "))
-
-        users = [str(u) for u in read_bundle(
-            Path(report["initial"]["movies"]["dataset"]["run_dir"]) / "dataset",
-            fmt=retrain.DATASET_FORMAT)[1]["user_ids"][:50]]
-        report["lookups"] = _lookups(url, users)
-        lk = report["lookups"]
-        say(f"3. top-K lookups from Redis: p50 {lk['latency_us']['p50']:.0f} us, p99 "
-            f"{lk['latency_us']['p99']:.0f} us over {lk['latency_us']['n']} calls")
-        for user, items in lk["samples"].items():
-            say(f"   user {user}: " + ", ".join(f"{i} ({s:.2f})" for i, s in items))
-        say(f"   a new user gets the {lk['unknown_user']['source']} list: "
-            f"{', '.join(map(str, lk['unknown_user']['items']))}")
-        say("   ads, best candidates: " + ", ".join(f"{i}" for i, _ in lk["ads_top5"]))
-        if report["initial"]["reviews"].get("decision") == retrain.Decision.PUBLISHED:
-            rv = report["review_lookups"] = _review_lookups(url, unseen_reviews)
-            say(f"   reviews ({review_source}), best-rated items: "
-                + ", ".join(f"{i} ({s:.2f})" for i, s in rv["best_items"]))
-            for r in rv["rated"]:
-                say(f"   a new review rated {r['predicted']} (true {r['true']}): "
-                    f"{r['text']!r}")
-            say(f"   {rv['ranked_from']} new reviews ranked, top 5 (true ratings): "
-                + ", ".join(str(t) for _, _, t in rv["ranked"]))
-        if report["initial"]["search"].get("train"):
-            qr = report["query_ranker"] = _query_ranker(url, report["initial"]["search"],
-                                                        models["search"])
-            _say_query_ranker(say, qr, judgment_source)
-
+        _answer_lookups(url, report, models, streams, say)
         t = time.perf_counter()
-        ingest_files([r1], "rating", settings=settings, fmt=fmt, progress=False)
-        ingest_files([o1], "outcome", settings=settings, progress=False)
-        ingest_files([v1], "ordinal", settings=settings, progress=False)
-        ingest_files([j1], "judgment", settings=settings, progress=False)
+        _ingest(streams, 1, settings)
         say(f"4. a fresh 2% of events arrived (ingested in {time.perf_counter() - t:.2f} s); "
             "retraining warm vs cold:")
         report["retrain"] = {}
         for name in models:
-            warm = retrain.run(name, models, settings=settings, redis_url=url)
-            cold = retrain.run(name, models, settings=settings, redis_url=url, cold=True,
-                               publish=False)
-            w, c = warm["train"], cold["train"]
-            metric = models[name].metric
-            entry = {"warm_seconds": w["fit_seconds"], "cold_seconds": c["fit_seconds"],
-                     "speedup": round(c["fit_seconds"] / max(w["fit_seconds"], 1e-9), 2),
-                     "warm_iterations": w["n_iter"], "cold_iterations": c["n_iter"],
-                     f"warm_{metric}": w["metrics"].get(metric),
-                     f"cold_{metric}": c["metrics"].get(metric),
-                     "decision": warm["decision"],
-                     "version": (warm.get("publish") or {}).get("version")}
-            report["retrain"][name] = entry
-            say(f"   {name}: warm {entry['warm_seconds']:.2f} s / {entry['warm_iterations']} "
-                f"it vs cold {entry['cold_seconds']:.2f} s / {entry['cold_iterations']} it "
-                f"({entry['speedup']:.1f}x); {metric} warm {entry[f'warm_{metric}']:.4f} "
-                f"cold {entry[f'cold_{metric}']:.4f}; {entry['decision']}"
-                + (f" as v{entry['version']}" if entry["version"] else ""))
+            report["retrain"][name] = _warm_vs_cold(name, models, settings, url)
+            _say_retrain(say, name, report["retrain"][name], models[name].metric)
     report["seconds"] = round(time.perf_counter() - started, 1)
     path = Path(args.report) if args.report else home / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str))

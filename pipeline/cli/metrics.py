@@ -1,5 +1,5 @@
 """``rankstream metrics``: the pipeline's Prometheus metrics (ingest lag per topic partition,
-dead letters by reason, each model's last retrain: :mod:`pipeline.training.pipeline_metrics`),
+dead letters by reason, each model's last retrain: :mod:`pipeline.training.pipeline_gauges`),
 printed once in the text format, or served at ``http://HOST:PORT/metrics`` with ``--port``
 (loopback by default). ``rankstream serve --pipeline-metrics`` adds the same to the API's
 ``/metrics``."""
@@ -25,7 +25,7 @@ def run(args) -> int:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
     from pipeline.training.config import load_models
-    from pipeline.training.pipeline_metrics import PipelineCollector
+    from pipeline.training.pipeline_gauges import PipelineCollector
 
     try:
         settings = load_settings(args)

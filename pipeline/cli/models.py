@@ -23,10 +23,10 @@ def _fallback_share(client, model: str, namespace: str, current) -> str:
 def run(args) -> int:
     import redis
 
-    from pipeline.training import remote
+    from pipeline.serving.versions import served_versions
     from pipeline.training.checkpoints import latest_checkpoint
     from pipeline.training.config import load_models
-    from pipeline.training.retrain import served_versions
+    from pipeline.training.run_store import open_run_store
 
     try:
         models = load_models(model_config(settings_of(args)))
@@ -35,7 +35,8 @@ def run(args) -> int:
                      "last checkpoint")]
             notes = []
             for name, cfg in models.items():
-                current = [v for v in served_versions(settings, client, name) if v.current]
+                current = [v for v in served_versions(name, client, namespace=settings.namespace)
+                           if v.current]
                 served = f"v{current[0].version}" if current else "-"
                 if current and current[0].served_as != "model":
                     served += f" ({current[0].served_as})"
@@ -44,7 +45,7 @@ def run(args) -> int:
                     notes.append(f"{name}: WARNING {warning}")
                 value = current[0].metrics.get(cfg.metric) if current else None
                 metric = f"{cfg.metric} {value:.4f}" if value is not None else cfg.metric
-                remote.pull_checkpoints(settings, name)   # another host's, on an object store
+                open_run_store(settings).pull_checkpoints(name)   # another host's (object store)
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
                 rows.append((name, cfg.algorithm, served, metric,
                              _fallback_share(client, name, settings.namespace, current),
@@ -63,12 +64,12 @@ def _window_warning(settings, model: str) -> str | None:
     """The window warning of the model's latest run (a window that drops most events or
     users), or None."""
 
-    from pipeline.training import remote
     from pipeline.training.checkpoints import run_dirs
-    from pipeline.training.retrain import DATASET_FORMAT
+    from pipeline.training.run_store import open_run_store
+    from pipeline.training.run_types import DATASET_FORMAT
     from solvers.persist import read_manifest
 
-    remote.pull_latest_runs(settings, model)     # the newest run may be another host's
+    open_run_store(settings).pull_latest_runs(model)     # the newest run may be another host's
     for run in reversed(run_dirs(settings.runs_dir, model)):
         manifest = read_manifest(run / "dataset", fmt=DATASET_FORMAT)
         if manifest:

@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
 def artifact_dir(path) -> Path:
     """The artifact to publish: ``path`` itself, or a run directory's ``artifact/``; once a run
     has published, its artifact lives in the checkpoint that ``published.json`` names."""
-    from solvers.persist import read_json
+    from pipeline.durable import read_json
 
     path = Path(path)
     if (path / "artifact").is_dir():
@@ -46,7 +46,7 @@ def check_publishable(model: str, path, artifact, served: list, force: bool) -> 
     >>> check_publishable("m", "/nonexistent", None, [], False) is None
     True
     """
-    from solvers.persist import read_json
+    from pipeline.durable import read_json
 
     path = Path(path)
     trained = read_json(path / "train.json") or {}
@@ -76,13 +76,13 @@ def run(args) -> int:
 
     from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.publish import publish
-    from pipeline.training.retrain import served_versions
+    from pipeline.serving.versions import served_versions
 
     try:
         artifact = ModelArtifact.load(artifact_dir(args.path))
         with redis_client(args) as (settings, client):
-            said = check_publishable(args.model, args.path, artifact,
-                                     served_versions(settings, client, args.model), args.force)
+            served = served_versions(args.model, client, namespace=settings.namespace)
+            said = check_publishable(args.model, args.path, artifact, served, args.force)
             if said:
                 print(f"rankstream publish: {said}")
             res = publish(args.model, artifact, client, top_k=args.top_k,

@@ -33,10 +33,10 @@ def has_display() -> bool:
 def run(args) -> int:
     from pipeline.cli._redis import fail
     from pipeline.settings import Settings
-    from pipeline.training import remote
     from pipeline.training.report import REPORT_NAME, write_report
     from pipeline.training.report_data import latest_run, models_with_runs
-    from pipeline.training.retrain import KEEP_RUN_DIRS
+    from pipeline.training.run_store import open_run_store
+    from pipeline.training.run_types import KEEP_RUN_DIRS
 
     try:
         settings = Settings.load({"home": args.home, "config": args.config,
@@ -44,7 +44,7 @@ def run(args) -> int:
     except (OSError, ValueError) as err:
         return fail("report", err)
     runs_root = settings.runs_dir
-    remote.pull_latest_runs(settings, args.model, KEEP_RUN_DIRS)   # runs of other hosts
+    open_run_store(settings).pull_latest_runs(args.model, KEEP_RUN_DIRS)   # runs of other hosts
     run_dir = latest_run(runs_root, args.model)
     if run_dir is None:
         known = ", ".join(models_with_runs(runs_root)) or "none"

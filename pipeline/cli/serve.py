@@ -47,8 +47,8 @@ def app_from_environment():
     from threadpoolctl import threadpool_limits
 
     from pipeline.serving.api import create_app
+    from pipeline.serving.http_metrics import ServeMetrics
     from pipeline.serving.lookup import TopK
-    from pipeline.serving.metrics import ServeMetrics
     from pipeline.training.config import load_models
 
     # one server process per core: a BLAS thread pool in each would fight the others for the
@@ -60,7 +60,7 @@ def app_from_environment():
     topk = TopK.from_settings(settings)
     extra = []
     if options["pipeline_metrics"]:
-        from pipeline.training.pipeline_metrics import PipelineCollector
+        from pipeline.training.pipeline_gauges import PipelineCollector
 
         extra.append(PipelineCollector(settings, models))
     return create_app(topk, models=models, token=os.environ.get(options["token_env"]) or None,

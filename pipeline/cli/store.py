@@ -32,10 +32,10 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.open_store import open_store
 
     settings = load_settings(args)
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     if args.action == "dead-letters":
         return _dead_letters(store, args)
     if args.action == "copy":
@@ -78,11 +78,12 @@ def _dead_letters(store, args) -> int:
 def _copy(store, args) -> int:
     from dataclasses import replace
 
-    from pipeline.ingest.store import EventStore, copy_store
+    from pipeline.ingest.open_store import open_store
+    from pipeline.ingest.store import copy_store
 
     if not args.to:
         raise ValueError("store copy needs --to LOCATION (a directory or s3://bucket/prefix)")
-    target = EventStore.from_settings(replace(load_settings(args), store=args.to))
+    target = open_store(replace(load_settings(args), store=args.to))
     copied, skipped = copy_store(store, target)
     print(f"copied {copied:,} flushes from {store.root} to {target.root}; {skipped:,} were "
           "there already")

@@ -6,13 +6,13 @@ Examples
 >>> import tempfile
 >>> from pipeline.ingest.codec import encode_json
 >>> from pipeline.ingest.buffer import PartitionBuffer
->>> from pipeline.ingest.store import EventStore
+>>> from pipeline.ingest.local_store import LocalEventStore
 >>> buf = PartitionBuffer("ratings", 0, default_kind="rating")
 >>> buf.add_messages([encode_json({"event_id": "e1", "ts": 1_700_000_000_001, "user": 1, "item": 2,
 ...                                "rating": 5}), b"{oops"], [0, 1])
 >>> buf.events, len(buf.dead)
 (1, 1)
->>> store = EventStore(tempfile.mkdtemp())
+>>> store = LocalEventStore(tempfile.mkdtemp())
 >>> buf.flush(store).events
 Counter({'rating': 1})
 >>> store.next_offsets()

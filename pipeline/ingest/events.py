@@ -41,9 +41,12 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 import pyarrow as pa
+
+# Re-exported: ingest's names for the bounds and the time parser it shares with the bottom layer.
+from pipeline.timestamps import parse_iso_ts  # noqa: F401
+from pipeline.value_checks import MAX_ABS_NUMBER, MAX_FEATURE_INDEX  # noqa: F401
 
 # Field checks, by name (see pipeline.ingest.validate for the exact rules and reasons).
 ID, NUMBER, GRADE, BINARY, ORDINAL, FEATURES, TEXT = (
@@ -52,11 +55,6 @@ ID, NUMBER, GRADE, BINARY, ORDINAL, FEATURES, TEXT = (
 MAX_ID_CHARS = 512                 # longer ids and event_ids are rejected
 MAX_TS_MS = 253402300799999        # 9999-12-31T23:59:59.999Z
 MIN_EVENT_TIME = "1990-01-01"      # the earliest event time accepted by default
-# Ratings and feature values beyond this magnitude are refused: no rating scale or feature
-# needs more, and one such value squared overflows float32 (3.4e38) in a solver, or pulls the
-# "auto" relevance threshold above every real rating.
-MAX_ABS_NUMBER = 1e15
-MAX_FEATURE_INDEX = 2**31 - 1      # feature indices are stored as int32
 
 _ARROW_TYPES = {
     ID: pa.string(), NUMBER: pa.float64(), GRADE: pa.int32(), BINARY: pa.int32(),
@@ -123,16 +121,3 @@ def default_topic(kind: str) -> str:
     if kind not in KINDS:
         raise KeyError(f"unknown kind {kind!r}; expected one of {', '.join(KIND_NAMES)}")
     return f"rankstream.{kind}"
-
-
-def parse_iso_ts(text: str) -> int:
-    """Epoch milliseconds of an ISO-8601 time; a naive time is UTC. ``ValueError`` if unparsable.
-
-    >>> parse_iso_ts("1970-01-01T00:00:01.5Z")
-    1500
-    """
-    when = datetime.fromisoformat(text)
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    delta = when - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000

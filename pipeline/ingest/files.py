@@ -32,6 +32,7 @@ from pipeline.ingest.buffer import (
     progress_bar,
 )
 from pipeline.ingest.ledger import FILE_TOPIC, FileLedger, contains, record_key
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.sources import detect_format, read_chunks
 from pipeline.ingest.store import EventStore, legacy_file_topic
 from pipeline.ingest.validate import Limits
@@ -67,7 +68,7 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
     for path in paths:      # a mistake about a source is refused before anything is stored
         check_source(path, fmt, kind)
     settings = settings or _settings()
-    store = store or EventStore.from_settings(settings)
+    store = store or open_store(settings)
     if store.filesystem is not None:
         raise ValueError(f"files are ingested into a local store only, and the store is "
                          f"{store.root}: send them through Kafka (rankstream produce), or "

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.persist import fsync_dir, fsync_file, makedirs_durable
+from pipeline.durable import fsync_dir, fsync_file, makedirs_durable
 
 FILE_TOPIC = "~files"
 

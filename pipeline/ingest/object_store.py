@@ -1,6 +1,7 @@
 """The event store on an object store (``RANKSTREAM_STORE=s3://bucket/prefix``): the same
-segments, schemas and reads as :class:`~pipeline.ingest.store.EventStore`, committed without
-rename or ``flock``.
+segments, schemas and reads as every :class:`~pipeline.ingest.store.EventStore` (its sibling,
+:class:`~pipeline.ingest.local_store.LocalEventStore`, keeps them in local directories),
+committed without rename or ``flock``.
 
 Layout under the prefix::
 
@@ -53,10 +54,9 @@ from pipeline.ingest.store import (
     OverlapError,
     Segment,
     TopicPartition,
-    flush_parts,
     refuse_overlap,
 )
-from pipeline.storage import ObjectStore
+from pipeline.storage import ObjectStore, object_store_for
 
 COMMITS = "_commits"
 ORPHAN_SECONDS = 3600.0      # uncommitted files older than this are a dead writer's leftovers
@@ -72,19 +72,25 @@ class ObjectEventStore(EventStore):
     url : str
         ``s3://bucket/prefix``; events go under ``prefix/store``, dead letters under
         ``prefix/dead-letter``.
+    compression : str
+        Parquet codec of new segments (:class:`~pipeline.ingest.store.EventStore`).
     objects : ObjectStore, optional
-        The client (default: one for ``url``, from the ``AWS_*`` environment).
+        The client (default: the process's one for ``url``,
+        :func:`pipeline.storage.object_store_for`, from the ``AWS_*`` environment).
     """
 
     def __init__(self, url: str, *, compression: str = "lz4", objects: ObjectStore | None = None):
-        self.objects = objects or ObjectStore(url)
+        # unique per store object: two stores in one process are two writers
+        super().__init__(writer=f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                         compression=compression)
+        self.objects = objects or object_store_for(url)
         self.root = self.objects.url("store")
         self.dead_letter_root = self.objects.url("dead-letter")
-        self.compression = compression
-        # unique per store object: two stores in one process are two writers
-        self.writer = f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._commits: dict[str, dict] = {}          # commit key -> its (immutable) content
         self._ends: dict[TopicPartition, int] = {}   # chain ends this writer made
+
+    def __repr__(self) -> str:
+        return f"ObjectEventStore({self.objects.url()!r})"
 
     @property
     def filesystem(self):
@@ -96,9 +102,9 @@ class ObjectEventStore(EventStore):
         return self.objects.key("store", COMMITS, f"topic={topic}", f"partition={partition}",
                                 f"{position:020d}.json")
 
-    def _chains(self, topics: Iterable[str] | None = None) -> dict[TopicPartition, list[dict]]:
-        """Each partition's committed flushes, in offset order: one LIST, plus a GET of each
-        commit this process has not read yet."""
+    def _listed_commits(self, topics: Iterable[str] | None) -> dict[str, tuple[str, int, int]]:
+        """Commit key -> (topic, partition, position) of every commit object: one LIST per
+        prefix; the commits this process has not read yet are fetched into its cache."""
         prefixes = ([self.objects.key("store", COMMITS) + "/"] if topics is None else
                     [self.objects.key("store", COMMITS, f"topic={t}") + "/" for t in set(topics)])
         listed = {}
@@ -110,8 +116,12 @@ class ObjectEventStore(EventStore):
         for key, data in zip(new, self.objects.get_many(new)):
             if data is not None:
                 self._commits[key] = json.loads(data)
+        return listed
+
+    def _chains(self, topics: Iterable[str] | None = None) -> dict[TopicPartition, list[dict]]:
+        """Each partition's committed flushes, in offset order, followed from position 0."""
         at: dict[TopicPartition, dict[int, dict]] = {}
-        for key, (topic, partition, position) in listed.items():
+        for key, (topic, partition, position) in self._listed_commits(topics).items():
             if key in self._commits:
                 at.setdefault((topic, partition), {})[position] = self._commits[key]
         chains = {}
@@ -123,7 +133,7 @@ class ObjectEventStore(EventStore):
             chains[tp] = chain
         return chains
 
-    def _all_segments(self, topics: Iterable[str] | None = None) -> list[Segment]:
+    def _committed(self, topics: Iterable[str] | None) -> list[Segment]:
         found = []
         for (topic, partition), chain in self._chains(topics).items():
             for commit in chain:
@@ -133,16 +143,12 @@ class ObjectEventStore(EventStore):
                                          commit["first"], commit["last"], len(files)))
         return found
 
-    def segments(self, kind: str | None = None, topics: Iterable[str] | None = None, *,
-                 complete: bool = True) -> list[Segment]:
-        """Committed segments (of one kind, or all), sorted by topic, partition and offset;
-        with ``complete=False`` the files no commit names (a dead writer's leftovers)."""
+    def _listed(self, topics: Iterable[str] | None, complete: bool) -> list[Segment]:
+        """The files the chains' commits name (``complete``), or the files no commit names (a
+        dead writer's leftovers)."""
         if complete:
-            chosen = [s for s in self._all_segments(topics) if kind is None or s.kind == kind]
-        else:
-            chosen = [_orphan_segment(o.key, self.objects) for o in self._orphans(topics)]
-            chosen = [s for s in chosen if kind is None or s.kind == kind]
-        return sorted(chosen, key=lambda s: (s.topic, s.partition, s.first, s.kind))
+            return self._committed(topics)
+        return [_orphan_segment(o.key, self.objects) for o in self._orphans(topics)]
 
     def _orphans(self, topics: Iterable[str] | None = None, partition: int | None = None):
         named = {self.objects.fs_path(key) for chain in self._chains(topics).values()
@@ -165,13 +171,8 @@ class ObjectEventStore(EventStore):
         return self.filesystem.get_file_info(str(seg.path)).size
 
     # ------------------------------------------------------------------ writing
-
-    def lock(self, topic: str, partition: int):
-        """No lock: the create-only commit at the chain's end fences writers (module
-        docstring); a context manager for the callers that hold one around a flush."""
-        from contextlib import nullcontext
-
-        return nullcontext()
+    #
+    # No lock: the create-only commit at the chain's end fences writers (module docstring).
 
     def recover(self, topic: str, partition: int) -> list[str]:
         """Delete this partition's uncommitted files older than an hour: a dead writer's
@@ -181,15 +182,11 @@ class ObjectEventStore(EventStore):
         self.objects.delete(old)
         return old
 
-    def write(self, topic: str, partition: int, first: int, last: int,
-              tables: Mapping[str, pa.Table], dead_letters: pa.Table | None = None
-              ) -> list[str]:
-        """Add one flush (messages ``first..last``): its files, then its commit at the chain's
-        end. Raises :class:`OverlapError` if the chain already covers ``first``, or another
-        writer committed at that position first (its files are then deleted)."""
-        parts = flush_parts(tables, dead_letters)
-        if not parts:
-            return []
+    def _write_flush(self, topic: str, partition: int, first: int, last: int,
+                     parts: Mapping[str, pa.Table]) -> list[str]:
+        """The flush's files, then its commit at the chain's end. Raises :class:`OverlapError`
+        if the chain already covers ``first``, or another writer committed at that position
+        first (this flush's files are then deleted)."""
         position = self._ends.get((topic, partition))
         if position is None:       # a writer that made the chain's end knows it without a LIST
             chain = self._chains([topic]).get((topic, partition), [])

@@ -1,52 +1,39 @@
-"""The event store: append-only Parquet segments per topic partition, one schema per kind.
+"""The event store's one interface: append-only Parquet segments per topic partition, one schema
+per kind, written a whole flush at a time. Two siblings implement it, chosen once by
+:func:`pipeline.ingest.open_store.open_store`:
 
-Layout (hive-style, so ``pyarrow.dataset``, DuckDB or Spark can read it as it is)::
+- :class:`pipeline.ingest.local_store.LocalEventStore`: directories on a POSIX file system,
+  committed by ``fsync`` + ``rename``, one ``flock`` per topic partition;
+- :class:`pipeline.ingest.object_store.ObjectEventStore`: an S3-compatible object store,
+  committed by a create-only put at the end of each partition's commit chain.
 
-    {store_dir}/kind=rating/topic=ratings/partition=0/00000000000000000000-00000000000000004999-of2.parquet
-    {dead_letter_dir}/topic=ratings/partition=0/00000000000000000000-00000000000000004999-of2.parquet
+Both store hive-style layouts (``kind=rating/topic=ratings/partition=0/...parquet``), so
+``pyarrow.dataset``, DuckDB or Spark read them as they are. A **flush** of a topic partition
+(messages ``first..last``) writes one segment per kind present plus one dead-letter segment if
+there were bad events. Readers see whole flushes only, and ``next_offsets()`` (one past the last
+offset of the last whole flush) is where a restarted consumer resumes: each message's events are
+in the store exactly once, whenever the process was killed. A flush that overlaps what is stored
+is refused (:class:`OverlapError`), so a consumer that lost its partition without noticing
+cannot write it twice. What a crashed writer left behind is listed by
+``segments(complete=False)`` and deleted by ``recover()``.
 
-A file name carries the first and last offset of the messages it was written from and the size
-of its **group**: one flush of a topic partition writes one segment per kind present plus one
-dead-letter segment if there were bad events, all with the same offsets (``-of2`` above: a
-rating segment and a dead-letter segment). Each file is written to a temporary name, fsynced and
-renamed, then the directories are fsynced. A group whose files are not all there is a crash
-leftover: readers ignore it and the next writer deletes it. So the store only ever shows whole
-flushes, and ``next_offsets()`` (one past the last offset of the last whole group) is where a
-restarted consumer resumes: each message's events are in the store exactly once, whenever the
-process was killed. Writers hold an ``flock`` per topic partition and refuse a group that
-overlaps what is stored (a consumer that lost its partition without noticing cannot write it
-twice).
+This module holds what both share: the listing contract, offsets and topic generations, the
+flush's Parquet files and metadata, window reads, statistics and :func:`copy_store`. It imports
+neither implementation.
 
 File sources use the same store under one synthetic topic, ``~files`` (a name no Kafka topic
 can have), partition 0, whose offsets are append positions (see :mod:`pipeline.ingest.ledger`).
-
-Examples
---------
->>> import tempfile, pyarrow as pa
->>> from pipeline.ingest.store import EventStore
->>> from pipeline.ingest.events import schema
->>> store = EventStore(tempfile.mkdtemp())
->>> rows = pa.Table.from_pylist([{"event_id": "e1", "ts": 1000, "offset": 0, "user": "u1",
-...                               "item": "i1", "rating": 4.0}], schema=schema("rating"))
->>> _ = store.write("ratings", 0, first=0, last=0, tables={"rating": rows})
->>> store.next_offsets()
-{('ratings', 0): 1}
->>> store.read("rating").column("user").to_pylist()
-['u1']
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import re
-import socket
 import time
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +43,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from pipeline.ingest.dead_letters import DEAD_LETTER_KIND, DEAD_LETTER_SCHEMA
-from pipeline.ingest.events import KINDS, schema
-from solvers.persist import fsync_dir, fsync_file, makedirs_durable
+from pipeline.ingest.events import schema
 
 FORMAT_VERSION = 1
-_SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{20})-of(\d+)\.parquet$")
 TopicPartition = tuple[str, int]
 
 
@@ -70,9 +55,10 @@ class OverlapError(RuntimeError):
 
 @dataclass(frozen=True)
 class Segment:
-    """One segment file: ``kind`` is an event kind or ``"dead_letter"``."""
+    """One segment file: ``kind`` is an event kind or ``"dead_letter"``; ``path`` a local path,
+    or on an object store the ``bucket/key`` of the store's ``filesystem``."""
 
-    path: Path
+    path: Path | str
     kind: str
     topic: str
     partition: int
@@ -113,80 +99,64 @@ def legacy_file_topic(path: str | Path) -> str:
     return f"file.{name}.{hashlib.sha256(resolved.encode()).hexdigest()[:12]}"
 
 
-class EventStore:
-    """Parquet segments under ``root`` (events) and ``dead_letter_root`` (dead letters).
+class EventStore(ABC):
+    """The event store's interface and shared logic (module docstring); open one with
+    :func:`pipeline.ingest.open_store.open_store`.
 
-    Parameters
+    Attributes
     ----------
-    root : path
-        The store directory (``Settings.store_dir``).
-    dead_letter_root : path, optional
-        The dead-letter directory (``Settings.dead_letter_dir``); default ``root/../dead-letter``.
+    root, dead_letter_root : Path or str
+        Where events and dead letters are (for messages; directories of a local store, the
+        ``s3://`` URLs of an object store).
+    filesystem : pyarrow.fs.FileSystem or None
+        The file system of segment paths (None: local paths).
+    writer : str
+        This writer's id, recorded in every segment it writes.
     compression : str
         Parquet codec of new segments. ``"lz4"`` (default) writes about 1.4x as fast as
         ``"zstd"``, which makes files about 2.5x smaller (bench data: 5 vs 2 bytes per rating).
     """
 
-    def __init__(self, root: str | Path, dead_letter_root: str | Path | None = None, *,
-                 compression: str = "lz4"):
-        self.root = Path(root)
-        self.dead_letter_root = (Path(dead_letter_root) if dead_letter_root is not None
-                                 else self.root.parent / "dead-letter")
+    root: Path | str
+    dead_letter_root: Path | str
+    filesystem = None
+
+    def __init__(self, *, writer: str, compression: str = "lz4"):
+        self.writer = writer
         self.compression = compression
-        self.writer = f"{socket.gethostname()}:{os.getpid()}"
 
-    filesystem = None      # pyarrow's filesystem of the segment paths (None: local paths)
+    # ------------------------------------------------------------------ what a sibling provides
 
-    @classmethod
-    def from_settings(cls, settings) -> "EventStore":
-        """The store of a :class:`pipeline.settings.Settings`: local directories, or an object
-        store when ``settings.store`` is an ``s3://`` URL."""
-        if settings.remote:
-            from pipeline.ingest.object_store import ObjectEventStore
+    @abstractmethod
+    def _listed(self, topics: Iterable[str] | None, complete: bool) -> list[Segment]:
+        """The segments of whole flushes (``complete``) or a crashed writer's leftovers (not),
+        of ``topics`` (None: all), in any order."""
 
-            return ObjectEventStore(settings.store)
-        return cls(settings.store_dir, settings.dead_letter_dir)
+    @abstractmethod
+    def _topic_names(self) -> set[str]:
+        """Every topic name (generations included) the store holds."""
+
+    @abstractmethod
+    def _write_flush(self, topic: str, partition: int, first: int, last: int,
+                     parts: Mapping[str, pa.Table]) -> list:
+        """Durably add one flush (non-empty ``parts`` by kind) or raise :class:`OverlapError`;
+        the paths of its segments."""
+
+    @abstractmethod
+    def recover(self, topic: str, partition: int) -> list:
+        """Delete a crashed writer's leftovers in this partition; returns what was deleted."""
+
+    @abstractmethod
+    def _size(self, seg: Segment) -> int:
+        """The segment file's size in bytes."""
 
     # ------------------------------------------------------------------ listing
-
-    def _dir(self, kind: str, topic: str, partition: int) -> Path:
-        if kind == DEAD_LETTER_KIND:
-            return self.dead_letter_root / f"topic={topic}" / f"partition={partition}"
-        return self.root / f"kind={kind}" / f"topic={topic}" / f"partition={partition}"
-
-    def _kind_roots(self) -> Iterable[tuple[str, Path]]:
-        for kind in KINDS:
-            yield kind, self.root / f"kind={kind}"
-        yield DEAD_LETTER_KIND, self.dead_letter_root
-
-    def _all_segments(self, topics: Iterable[str] | None = None) -> list[Segment]:
-        wanted = None if topics is None else set(topics)
-        found = []
-        for kind, kind_root in self._kind_roots():
-            for topic_dir in _subdirs(kind_root, "topic="):
-                topic = topic_dir.name[len("topic="):]
-                if wanted is not None and topic not in wanted:
-                    continue
-                for part_dir in _subdirs(topic_dir, "partition="):
-                    partition = int(part_dir.name[len("partition="):])
-                    for entry in os.scandir(part_dir):
-                        match = _SEGMENT_NAME.match(entry.name)
-                        if match:
-                            first, last, size = map(int, match.groups())
-                            found.append(Segment(Path(entry.path), kind, topic, partition,
-                                                 first, last, size))
-        return found
 
     def segments(self, kind: str | None = None, topics: Iterable[str] | None = None, *,
                  complete: bool = True) -> list[Segment]:
         """Segments (of one kind, or all), sorted by topic, partition and offset. With
-        ``complete=False`` the files of unfinished groups (crash leftovers) are listed instead."""
-        found = self._all_segments(topics)
-        members: dict[tuple, int] = defaultdict(int)
-        for seg in found:
-            members[seg.group] += 1
-        chosen = [s for s in found if (members[s.group] == s.group_size) == complete
-                  and (kind is None or s.kind == kind)]
+        ``complete=False`` the files of unfinished flushes (crash leftovers) are listed instead."""
+        chosen = [s for s in self._listed(topics, complete) if kind is None or s.kind == kind]
         return sorted(chosen, key=lambda s: (s.topic, s.partition, s.first, s.kind))
 
     def next_offsets(self, topics: Iterable[str] | None = None,
@@ -225,11 +195,6 @@ class EventStore:
                 best, best_n = name, n
         return best
 
-    def _topic_names(self) -> set[str]:
-        """Every topic name (generations included) the store has a directory for."""
-        return {name for _, root in self._kind_roots()
-                for name in (d.name[len("topic="):] for d in _subdirs(root, "topic="))}
-
     def next_generation(self, topic: str, partition: int) -> str:
         """The name for events of a re-created ``topic``: one past the newest generation."""
         current = self.generation(topic, partition)
@@ -237,41 +202,9 @@ class EventStore:
 
     # ------------------------------------------------------------------ writing
 
-    @contextmanager
-    def lock(self, topic: str, partition: int):
-        """Exclusive ``flock`` on one topic partition of this store (released on exit or
-        when the process dies)."""
-        lock_dir = self.root / ".locks"
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        with open(lock_dir / f"{topic}.{partition}.lock", "a+b") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def recover(self, topic: str, partition: int) -> list[Path]:
-        """Delete the leftovers of an interrupted flush of this partition (files of unfinished
-        groups and temporary files); returns what was deleted."""
-        with self.lock(topic, partition):
-            return self._recover(topic, partition)
-
-    def _recover(self, topic: str, partition: int) -> list[Path]:
-        removed = [s.path for s in self.segments(topics=[topic], complete=False)
-                   if s.partition == partition]
-        for _, kind_root in self._kind_roots():
-            part_dir = kind_root / f"topic={topic}" / f"partition={partition}"
-            if part_dir.is_dir():
-                removed += [p for p in part_dir.iterdir() if p.name.endswith(".tmp")]
-        for path in removed:
-            path.unlink(missing_ok=True)
-        for directory in {p.parent for p in removed}:
-            fsync_dir(directory)
-        return removed
-
     def write(self, topic: str, partition: int, first: int, last: int,
               tables: Mapping[str, pa.Table], dead_letters: pa.Table | None = None
-              ) -> list[Path]:
+              ) -> list:
         """Durably add one group of segments holding messages ``first..last`` of a partition.
 
         Parameters
@@ -281,33 +214,21 @@ class EventStore:
         dead_letters : pyarrow.Table, optional
             Dead letters of the same messages (:data:`DEAD_LETTER_SCHEMA`).
 
+        Returns
+        -------
+        list
+            The paths of the new segments (none if every table was empty).
+
         Raises
         ------
         OverlapError
-            If ``first`` is not past what the store already holds for this partition.
+            If ``first`` is not past what the store already holds for this partition (or, on
+            an object store, another writer committed these offsets first).
         """
         parts = flush_parts(tables, dead_letters)
         if not parts:
             return []
-        with self.lock(topic, partition):
-            self._recover(topic, partition)
-            refuse_overlap(topic, partition, first, self.next_offset(topic, partition) or 0)
-            name = f"{first:020d}-{last:020d}-of{len(parts)}.parquet"
-            meta = self._flush_meta(topic, partition, first, last, parts)
-            moves = []
-            for kind, table in parts.items():
-                directory = self._dir(kind, topic, partition)
-                makedirs_durable(directory)
-                final = directory / name
-                temp = directory / f".{name}.{os.getpid()}.tmp"
-                self._write_segment(table, kind, meta, temp)
-                fsync_file(temp)
-                moves.append((temp, final))
-            for temp, final in moves:
-                os.replace(temp, final)
-            for directory in {final.parent for _, final in moves}:
-                fsync_dir(directory)
-            return [final for _, final in moves]
+        return self._write_flush(topic, partition, first, last, parts)
 
     def _flush_meta(self, topic: str, partition: int, first: int, last: int,
                     parts: Mapping[str, pa.Table]) -> dict:
@@ -345,12 +266,6 @@ class EventStore:
             Only these topics (default: all, including file sources).
         columns : list of str, optional
             Only these columns (default: the kind's whole schema).
-
-        Examples
-        --------
-        >>> import tempfile
-        >>> EventStore(tempfile.mkdtemp()).read("rating", start_ts=0).num_rows
-        0
         """
         kind_schema = schema(kind)
         columns = list(columns) if columns is not None else kind_schema.names
@@ -380,7 +295,7 @@ class EventStore:
         return pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
 
     def read_dead_letters(self, topic: str | None = None) -> pa.Table:
-        """All dead letters in the local dead-letter directory (whole groups only)."""
+        """All dead letters in the store (whole groups only), of one topic or all."""
         paths = [s.path for s in self.segments(DEAD_LETTER_KIND,
                                                None if topic is None else [topic])]
         if not paths:
@@ -391,9 +306,6 @@ class EventStore:
         dataset = ds.dataset([str(p) for p in paths], schema=table_schema, format="parquet",
                              filesystem=self.filesystem)
         return dataset.to_table(columns=columns, filter=expr).replace_schema_metadata(None)
-
-    def _size(self, seg: Segment) -> int:
-        return seg.path.stat().st_size
 
     def stats(self) -> dict:
         """Per kind: segments, events, bytes, ts range; per partition: next offset."""
@@ -479,15 +391,6 @@ def _encodings(table_schema: pa.Schema) -> dict:
     return {"use_dictionary": _dictionary_columns(table_schema),
             "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
             "write_statistics": delta}
-
-
-def _subdirs(parent: Path, prefix: str) -> list[Path]:
-    try:
-        entries = list(os.scandir(parent))
-
-    except FileNotFoundError:
-        return []
-    return [Path(e.path) for e in entries if e.is_dir() and e.name.startswith(prefix)]
 
 
 def _window(field, low, high):

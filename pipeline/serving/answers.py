@@ -1,7 +1,8 @@
-"""What a lookup answers (:class:`Recommendation`, :class:`Prediction`) and how the answers
-are counted: per model, version and source, in process (``TopK.stats()``) and, every
-``COUNT_FLUSH`` seconds at most, added to the model's ``lookups`` hash in Redis, where
-``rankstream models`` reads the share of fallback answers.
+"""What a lookup answers (:class:`Recommendation`, :class:`Prediction`), what the front says
+of a model's served version (:class:`ModelInfo`), and how the answers are counted: per model,
+version and source, in process (``TopK.stats()``) and, every ``COUNT_FLUSH`` seconds at most,
+added to the model's ``lookups`` hash in Redis, where ``rankstream models`` reads the share of
+fallback answers.
 """
 
 from __future__ import annotations
@@ -57,6 +58,47 @@ class Prediction:
     score: float
     version: int
     stale: bool = False
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What ``TopK.model_info`` says of a model's served version: its meta, its age in
+    seconds since training (None when ``trained_at`` is not a time), and the lookups of it
+    that clients counted, with the share answered from the fallback list (None before any).
+    ``version`` is None when nothing is published (the other fields are then empty)."""
+
+    model: str
+    version: int | None = None
+    algorithm: str = ""
+    kind: str = ""
+    served_as: str = "model"
+    metrics: dict | None = None
+    trained_at: str = ""
+    age_seconds: float | None = None
+    lookups: int = 0
+    fallback_share: float | None = None
+
+    @classmethod
+    def of(cls, current, model: str, lookups: int, share: float | None) -> ModelInfo:
+        """From a :class:`~pipeline.serving.version_listing.VersionInfo` and its counts."""
+        from pipeline.serving.version_listing import age_seconds
+
+        return cls(model, current.version, current.algorithm, current.kind,
+                   current.served_as, current.metrics, current.trained_at,
+                   age_seconds(current.trained_at), lookups, share)
+
+    def to_dict(self) -> dict:
+        """As JSON has it: ``{"model", "version": None}`` when nothing is published.
+
+        >>> ModelInfo("movies").to_dict()
+        {'model': 'movies', 'version': None}
+        """
+        if self.version is None:
+            return {"model": self.model, "version": None}
+        return {"model": self.model, "version": self.version, "algorithm": self.algorithm,
+                "kind": self.kind, "served_as": self.served_as, "metrics": self.metrics,
+                "trained_at": self.trained_at, "age_seconds": self.age_seconds,
+                "lookups": self.lookups, "fallback_share": self.fallback_share}
 
 
 class AnswerCounts:

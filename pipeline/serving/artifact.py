@@ -2,12 +2,14 @@
 :func:`pipeline.serving.publish.publish` takes. Saved as ``manifest.json`` + ``arrays.npz``
 (no pickle).
 
-Its ``kind`` is one of the serving shapes registered in :mod:`pipeline.serving.artifact_kinds`
-(``user_item``, ``global_list``, ``query_docs``, ``predicted_ratings``), which checks the
-fields the kind needs; the class methods build the four shipped ones.
-
-``predicted_ratings`` and ``query_docs`` may carry a :class:`~pipeline.serving.scorers.Scorer`:
-the model itself, for lookups that score candidates given in the request.
+A :class:`ModelArtifact` holds what every model has (its item ids, an optional on-demand
+:class:`~pipeline.serving.scorers.Scorer`, how a new user is folded in, and what describes it)
+and, as ``data``, the fields of its ``kind``: a small dataclass of the serving shape registered
+in :mod:`pipeline.serving.artifact_kinds` (``user_item``, ``global_list``, ``query_docs``,
+``predicted_ratings``), which builds and checks it. Build one with :meth:`ModelArtifact.of`
+(``ModelArtifact.user_item(...)`` and the other shipped kinds' names are shorthands for it).
+Reading a field of the kind's data on the artifact (``art.item_factors``) gives it, or None
+where the kind has no such field.
 
 Examples
 --------
@@ -15,28 +17,28 @@ Examples
 >>> art = ModelArtifact.user_item(user_ids=["ann", "bob"], item_ids=[10, 11, 12],
 ...                               user_factors=np.ones((2, 4)), item_factors=np.eye(3, 4),
 ...                               seen=([0, 1, 1], [2]), algorithm="AltSVM")
->>> art.kind, art.n_keys, art.rank
-('user_item', 2, 4)
+>>> art.kind, art.n_keys, art.rank, type(art.data).__name__, art.list_scores
+('user_item', 2, 4, 'UserItemData', None)
+>>> ModelArtifact.of("global_list", item_ids=["a", "b"], scores=[0.1, 0.9]).item_scores
+array([0.1, 0.9], dtype=float32)
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.serving.artifact_kinds import floats, kind_of
-from pipeline.serving.layout import key_of
+from pipeline.serving.artifact_kinds import kind_of, payload_fields
+from pipeline.serving.item_queries import FOLD_INS, fold_in_method
 from pipeline.serving.scorers import Scorer
 from solvers.persist import read_bundle, write_bundle
 
 FORMAT = "rankstream.artifact"
 ARTIFACT_FORMAT = 1
-_ARRAYS = ("item_ids", "key_ids", "user_factors", "item_factors", "item_bias", "seen_indptr",
-           "seen_indices", "precompute", "list_indptr", "list_items", "list_scores",
-           "item_scores", "fallback_scores")
 
 
 def _ids(name: str, values) -> np.ndarray:
@@ -60,12 +62,19 @@ def _ids(name: str, values) -> np.ndarray:
     return arr
 
 
-FOLD_IN_METHODS = ("pairwise", "least_squares")   # solvers.fold_in's two problems
+class _Shorthand:
+    """``ModelArtifact.<kind>(**given)`` is ``ModelArtifact.of("<kind>", **given)``."""
+
+    def __set_name__(self, owner, name):
+        self.kind = name
+
+    def __get__(self, obj, owner):
+        return functools.partial(owner.of, self.kind)
 
 
 @dataclass(eq=False)
 class ModelArtifact:
-    """Plain arrays of a trained model plus what describes it; build with the class methods.
+    """Plain arrays of a trained model plus what describes it; build with :meth:`of`.
 
     Attributes
     ----------
@@ -73,25 +82,16 @@ class ModelArtifact:
         A serving shape registered in :mod:`pipeline.serving.artifact_kinds`.
     item_ids : ndarray
         Ids of items (or docs), int64 or str; list entries index into it.
-    key_ids : ndarray or None
-        User ids (``user_item``) or query ids (``query_docs``).
-    user_factors, item_factors, item_bias : ndarray or None
-        float32 U (n_keys x rank), V (n_items x rank), b (n_items,).
-    seen_indptr, seen_indices : ndarray or None
-        CSR of the item indices each user has already seen (excluded from their lists).
-    precompute : ndarray or None
-        bool mask over users: which get a precomputed list (default all); the others are
-        scored on demand by the lookup client from their factor.
-    list_indptr, list_items, list_scores : ndarray or None
-        CSR of each query's candidate docs and their scores (``query_docs``).
-    item_scores : ndarray or None
-        Score (``global_list``) or predicted rating (``predicted_ratings``) per item.
-    fallback_scores : ndarray or None
-        Per-item scores of the list served to unknown users/queries. ``user_item`` defaults
-        to the scores of the mean user factor. For ``predicted_ratings``: the ranking score
-        the published list is ordered by (default the predicted ratings).
+    data : dataclass
+        The kind's own fields (its ``payload``, e.g. ``UserItemData``).
     scorer : Scorer or None
-        The on-demand scoring model (``predicted_ratings``, ``query_docs``).
+        The on-demand scoring model, for lookups that score candidates given in the request.
+    fold_in : dict
+        How a user the model has not met gets a factor from a few of their items at request
+        time (an artifact with item factors): ``{"method": NAME, ...its settings}``, NAME one
+        of :data:`pipeline.serving.item_queries.FOLD_INS` (``pairwise``: ``reg``, ``loss``,
+        ``per_item``; ``least_squares``: ``reg``, ``alpha``) or a ``module:Class`` fold-in;
+        empty: no fold-in (such a user gets the fallback list).
     algorithm, params, metrics, trained_at
         Description copied into the published version's meta hash.
     served_as : str
@@ -99,138 +99,84 @@ class ModelArtifact:
         published because the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
         (the gate's challenger, or a blend with it, published because the model lost to it).
         Lookups report it as their ``source``.
-    fold_in : dict
-        How a user the model has not met gets a factor from a few of their items at request
-        time (:mod:`solvers.fold_in`): ``{"method": "pairwise", "reg", "loss", "per_item"}``,
-        ``{"method": "least_squares", "reg", "alpha"}``, or empty (no fold-in: such a user
-        gets the fallback list).
     """
 
     kind: str
     item_ids: np.ndarray
-    key_ids: np.ndarray | None = None
-    user_factors: np.ndarray | None = None
-    item_factors: np.ndarray | None = None
-    item_bias: np.ndarray | None = None
-    seen_indptr: np.ndarray | None = None
-    seen_indices: np.ndarray | None = None
-    precompute: np.ndarray | None = None
-    list_indptr: np.ndarray | None = None
-    list_items: np.ndarray | None = None
-    list_scores: np.ndarray | None = None
-    item_scores: np.ndarray | None = None
-    fallback_scores: np.ndarray | None = None
+    data: object = None
     scorer: Scorer | None = None
+    fold_in: dict = field(default_factory=dict)
     algorithm: str = ""
     params: dict = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
     trained_at: str | None = None
     served_as: str = "model"
-    fold_in: dict = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ constructors
+    user_item = _Shorthand()
+    global_list = _Shorthand()
+    predicted_ratings = _Shorthand()
+    query_docs = _Shorthand()
+
     @classmethod
-    def user_item(cls, *, user_ids, item_ids, user_factors, item_factors, item_bias=None,
-                  seen=None, precompute=None, fallback_scores=None, **describe) -> ModelArtifact:
-        """User x item factor model (AltSVM). ``seen``: a scipy CSR matrix (users x items) or
-        an ``(indptr, indices)`` pair; ``precompute``: bool mask or list of user ids that get a
-        precomputed list (default: all users).
+    def of(cls, kind: str, **given) -> ModelArtifact:
+        """An artifact of ``kind``: the keywords its :class:`ArtifactKind` ``build`` takes
+        (see :mod:`pipeline.serving.artifact_kinds`), and the describing fields (``scorer``,
+        ``fold_in``, ``algorithm``, ``params``, ``metrics``, ``trained_at``, ``served_as``).
 
         Examples
         --------
-        >>> import numpy as np
-        >>> ModelArtifact.user_item(user_ids=[1], item_ids=[5, 6], user_factors=[[1.0]],
-        ...                         item_factors=[[1.0], [2.0]]).n_items
-        2
-        """
-        if seen is not None and hasattr(seen, "indptr"):
-            seen = (seen.indptr, seen.indices)
-        art = cls("user_item", item_ids, key_ids=user_ids, user_factors=user_factors,
-                  item_factors=item_factors, item_bias=item_bias,
-                  seen_indptr=None if seen is None else seen[0],
-                  seen_indices=None if seen is None else seen[1],
-                  fallback_scores=fallback_scores, **describe)
-        if precompute is not None:
-            mask = np.asarray(precompute)
-            if mask.dtype != bool:
-                wanted = set(key_of(u) for u in mask.tolist())
-                mask = np.array([key_of(u) in wanted for u in art.key_ids.tolist()], dtype=bool)
-            art.precompute = mask
-            art.validate()
-        return art
-
-    @classmethod
-    def global_list(cls, *, item_ids, scores, **describe) -> ModelArtifact:
-        """One score per candidate item (TopPush): one ranked list for everyone.
-
-        Examples
-        --------
-        >>> ModelArtifact.global_list(item_ids=["a", "b"], scores=[0.1, 0.9]).kind
-        'global_list'
-        """
-        return cls("global_list", item_ids, item_scores=scores, **describe)
-
-    @classmethod
-    def predicted_ratings(cls, *, item_ids, ratings, scores=None, scorer=None,
-                          **describe) -> ModelArtifact:
-        """One predicted rating per item (NPSVOR): the published list ranks items by
-        ``scores`` (a continuous ranking score; default the ratings themselves).
-
-        Examples
-        --------
-        >>> ModelArtifact.predicted_ratings(item_ids=[1, 2], ratings=[3, 5]).n_items
-        2
-        """
-        return cls("predicted_ratings", item_ids, item_scores=ratings, fallback_scores=scores,
-                   scorer=scorer, **describe)
-
-    @classmethod
-    def query_docs(cls, *, query_ids, doc_ids, indptr, docs, scores, fallback_scores=None,
-                   scorer=None, **describe) -> ModelArtifact:
-        """Per query a list of candidate docs (indices into ``doc_ids``) with scores, in CSR
-        form (kernel RankSVM); each query's list is ranked by score when published.
-
-        Examples
-        --------
-        >>> ModelArtifact.query_docs(query_ids=["q1"], doc_ids=["d1", "d2"], indptr=[0, 2],
-        ...                          docs=[1, 0], scores=[0.3, 0.7]).n_keys
+        >>> ModelArtifact.of("query_docs", query_ids=["q1"], doc_ids=["d1", "d2"],
+        ...                  indptr=[0, 2], docs=[1, 0], scores=[0.3, 0.7]).n_keys
         1
         """
-        return cls("query_docs", doc_ids, key_ids=query_ids, list_indptr=indptr,
-                   list_items=docs, list_scores=scores, fallback_scores=fallback_scores,
-                   scorer=scorer, **describe)
+        describe = {k: given.pop(k) for k in _DESCRIBE if k in given}
+        item_ids, data = kind_of(kind).build(**given)
+        return cls(kind, item_ids, data, **describe)
 
     def __post_init__(self):
         self.validate()
 
+    def __getattr__(self, name):
+        # only called for names that are no attribute: a field of the kind's data, or None
+        # where another kind has such a field (readers such as the publisher ask any kind)
+        data = self.__dict__.get("data")
+        if data is not None and name in getattr(type(data), "__dataclass_fields__", ()):
+            return getattr(data, name)
+        if name in payload_fields():
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        """Check shapes, dtypes and the fields each kind needs; normalise arrays in place."""
+        """Check shapes, dtypes and the fields the kind needs; normalise arrays in place."""
         shape = kind_of(self.kind)
         self.item_ids = _ids("item_ids", self.item_ids)
-        n_items = len(self.item_ids)
-        if n_items == 0:
+        if len(self.item_ids) == 0:
             raise ValueError("item_ids is empty")
+        if not isinstance(self.data, shape.payload):
+            raise ValueError(f"a {self.kind} artifact's data is a {type(self.data).__name__}, "
+                             f"expected a {shape.payload.__name__}")
         for name in shape.needs:
-            if getattr(self, name) is None:
+            if getattr(self.data, name) is None:
                 raise ValueError(f"a {self.kind} artifact needs {name}")
-        if self.key_ids is not None:
-            self.key_ids = _ids("key_ids", self.key_ids)
+        if getattr(self.data, "key_ids", None) is not None:
+            self.data.key_ids = _ids("key_ids", self.data.key_ids)
         shape.validate(self)
-        if self.item_scores is not None:
-            self.item_scores = floats("item_scores", self.item_scores, (n_items,))
-        if self.fallback_scores is not None:
-            self.fallback_scores = floats("fallback_scores", self.fallback_scores, (n_items,))
         if self.scorer is not None and not isinstance(self.scorer, Scorer):
             raise ValueError(f"scorer is a {type(self.scorer).__name__}, expected a "
                              "pipeline.serving.scorers.Scorer")
         if not isinstance(self.params, dict) or not isinstance(self.metrics, dict):
             raise ValueError("params and metrics must be dicts")
         json.dumps([self.params, self.metrics, self.fold_in])  # must be JSON-serialisable
-        if self.fold_in and (self.fold_in.get("method") not in FOLD_IN_METHODS
-                             or self.item_factors is None):
-            raise ValueError(f"fold_in is {self.fold_in!r:.80}, expected a method of "
-                             f"{FOLD_IN_METHODS} on an artifact with item factors")
+        if self.fold_in:
+            try:
+                if not self.rank:
+                    raise ValueError("the artifact has no item factors")
+                fold_in_method(self.fold_in.get("method")).check(self.fold_in)
+            except ValueError as err:
+                raise ValueError(f"fold_in is {self.fold_in!r:.80}, expected a method of "
+                                 f"{tuple(FOLD_INS)} (or module:Class) on an artifact with "
+                                 f"item factors: {err}") from None
 
     @property
     def n_items(self) -> int:
@@ -239,16 +185,19 @@ class ModelArtifact:
     @property
     def n_keys(self) -> int:
         """Number of users (``user_item``) or queries (``query_docs``); 0 for global lists."""
-        return 0 if self.key_ids is None else len(self.key_ids)
+        keys = getattr(self.data, "key_ids", None)
+        return 0 if keys is None else len(keys)
 
     @property
     def rank(self) -> int:
-        return 0 if self.item_factors is None else self.item_factors.shape[1]
+        factors = getattr(self.data, "item_factors", None)
+        return 0 if factors is None else factors.shape[1]
 
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> Path:
         """Write the artifact as a bundle at ``path`` (:mod:`solvers.persist`: ``manifest.json``
-        + ``arrays.npz``, atomically, nothing pickled).
+        + ``arrays.npz``, atomically, nothing pickled): the item ids and the kind's arrays
+        under their field names.
 
         Examples
         --------
@@ -258,7 +207,9 @@ class ModelArtifact:
         >>> ModelArtifact.load(d).item_ids.tolist()
         [1, 2]
         """
-        arrays = {n: getattr(self, n) for n in _ARRAYS if getattr(self, n) is not None}
+        arrays = {"item_ids": self.item_ids,
+                  **{f.name: getattr(self.data, f.name) for f in fields(self.data)
+                     if getattr(self.data, f.name) is not None}}
         if self.scorer is not None:
             arrays["scorer"] = np.frombuffer(self.scorer.to_bytes(), dtype=np.uint8)
         manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
@@ -276,12 +227,18 @@ class ModelArtifact:
         if missing:
             raise ValueError(f"{path}/arrays.npz lacks arrays {sorted(missing)} named in the "
                              "manifest")
-        known = {f.name for f in fields(cls)}
-        if "scorer" in arrays:
-            arrays["scorer"] = Scorer.from_bytes(arrays["scorer"].tobytes(), f"{path}: scorer")
-        return cls(kind=manifest["kind"], algorithm=manifest.get("algorithm", ""),
+        payload = kind_of(manifest["kind"]).payload
+        scorer = arrays.get("scorer")
+        if scorer is not None:
+            scorer = Scorer.from_bytes(scorer.tobytes(), f"{path}: scorer")
+        data = payload(**{f.name: arrays[f.name] for f in fields(payload) if f.name in arrays})
+        return cls(kind=manifest["kind"], item_ids=arrays["item_ids"], data=data, scorer=scorer,
+                   algorithm=manifest.get("algorithm", ""),
                    params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
                    trained_at=manifest.get("trained_at"),
                    served_as=manifest.get("served_as", "model"),
-                   fold_in=manifest.get("fold_in", {}),
-                   **{n: a for n, a in arrays.items() if n in known})
+                   fold_in=manifest.get("fold_in", {}))
+
+
+_DESCRIBE = tuple(f.name for f in fields(ModelArtifact) if f.name not in ("kind", "item_ids",
+                                                                           "data"))

@@ -1,9 +1,10 @@
 """The serving shapes a published model takes, one :class:`ArtifactKind` each, registered by
-name in :data:`KINDS`: what a :class:`~pipeline.serving.artifact.ModelArtifact` of the kind
-needs and how it is checked, how many keys it writes, its list for everyone, how its per-key
-lists are written, and whether lookups read it per key. A family with a new serving shape adds
-one class here and registers it (and its row in ``REDIS_LAYOUT.md``); the artifact, the
-publisher and the lookup client ask the registry.
+name in :data:`KINDS`: the kind's own data (a small dataclass, its ``payload``, which a
+:class:`~pipeline.serving.artifact.ModelArtifact` of the kind carries as ``data``), how it is
+built and checked, how many keys it writes, its list for everyone, how its per-key lists are
+written, and whether lookups read it per key. A family with a new serving shape adds its
+payload and one class here and registers it (and its row in ``REDIS_LAYOUT.md``); the
+artifact, the publisher and the lookup client ask the registry.
 
 =====================  ==============================================================
 ``user_item``          user factors U, item factors V, optional item bias b and seen items
@@ -17,27 +18,94 @@ Examples
 --------
 >>> kind_of("user_item").per_key, kind_of("global_list").needs
 (True, ('item_scores',))
+>>> item_ids, data = kind_of("global_list").build(item_ids=["a", "b"], scores=[0.1, 0.9])
+>>> data
+GlobalListData(item_scores=[0.1, 0.9])
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-from pipeline.serving.layout import PAIR_DTYPE, pack_f32, pack_i32, pack_pairs
+from pipeline.serving.layout import PAIR_DTYPE, key_of, pack_f32, pack_i32, pack_pairs
+from pipeline.serving.plugins import add_entry
 from solvers.topk import user_topk_blocks
+
+# ---------------------------------------------------------------------- each kind's data
+# The arrays are stored under their field names (``arrays.npz`` of an artifact bundle).
+
+@dataclass(eq=False)
+class GlobalListData:
+    """``global_list``: one score per item."""
+
+    item_scores: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class PredictedRatingsData:
+    """``predicted_ratings``: a predicted rating per item and the continuous ranking score
+    the published list is ordered by (``fallback_scores``; default the ratings)."""
+
+    item_scores: np.ndarray | None = None
+    fallback_scores: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class UserItemData:
+    """``user_item``: float32 U (n_keys x rank) of the users ``key_ids``, V (n_items x rank),
+    optional b (n_items,); the CSR of the item indices each user has seen (left out of their
+    lists); ``precompute``, a bool mask over users (which get a precomputed list; default
+    all, the others are scored on demand); ``fallback_scores`` of the list for unknown users
+    (default the mean user's)."""
+
+    key_ids: np.ndarray | None = None
+    user_factors: np.ndarray | None = None
+    item_factors: np.ndarray | None = None
+    item_bias: np.ndarray | None = None
+    seen_indptr: np.ndarray | None = None
+    seen_indices: np.ndarray | None = None
+    precompute: np.ndarray | None = None
+    fallback_scores: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class QueryDocsData:
+    """``query_docs``: per query of ``key_ids`` its candidate docs (indices into the item ids)
+    with their scores, in CSR form; ``fallback_scores`` of the list for unknown queries."""
+
+    key_ids: np.ndarray | None = None
+    list_indptr: np.ndarray | None = None
+    list_items: np.ndarray | None = None
+    list_scores: np.ndarray | None = None
+    fallback_scores: np.ndarray | None = None
+
+
+ITEM_VECTORS = ("item_scores", "fallback_scores")   # one value per item, where a kind has them
 
 
 class ArtifactKind:
     """One serving shape (see the module docstring); the defaults fit a single global list."""
 
     name = ""
-    needs: tuple[str, ...] = ()      # the artifact fields the kind cannot do without
+    payload: type = GlobalListData   # the dataclass of the kind's own fields
+    needs: tuple[str, ...] = ()      # the payload fields the kind cannot do without
     per_key = False                  # lookups read a list per user or query key
 
+    def build(self, *, item_ids, **given) -> tuple:
+        """``(item_ids, payload)`` from the keywords a trainer gives (by default the payload's
+        own field names)."""
+        return item_ids, self.payload(**given)
+
     def validate(self, art) -> None:
-        """Check and normalise the kind's own fields in place (``ValueError`` naming them)."""
+        """Check and normalise the kind's own fields in place (``ValueError`` naming them); the
+        base checks the one-value-per-item vectors."""
+        d = art.data
+        for name in ITEM_VECTORS:
+            if getattr(d, name, None) is not None:
+                setattr(d, name, floats(name, getattr(d, name), (art.n_items,)))
 
     def counts(self, art) -> dict:
         """The meta hash's ``n_lists``, ``n_factor_keys``, ``n_seen_keys``."""
@@ -46,8 +114,9 @@ class ArtifactKind:
     def global_scores(self, art) -> tuple[np.ndarray | None, str]:
         """Per-item scores of the list served to everyone and its role (``"model"``: the
         model's own list, ``"fallback"``: for unknown keys, ``"none"``)."""
-        if art.fallback_scores is not None:
-            return art.fallback_scores, "fallback"
+        scores = getattr(art.data, "fallback_scores", None)
+        if scores is not None:
+            return scores, "fallback"
         return None, "none"
 
     def write_lists(self, w, vk, art, key_strs: list[str], buckets: np.ndarray, top_k: int,
@@ -58,83 +127,119 @@ class ArtifactKind:
 
 
 class GlobalList(ArtifactKind):
+    """``build(item_ids=, scores=)``: one score per candidate item (TopPush): one ranked list
+    for everyone."""
+
     name = "global_list"
+    payload = GlobalListData
     needs = ("item_scores",)
 
+    def build(self, *, item_ids, scores):
+        return item_ids, GlobalListData(item_scores=scores)
+
     def global_scores(self, art):
-        return art.item_scores, "model"
+        return art.data.item_scores, "model"
 
 
 class PredictedRatings(ArtifactKind):
+    """``build(item_ids=, ratings=, scores=None)``: one predicted rating per item (NPSVOR);
+    the published list ranks items by ``scores`` (default the ratings themselves)."""
+
     name = "predicted_ratings"
+    payload = PredictedRatingsData
     needs = ("item_scores",)
+
+    def build(self, *, item_ids, ratings, scores=None):
+        return item_ids, PredictedRatingsData(item_scores=ratings, fallback_scores=scores)
 
     def global_scores(self, art):
         # ranked by the continuous ranking score when there is one, not by the rating
-        return (art.item_scores if art.fallback_scores is None else art.fallback_scores,
-                "model")
+        d = art.data
+        return (d.item_scores if d.fallback_scores is None else d.fallback_scores), "model"
 
 
 class UserItem(ArtifactKind):
+    """``build(user_ids=, item_ids=, user_factors=, item_factors=, item_bias=None, seen=None,
+    precompute=None, fallback_scores=None)``: a user x item factor model (AltSVM). ``seen``:
+    a scipy CSR matrix (users x items) or an ``(indptr, indices)`` pair; ``precompute``: a
+    bool mask or a list of the user ids that get a precomputed list (default all)."""
+
     name = "user_item"
+    payload = UserItemData
     needs = ("key_ids", "user_factors", "item_factors")
     per_key = True
 
+    def build(self, *, user_ids, item_ids, user_factors, item_factors, item_bias=None,
+              seen=None, precompute=None, fallback_scores=None):
+        if seen is not None and hasattr(seen, "indptr"):
+            seen = (seen.indptr, seen.indices)
+        if precompute is not None and np.asarray(precompute).dtype != bool:
+            wanted = {key_of(u) for u in np.asarray(precompute).tolist()}
+            precompute = np.array([key_of(u) in wanted for u in np.asarray(user_ids).tolist()],
+                                  dtype=bool)
+        return item_ids, UserItemData(
+            key_ids=user_ids, user_factors=user_factors, item_factors=item_factors,
+            item_bias=item_bias, seen_indptr=None if seen is None else seen[0],
+            seen_indices=None if seen is None else seen[1], precompute=precompute,
+            fallback_scores=fallback_scores)
+
     def validate(self, art) -> None:
-        n_keys, n_items = art.n_keys, art.n_items
-        fac = np.asarray(art.user_factors)
+        super().validate(art)
+        d, n_keys, n_items = art.data, art.n_keys, art.n_items
+        fac = np.asarray(d.user_factors)
         rank = fac.shape[1] if fac.ndim == 2 else -1
-        art.user_factors = floats("user_factors", fac, (n_keys, rank))
-        art.item_factors = floats("item_factors", art.item_factors, (n_items, rank))
-        if art.item_bias is not None:
-            art.item_bias = floats("item_bias", art.item_bias, (n_items,))
-        if (art.seen_indptr is None) != (art.seen_indices is None):
+        d.user_factors = floats("user_factors", fac, (n_keys, rank))
+        d.item_factors = floats("item_factors", d.item_factors, (n_items, rank))
+        if d.item_bias is not None:
+            d.item_bias = floats("item_bias", d.item_bias, (n_items,))
+        if (d.seen_indptr is None) != (d.seen_indices is None):
             raise ValueError("seen needs both indptr and indices")
-        if art.seen_indptr is not None:
-            art.seen_indptr, art.seen_indices = csr("seen", art.seen_indptr, art.seen_indices,
-                                                    n_keys, n_items)
-        if art.precompute is not None:
-            art.precompute = np.asarray(art.precompute, dtype=bool)
-            if art.precompute.shape != (n_keys,):
-                raise ValueError(f"precompute has shape {art.precompute.shape}, expected "
+        if d.seen_indptr is not None:
+            d.seen_indptr, d.seen_indices = csr("seen", d.seen_indptr, d.seen_indices,
+                                                n_keys, n_items)
+        if d.precompute is not None:
+            d.precompute = np.asarray(d.precompute, dtype=bool)
+            if d.precompute.shape != (n_keys,):
+                raise ValueError(f"precompute has shape {d.precompute.shape}, expected "
                                  f"({n_keys},) (one flag per user)")
 
     def counts(self, art) -> dict:
-        return {"n_lists": art.n_keys if art.precompute is None else int(art.precompute.sum()),
+        d = art.data
+        return {"n_lists": art.n_keys if d.precompute is None else int(d.precompute.sum()),
                 "n_factor_keys": art.n_keys,
-                "n_seen_keys": 0 if art.seen_indptr is None
-                else int((np.diff(art.seen_indptr) > 0).sum())}
+                "n_seen_keys": 0 if d.seen_indptr is None
+                else int((np.diff(d.seen_indptr) > 0).sum())}
 
     def global_scores(self, art):
-        if art.fallback_scores is not None:
-            return art.fallback_scores, "fallback"
-        scores = art.item_factors @ art.user_factors.mean(axis=0, dtype=np.float64)
-        if art.item_bias is not None:      # the mean user's list
-            scores = scores + art.item_bias
+        d = art.data
+        if d.fallback_scores is not None:
+            return d.fallback_scores, "fallback"
+        scores = d.item_factors @ d.user_factors.mean(axis=0, dtype=np.float64)
+        if d.item_bias is not None:      # the mean user's list
+            scores = scores + d.item_bias
         return scores.astype(np.float32), "fallback"
 
     def write_lists(self, w, vk, art, key_strs, buckets, top_k, progress) -> float:
         """Per-user factors, seen lists and precomputed top-K lists."""
-        n = art.n_keys
-        rank = art.rank
-        u_bytes = pack_f32(art.user_factors)
+        d, n, rank = art.data, art.n_keys, art.rank
+        u_bytes = pack_f32(d.user_factors)
         prefixes = vk.bucket_prefixes
         bucket_list = buckets.tolist()
         w.mset_buckets([prefixes[b] + "u:" + k for b, k in zip(bucket_list, key_strs)],
                        _slices(u_bytes, range(0, n * rank * 4, rank * 4),
                                range(rank * 4, (n + 1) * rank * 4, rank * 4)), buckets)
-        if art.seen_indptr is not None:
-            has = np.flatnonzero(np.diff(art.seen_indptr) > 0)
-            seen_bytes = pack_i32(art.seen_indices)
-            ptr = art.seen_indptr * 4
+        if d.seen_indptr is not None:
+            has = np.flatnonzero(np.diff(d.seen_indptr) > 0)
+            seen_bytes = pack_i32(d.seen_indices)
+            ptr = d.seen_indptr * 4
             w.mset_buckets([prefixes[bucket_list[u]] + "seen:" + key_strs[u]
                             for u in has.tolist()],
                            _slices(seen_bytes, ptr[has].tolist(), ptr[has + 1].tolist()),
                            buckets[has])
-        blocks = user_topk_blocks(art.user_factors, art.item_factors, top_k,
-                                  item_bias=art.item_bias, seen_indptr=art.seen_indptr,
-                                  seen_indices=art.seen_indices)
-        mask = art.precompute
+        blocks = user_topk_blocks(d.user_factors, d.item_factors, top_k,
+                                  item_bias=d.item_bias, seen_indptr=d.seen_indptr,
+                                  seen_indices=d.seen_indices)
+        mask = d.precompute
         topk_prefixes = [p + "topk:" for p in prefixes]
         waited = 0.0
         while True:
@@ -165,21 +270,33 @@ class UserItem(ArtifactKind):
 
 
 class QueryDocs(ArtifactKind):
+    """``build(query_ids=, doc_ids=, indptr=, docs=, scores=, fallback_scores=None)``: per
+    query a list of candidate docs (indices into ``doc_ids``) with scores, in CSR form (kernel
+    RankSVM); each query's list is ranked by score when published."""
+
     name = "query_docs"
+    payload = QueryDocsData
     needs = ("key_ids", "list_indptr", "list_items", "list_scores")
     per_key = True
 
+    def build(self, *, query_ids, doc_ids, indptr, docs, scores, fallback_scores=None):
+        return doc_ids, QueryDocsData(key_ids=query_ids, list_indptr=indptr, list_items=docs,
+                                      list_scores=scores, fallback_scores=fallback_scores)
+
     def validate(self, art) -> None:
-        art.list_indptr, art.list_items = csr("query lists", art.list_indptr, art.list_items,
-                                              art.n_keys, art.n_items)
-        art.list_scores = floats("list_scores", art.list_scores, art.list_items.shape)
+        super().validate(art)
+        d = art.data
+        d.list_indptr, d.list_items = csr("query lists", d.list_indptr, d.list_items,
+                                          art.n_keys, art.n_items)
+        d.list_scores = floats("list_scores", d.list_scores, d.list_items.shape)
 
     def counts(self, art) -> dict:
-        return {**super().counts(art), "n_lists": int((np.diff(art.list_indptr) > 0).sum())}
+        return {**super().counts(art),
+                "n_lists": int((np.diff(art.data.list_indptr) > 0).sum())}
 
     def write_lists(self, w, vk, art, key_strs, buckets, top_k, progress) -> float:
         """Each query's docs, ranked by score (then doc index), the first ``top_k``."""
-        indptr, docs, scores = art.list_indptr, art.list_items, art.list_scores
+        indptr, docs, scores = art.data.list_indptr, art.data.list_items, art.data.list_scores
         rows = np.repeat(np.arange(art.n_keys), np.diff(indptr))
         order = np.lexsort((docs, -scores, rows))  # per query: score desc, then doc index
         rank_in_row = np.arange(len(order)) - indptr[rows[order]]
@@ -203,14 +320,16 @@ KINDS: dict[str, ArtifactKind] = {}
 
 def register(entry: ArtifactKind) -> ArtifactKind:
     """Add a serving shape to :data:`KINDS`; its name must be new."""
-    if entry.name in KINDS:
-        raise ValueError(f"artifact kind {entry.name!r} is registered already")
-    KINDS[entry.name] = entry
-    return entry
+    return add_entry(KINDS, entry.name, entry, "artifact kind")
 
 
 for _kind in (UserItem(), GlobalList(), QueryDocs(), PredictedRatings()):
     register(_kind)
+
+
+def payload_fields() -> frozenset:
+    """Every field name of a registered kind's payload."""
+    return frozenset(f.name for k in KINDS.values() for f in fields(k.payload))
 
 
 def kind_of(name: str) -> ArtifactKind:

@@ -116,3 +116,55 @@ def failure_policy(on_error: str, last_known_size: int) -> RaisePolicy:
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error is {on_error!r}, expected 'raise' or 'last_known'")
     return LastKnownPolicy(last_known_size) if on_error == "last_known" else RaisePolicy()
+
+
+class Guard:
+    """How a lookup that touches Redis fails: ``run(model, attempt, failed)`` runs
+    ``attempt()`` through the resolver's re-reads of vanished versions, and ``failed(err,
+    again)`` instead when Redis is down (``again``: a new failure, which starts the retry
+    interval, not the interval of an old one). The ``failed`` callables here answer by the
+    policy: :meth:`answers`, :meth:`scorer_state`, :meth:`no_answer`."""
+
+    def __init__(self, policy: RaisePolicy, outage: Outage, resolver, where: str):
+        self.policy, self.outage, self.resolver, self.where = policy, outage, resolver, where
+
+    def run(self, model: str, attempt, failed):
+        from pipeline.serving.transport import Down
+
+        if self.outage.active:
+            if self.outage.waiting():
+                return failed(self.outage.error, False)
+            self.outage.clear()
+        try:
+            return self.resolver.retrying(model, attempt)
+        except Down as down:
+            return failed(down.err, True)
+        except Exception as err:
+            import redis
+
+            if isinstance(err, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
+                    err, redis.AuthenticationError):
+                return failed(err, True)
+            raise
+
+    def went_down(self, err, again: bool) -> str:
+        """Start the retry interval (on a new failure) and say what happened."""
+        if again:
+            self.outage.begin(err)
+        return (f"Redis at {self.where} is unavailable ({type(err).__name__}: {err}); next "
+                f"attempt in up to {self.outage.retry_interval:g} s")
+
+    def answers(self, model: str, users: list, k: int, err, again: bool = True) -> list:
+        """The policy's answers for ``users`` (last-known ones, or RedisUnavailable)."""
+        message = self.went_down(err, again)
+        return self.policy.answers(model, users, k, self.resolver.current.get(model), message,
+                                   err)
+
+    def scorer_state(self, model: str, err, again: bool):
+        """The last version with its scorer cached (last-known), or RedisUnavailable."""
+        message = self.went_down(err, again)
+        return self.policy.scorer_state(model, self.resolver.current.get(model), message, err)
+
+    def no_answer(self, err, again: bool):
+        """For answers without a last-known form (similar items, fold-ins): raise."""
+        raise RedisUnavailable(self.went_down(err, again)) from err

@@ -4,6 +4,13 @@ and recommendations for a user the version does not know, folded in from their i
 Both rank with the one top-K of the project (:func:`solvers.topk.topk_of_scores`) and keep
 what they derive per version (unit-length factors, ``VᵀV``) in the version's state: versions
 are immutable, so it is computed once per version and process.
+
+A fold-in is named by the trainer that publishes the version: its artifact's ``fold_in`` spec
+holds a ``method`` and that method's settings. Each method is a :class:`FoldIn` registered by
+name in :data:`FOLD_INS` (the two problems of :mod:`solvers.fold_in` are registered below);
+a ``module:Class`` method (a plugin's own :class:`FoldIn` subclass) is imported and registered
+on first use, so the serving process needs no registration step and never asks the training
+registry.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import numpy as np
 
 from pipeline.serving.answers import Recommendation
 from pipeline.serving.item_filter import ItemFilter
+from pipeline.serving.plugins import add_entry, registered
 from pipeline.serving.version_cache import VersionState
 from solvers.fold_in import (
     implicit_pairs,
@@ -86,28 +94,82 @@ def known_pairs(st: VersionState, comparisons) -> np.ndarray:
     return np.array(rows, np.int64).reshape(-1, 2)
 
 
+class FoldIn:
+    """One way to give a user the version has not met a factor from the items they met
+    (``met``, indices) and their comparisons (``pairs``, (winner, loser) index rows), with
+    the item factors ``V`` (and bias ``b``, or None) fixed; ``keys`` are the spec's settings
+    besides ``method``."""
+
+    method = ""
+    keys: tuple[str, ...] = ()
+
+    def check(self, spec: dict) -> None:
+        """``ValueError`` naming what the spec lacks."""
+        missing = [k for k in self.keys if k not in spec]
+        if missing:
+            raise ValueError(f"fold_in {spec!r:.80} lacks {missing} (method {self.method!r} "
+                             f"takes {list(self.keys)})")
+
+    def user_factor(self, st: VersionState, V, b, met, pairs, spec: dict) -> np.ndarray:
+        raise NotImplementedError
+
+
+class PairwiseFoldIn(FoldIn):
+    """AltSVM's own problem with V fixed, on the user's comparisons and implicit ones made
+    from their items (``per_item`` each)."""
+
+    method = "pairwise"
+    keys = ("reg", "loss")
+
+    def user_factor(self, st, V, b, met, pairs, spec):
+        V64 = _derived(st, "V64", lambda: V.astype(np.float64))
+        b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
+        rows = np.concatenate([pairs, implicit_pairs(met, st.n_items,
+                                                     int(spec.get("per_item", 10)))])
+        return pairwise_fold_in(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
+                                max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
+
+
+class LeastSquaresFoldIn(FoldIn):
+    """ALS's confidence-weighted least squares with V fixed (met and winning items count)."""
+
+    method = "least_squares"
+    keys = ("reg", "alpha")
+
+    def user_factor(self, st, V, b, met, pairs, spec):
+        gram = _derived(st, "gram", lambda: V.T.astype(np.float64) @ V.astype(np.float64))
+        return least_squares_fold_in(V, np.union1d(met, pairs[:, 0]), reg=float(spec["reg"]),
+                                     alpha=float(spec["alpha"]), gram=gram)
+
+
+FOLD_INS: dict[str, FoldIn] = {}
+
+
+def register_fold_in(entry: FoldIn) -> FoldIn:
+    """Add a fold-in method to :data:`FOLD_INS`; its name must be new."""
+    return add_entry(FOLD_INS, entry.method, entry, "fold-in method")
+
+
+for _method in (PairwiseFoldIn(), LeastSquaresFoldIn()):
+    register_fold_in(_method)
+
+
+def fold_in_method(name) -> FoldIn:
+    """The registered fold-in ``name`` (or the ``module:Class`` it names)."""
+    return registered(FOLD_INS, name, FoldIn, "fold-in method")
+
+
 def fold_in(st: VersionState, factors, met: np.ndarray, pairs: np.ndarray, k: int,
             filt: ItemFilter) -> Recommendation:
     """Recommendations for a new user who met the item indices ``met`` and made the
     comparisons ``pairs``, by the version's fold-in (``st.fold_in``)."""
     V, b = factors
-    spec = st.fold_in
-    if spec.get("method") == "pairwise":
-        V64 = _derived(st, "V64", lambda: V.astype(np.float64))
-        b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
-        rows = np.concatenate([pairs, implicit_pairs(met, st.n_items,
-                                                     int(spec.get("per_item", 10)))])
-        u = pairwise_fold_in(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
-                             max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
-    elif spec.get("method") == "least_squares":
-        gram = _derived(st, "gram", lambda: V.T.astype(np.float64) @ V.astype(np.float64))
-        u = least_squares_fold_in(V, np.union1d(met, pairs[:, 0]), reg=float(spec["reg"]),
-                                  alpha=float(spec["alpha"]), gram=gram)
-    else:
-        raise ValueError(f"model {st.model!r} version {st.version} has fold-in "
-                         f"{spec.get('method')!r}, this client knows pairwise and "
-                         "least_squares")
-    scores = V @ u.astype(np.float32)
+    try:
+        method = fold_in_method(st.fold_in.get("method"))
+    except ValueError as err:
+        raise ValueError(f"model {st.model!r} version {st.version}: {err}") from None
+    u = method.user_factor(st, V, b, met, pairs, st.fold_in)
+    scores = V @ np.asarray(u).astype(np.float32)
     if b is not None:
         scores = scores + b
     return _answer(st, None, scores, k, None, filt, "fold_in")

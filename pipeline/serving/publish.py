@@ -165,51 +165,93 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     (1, 2, [1])
     """
     t_start = time.perf_counter()
-    if not isinstance(artifact, ModelArtifact):
-        raise TypeError(f"artifact must be a ModelArtifact, got {type(artifact).__name__}")
-    if int(top_k) < 1:
-        raise ValueError(f"top_k is {top_k}, it must be at least 1")
-    if int(keep_versions) < 1:
-        raise ValueError(f"keep_versions is {keep_versions}, it must be at least 1")
-    top_k = int(min(top_k, artifact.n_items))
+    top_k = _checked_top_k(artifact, top_k, keep_versions)
     client = as_client(redis, retries=3)
     keys = ModelKeys(namespace, model_name)
-    key_strs = [] if artifact.key_ids is None else [str(k) for k in artifact.key_ids.tolist()]
-    buckets = np.fromiter((bucket_of(k) for k in key_strs), dtype=np.int64,
-                          count=len(key_strs))
-    version = int(client.incr(keys.seq))
-    publish_id = secrets.token_hex(8)
-    vk = keys.version(version)
-    global_scores, global_role = kind_of(artifact.kind).global_scores(artifact)
-    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets)
-    client.sadd(keys.pending, version)
-    client.hset(vk.meta, mapping=meta)
-    try:
-        waited, n_keys = _write_version(client, keys, vk, artifact, model_name, key_strs,
-                                        buckets, top_k, global_scores, progress)
-        t_written = time.perf_counter()
-        client.hset(vk.meta, "status", "complete")
-        value = flip(client, keys, version, publish_id, fence)
-    except BaseException:
-        try:  # best effort: leave no half-written or superseded version (prune retries later)
-            now = read_current(client, keys)
-            if now is None or now[0] != version:  # (a flip whose reply was lost stands)
-                delete_version(client, keys, version)
-        except Exception:
-            pass
-        raise
+    draft = _draft(client, keys, artifact, model_name, top_k)
+    value, waited, n_keys, t_written = _write_and_flip(client, keys, draft, artifact,
+                                                       progress, fence)
     t_flipped = time.perf_counter()
     sync_pointers(client, keys, value)
     t_synced = time.perf_counter()
     pruned = prune_versions(keys, client, keep_versions, sync=False)
     t_end = time.perf_counter()
     return PublishResult(
-        model=model_name, namespace=namespace, version=version, publish_id=publish_id,
-        kind=artifact.kind, n_items=artifact.n_items, n_lists=int(meta["n_lists"]),
-        seconds=t_end - t_start, pruned=pruned,
+        model=model_name, namespace=namespace, version=draft.version,
+        publish_id=draft.publish_id, kind=artifact.kind, n_items=artifact.n_items,
+        n_lists=int(draft.meta["n_lists"]), seconds=t_end - t_start, pruned=pruned,
         timings={"write": t_written - t_start, "waiting_for_topk": waited,
                  "flip": t_flipped - t_written, "pointers": t_synced - t_flipped,
                  "prune": t_end - t_synced, "keys_written": n_keys})
+
+
+@dataclass
+class _Draft:
+    """A version about to be written: its number and publish id, its meta (``status``
+    ``writing``), the per-key keys as strings with their buckets, and the scores its global
+    list ranks by (None: no global list)."""
+
+    version: int
+    publish_id: str
+    vk: VersionKeys
+    meta: dict
+    key_strs: list
+    buckets: np.ndarray
+    global_scores: object
+    top_k: int
+
+
+def _checked_top_k(artifact, top_k: int, keep_versions: int) -> int:
+    """``top_k`` capped at the artifact's items, after checking the arguments of a publish."""
+    if not isinstance(artifact, ModelArtifact):
+        raise TypeError(f"artifact must be a ModelArtifact, got {type(artifact).__name__}")
+    if int(top_k) < 1:
+        raise ValueError(f"top_k is {top_k}, it must be at least 1")
+    if int(keep_versions) < 1:
+        raise ValueError(f"keep_versions is {keep_versions}, it must be at least 1")
+    return int(min(top_k, artifact.n_items))
+
+
+def _draft(client, keys: ModelKeys, artifact: ModelArtifact, model_name: str,
+           top_k: int) -> _Draft:
+    """Take the next version number of the model and describe the version to write."""
+    key_strs = [] if artifact.key_ids is None else [str(k) for k in artifact.key_ids.tolist()]
+    buckets = np.fromiter((bucket_of(k) for k in key_strs), dtype=np.int64,
+                          count=len(key_strs))
+    version = int(client.incr(keys.seq))
+    publish_id = secrets.token_hex(8)
+    global_scores, global_role = kind_of(artifact.kind).global_scores(artifact)
+    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets)
+    return _Draft(version, publish_id, keys.version(version), meta, key_strs, buckets,
+                  global_scores, top_k)
+
+
+def _write_and_flip(client, keys: ModelKeys, draft: _Draft, artifact: ModelArtifact,
+                    progress: bool, fence: int | None) -> tuple[bytes, float, int, float]:
+    """Write every key of ``draft`` (listed as pending first, so that a publish that dies
+    is cleaned up by a later prune), mark it complete, flip ``current`` to it. Returns (the
+    new value of ``current``, seconds waiting for top-K compute, keys written, the time the
+    writes ended). On any failure the version's keys are deleted, unless the flip stood (its
+    reply was lost), and the error is raised."""
+    vk = draft.vk
+    client.sadd(keys.pending, draft.version)
+    client.hset(vk.meta, mapping=draft.meta)
+    try:
+        waited, n_keys = _write_version(client, keys, vk, artifact, keys.model, draft.key_strs,
+                                        draft.buckets, draft.top_k, draft.global_scores,
+                                        progress)
+        t_written = time.perf_counter()
+        client.hset(vk.meta, "status", "complete")
+        value = flip(client, keys, draft.version, draft.publish_id, fence)
+    except BaseException:
+        try:  # best effort: leave no half-written or superseded version (prune retries later)
+            now = read_current(client, keys)
+            if now is None or now[0] != draft.version:
+                delete_version(client, keys, draft.version)
+        except Exception:
+            pass
+        raise
+    return value, waited, n_keys, t_written
 
 
 def _write_version(client, keys: ModelKeys, vk: VersionKeys, artifact: ModelArtifact,

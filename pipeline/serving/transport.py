@@ -1,17 +1,17 @@
 """How a lookup reaches Redis: round trips on this thread's connection to the node that serves
-a bucket (:class:`~pipeline.serving.lookup_routes.Routes`), a batch in one round trip per
-node, and what a failure means.
+a bucket (:class:`~pipeline.serving.bucket_connections.BucketConnections`), a batch in one
+round trip per node, and what a failure means.
 
 A dropped connection (e.g. after a Redis restart) or, on a cluster, a ``MOVED`` reply or a
-node that stopped answering refreshes the routes and is tried once more; a server that is
+node that stopped answering refreshes the connections and is tried once more; a server that is
 gone, slower than the timeout or failing over raises :class:`Down`, for the caller's failure
 policy. A timeout is never retried at once: the caller's latency budget is spent.
 """
 
 from __future__ import annotations
 
+from pipeline.serving.bucket_connections import BucketConnections
 from pipeline.serving.layout import ModelKeys
-from pipeline.serving.lookup_routes import Routes
 from pipeline.serving.redis_client import (
     as_client,
     client_from_url,
@@ -50,7 +50,7 @@ class Transport:
         else:
             self.client = self.bulk = as_client(redis)
             self.where = _describe(self.client)
-        self.routes = Routes(self.client)
+        self.connections = BucketConnections(self.client)
         self.cluster = is_cluster(self.client)
 
     def send(self, keys: ModelKeys, bucket: int, commands: list[tuple]) -> list:
@@ -58,7 +58,7 @@ class Transport:
         node serving ``bucket`` of ``keys``' model (``BUCKETS``: the model tag)."""
         for attempt in (0, 1):
             try:
-                return round_trip(self.routes.table(keys)[bucket], commands)
+                return round_trip(self.connections.table(keys)[bucket], commands)
             except Exception as err:
                 self._retry_or_raise(err, attempt)
 
@@ -66,7 +66,7 @@ class Transport:
         """``(bucket, command)`` pairs in one round trip per node, all nodes at once; replies
         in order."""
         for attempt in (0, 1):
-            table = self.routes.table(keys)
+            table = self.connections.table(keys)
             groups: dict[int, tuple] = {}
             for i, (bucket, command) in enumerate(commands):
                 conn = table[bucket]
@@ -136,7 +136,7 @@ class Transport:
         from redis.exceptions import AskError, ClusterDownError, TryAgainError
 
         if isinstance(err, (AskError, TryAgainError)):   # MOVED/ASK: the slot map changed
-            self._refresh_routes(err)
+            self._refresh_connections(err)
             if attempt:
                 raise Down(err) from err
         elif isinstance(err, ClusterDownError):
@@ -145,20 +145,20 @@ class Transport:
             raise err
         elif isinstance(err, (redis.ConnectionError, redis.TimeoutError, OSError)):
             if self.cluster:
-                self._refresh_routes(err)
+                self._refresh_connections(err)
             if attempt or isinstance(err, redis.TimeoutError):
                 raise Down(err) from err
         else:
             raise err
 
-    def _refresh_routes(self, err: Exception) -> None:
+    def _refresh_connections(self, err: Exception) -> None:
         try:
-            self.routes.refresh()
+            self.connections.refresh()
         except Exception as failed:   # no node answers
             raise Down(failed) from err
 
     def close(self) -> None:
-        self.routes.close()
+        self.connections.close()
         self.client.close()
         if self.bulk is not self.client:
             self.bulk.close()

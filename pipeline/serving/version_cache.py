@@ -198,7 +198,8 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
 
 def load_global_scores(client, st: VersionState) -> np.ndarray | None:
     """The score of every item the global list ranks by (float32), read once and kept; None
-    for a version without them (no global list, or published before they were written)."""
+    for a version without them (``has_global_scores`` not 1: the global list is all it
+    ranks)."""
     if st.global_scores is not None or st.meta.get("has_global_scores") != "1":
         return st.global_scores
     pipe = client.pipeline(transaction=False)

@@ -13,7 +13,8 @@ from dataclasses import replace
 from urllib.parse import quote
 
 from pipeline.settings import Settings
-from pipeline.training import remote, retrain
+from pipeline.training import retrain, steps
+from pipeline.training.run_types import Decision, RunContext
 
 KAFKA_CONN, REDIS_CONN = "rankstream_kafka", "rankstream_redis"
 
@@ -65,77 +66,75 @@ LOCK_WAIT = 3600.0
 
 
 def _locked(config: str, model: str, step, run_dir: str | None = None):
-    """Run ``step(ctx)`` holding the model's lock; Redis is needed only by steps that ask."""
+    """Run ``step(ctx)`` holding the model's lock and hand the next task (maybe on another
+    host) the run directory's URL."""
     from pipeline.training.lock import model_lock
 
     s = settings()
-    ctx = retrain.RunContext.of(config, model, s, s.redis_url, run_dir)
+    ctx = RunContext.of(config, model, s, s.redis_url, run_dir)
     with model_lock(s, model, wait=LOCK_WAIT, redis_url=s.redis_url) as lease:
         summary = step(replace(ctx, fence=lease and lease.token))
-        run_dir = summary.get("run_dir") or ctx.run_dir
-        if run_dir:     # the next task may run on another host: hand it a URL
-            url = remote.push_run(s, run_dir)
+        local = summary.get("run_dir") or ctx.run_dir
+        if local:
+            url = ctx.runs.push_run(local)
             if summary.get("run_dir"):
                 summary["run_dir"] = url
         return summary
 
 
-def _skip_unless_run(summary: dict) -> dict:
-    if summary.get("run_dir") is None or summary.get("decision") == retrain.Decision.NO_DATA:
+def _with_redis(ctx: RunContext) -> RunContext:
+    if not ctx.redis_url:
+        raise ValueError(f"no Redis configured: define the Airflow Connection {REDIS_CONN!r} "
+                         "(AIRFLOW_CONN_RANKSTREAM_REDIS) or RANKSTREAM_REDIS_URL")
+    return ctx
+
+
+def ingest_step(config: str, model: str) -> dict:
+    return steps.ingest_step(RunContext.of(config, model, settings()))
+
+
+def dataset_step(config: str, model: str) -> dict:
+    """The dataset; a window with nothing to train ends the run here (its outcome recorded,
+    the later tasks skipped)."""
+    def step(ctx):
+        summary = steps.dataset_step(ctx)
+        if summary["decision"] == Decision.UNCHANGED:   # Redis may have lost it
+            summary["served"] = steps.ensure_served(_with_redis(ctx), summary["checkpoint"])
+            if summary["served"]["republished"]:
+                summary.update(decision=Decision.REPUBLISHED,
+                               reason=summary["served"]["reason"])
+        if summary["decision"] not in (Decision.PENDING,):
+            retrain.finish_run(ctx, summary)
+        return summary
+
+    summary = _locked(config, model, step)
+    if summary["decision"] != Decision.PENDING:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        retrain.record_outcome(settings(), summary["model"], summary, 0.0)
-
-        raise AirflowSkipException(f"{summary['model']}: {summary['decision']} "
+        raise AirflowSkipException(f"{model}: {summary['decision']} "
                                    f"({summary.get('reason', 'no events in the window')})")
     return summary
 
 
-def ingest_step(config: str, model: str) -> dict:
-    return retrain.ingest_step(retrain.RunContext.of(config, model, settings()))
-
-
-def dataset_step(config: str, model: str) -> dict:
-    def step(ctx):
-        summary = retrain.dataset_step(ctx)
-        if summary["decision"] == retrain.Decision.UNCHANGED:   # Redis may have lost it
-            summary["served"] = retrain.ensure_served(_with_redis(ctx), summary["checkpoint"])
-        return summary
-
-    return _skip_unless_run(_locked(config, model, step))
-
-
 def train_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(config, model, retrain.train_step, run_dir)
+    return _locked(config, model, steps.train_step, run_dir)
 
 
 def gate_step(config: str, model: str, run_dir: str) -> dict:
-    return _locked(config, model, lambda ctx: retrain.gate_step(_with_redis(ctx)), run_dir)
+    return _locked(config, model, lambda ctx: steps.gate_step(_with_redis(ctx)), run_dir)
 
 
 def publish_step(config: str, model: str, run_dir: str) -> dict:
+    """Publish, write the report and end the run (:func:`retrain.finish_run`)."""
     def step(ctx):
-        from pipeline.training.report import report_step
-
-        summary = retrain.publish_step(_with_redis(ctx))
-        summary["report"] = report_step(ctx)["report"]
-        trained = retrain.read_json(ctx.run_dir / "train.json") or {}
-        decision = (retrain.Decision.PUBLISHED if summary["published"] else
-                    retrain.Decision.FENCED if summary.get("fenced") else
-                    retrain.Decision.REJECTED)
-        retrain.record_outcome(ctx.settings, model, {**summary, "decision": decision},
-                               float(trained.get("fit_seconds", 0.0)))
+        summary = steps.publish_step(_with_redis(ctx))
+        summary["report"] = steps.report_step(ctx)["report"]
+        retrain.finish_run(ctx, {**summary, "decision": Decision.of_publish(summary)},
+                           steps.dataset_summary(ctx.run_dir)["started_at"])
         return summary
 
     return _locked(config, model, step, run_dir)
 
 
 def prune_step(config: str, model: str) -> dict:
-    return _locked(config, model, retrain.prune_step)
-
-
-def _with_redis(ctx: retrain.RunContext) -> retrain.RunContext:
-    if not ctx.redis_url:
-        raise ValueError(f"no Redis configured: define the Airflow Connection {REDIS_CONN!r} "
-                         "(AIRFLOW_CONN_RANKSTREAM_REDIS) or RANKSTREAM_REDIS_URL")
-    return ctx
+    return _locked(config, model, steps.prune_step)

@@ -20,7 +20,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from solvers.persist import fsync_dir, makedirs_durable, read_bundle, write_bundle
+from pipeline.durable import fsync_dir, makedirs_durable
+from solvers.persist import read_bundle, write_bundle
 
 FORMAT = "rankstream.checkpoint"
 FORMAT_VERSION = 2

@@ -105,10 +105,7 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     params = _table(where, name, "params", raw, fam.param_names)
     try:   # a wrong type or value is refused here, not after a window was read and built
         fam.estimator_class()(**fam.estimator_params(params)).validate_params()
-        if params.get("rating_range") is not None:
-            from pipeline.training.trainers.altsvm_data import parse_rating_range
-
-            parse_rating_range(params["rating_range"])
+        fam.trainer_class().check_params(params)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{where}: model {name!r} params: {err}") from None
     evaluation = {**fam.evaluation, **_table(where, name, "evaluation", raw, fam.evaluation)}

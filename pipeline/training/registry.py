@@ -86,8 +86,11 @@ class Family:
         """A dataset parameter from a config's ``params``, or its default."""
         return params.get(name, self.dataset_params[name])
 
+    def trainer_class(self):
+        return _resolve(self.trainer, "")
+
     def new_trainer(self):
-        return _resolve(self.trainer, "")(self)
+        return self.trainer_class()(self)
 
     def metric_names(self, evaluation: dict) -> tuple[str, ...]:
         """The metrics its evaluation reports, for an ``[evaluation]`` table."""

@@ -20,8 +20,8 @@ Redis URL, and none is read here.
 
 What the page shows is read from the run directory and derived in
 :mod:`pipeline.training.report_data`; this module only writes it as HTML and figures. The
-retrain loop calls :func:`report_step` after its last step (it never fails a run);
-``rankstream report MODEL`` opens the latest run's page
+retrain's :func:`~pipeline.training.steps.report_step` writes it after its last step (it never
+fails a run); ``rankstream report MODEL`` opens the latest run's page
 (:func:`~pipeline.training.report_data.latest_run`).
 
 Examples
@@ -47,12 +47,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import logging
 import math
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.settings import redact
 from pipeline.training.report_data import (
@@ -71,11 +69,6 @@ from pipeline.training.report_data import (
     verdict,
     warm_cold_points,
 )
-
-if TYPE_CHECKING:
-    from pipeline.training.retrain import RunContext
-
-log = logging.getLogger(__name__)
 
 REPORT_NAME = "report.html"
 
@@ -419,16 +412,3 @@ def write_report(run_dir: Path, runs_root: Path | None = None) -> Path:
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, path)      # a reader (the browser) never sees half a page
     return path
-
-
-def report_step(ctx: RunContext) -> dict:
-    """The retrain loop's report step: write the run's report after the gate (and publish)
-    steps. A report is for people, so it never fails a run: any error becomes a logged
-    warning and ``{"report": None, "report_error": ...}``."""
-    try:
-        path = write_report(ctx.run_dir, ctx.settings.runs_dir)
-    except Exception as err:     # noqa: BLE001 - nothing here may stop a retrain
-        reason = redact(f"{type(err).__name__}: {err}")
-        log.warning("run %s: no report written (%s); the run goes on", ctx.run_dir, reason)
-        return {"report": None, "report_error": reason}
-    return {"report": str(path)}

@@ -39,11 +39,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from solvers.persist import read_json, read_manifest
-
-# The same as retrain.DATASET_FORMAT, not imported from there: that would load the whole
-# retrain loop here (and retrain imports the report).
-DATASET_FORMAT = "rankstream.dataset"
+from pipeline.durable import read_json
+from pipeline.training.run_types import DATASET_FORMAT
+from solvers.persist import read_manifest
 
 # What each family's dataset stats call the events it kept (one per key: a later event for the
 # same key replaces the earlier one), and which stats count events left out as out of range.

@@ -44,9 +44,10 @@ its neighbours in the grid (:func:`neighbours`).
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
+
+from pipeline.training.selection import cheapest_near_best, collected_warnings, setting_key
 
 
 def coordinate_search(axes: dict, start: dict, score, *, max_settings: int,
@@ -79,7 +80,7 @@ def coordinate_search(axes: dict, start: dict, score, *, max_settings: int,
     seen: dict = {}
 
     def run(params: dict):
-        key = tuple(sorted(params.items(), key=lambda kv: kv[0]))
+        key = setting_key(params)
         if key in seen:
             return seen[key]
         t = time.perf_counter()
@@ -111,11 +112,8 @@ def coordinate_search(axes: dict, start: dict, score, *, max_settings: int,
                     best_params, best_value, improved = params, value, True
                     break   # continue this axis from the new point on the next sweep
     best = next(t for t in tried if t["params"] == best_params)
-    if cost is not None and best["validation"] is not None:
-        slack = tolerance * abs(best["validation"])
-        near = [t for t in tried if t["validation"] is not None
-                and sign * (t["validation"] - best["validation"]) >= -slack]
-        best = min(near, key=lambda t: (cost(t["params"]), -sign * t["validation"]))
+    if cost is not None:
+        best = cheapest_near_best(tried, tolerance, cost, higher_is_better) or best
     return best, tried
 
 
@@ -136,14 +134,8 @@ def timed_fit(fit, params: dict):
     """``(fitted, seconds, warnings)``: ``fit(params)``, its warnings caught and returned as
     ``"Category: message"`` lines (a tuning fit that does not converge is noted, not shouted)."""
     started = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with collected_warnings() as said:
         fitted = fit(params)
-    said = []
-    for w in caught:
-        line = f"{w.category.__name__}: {w.message}"
-        if line not in said:
-            said.append(line)
     return fitted, time.perf_counter() - started, said
 
 

@@ -128,7 +128,7 @@ def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_res
     declares ``rating_range = [1, 5]``, and does not move its "auto" relevance threshold."""
     from pipeline.ingest import synthetic
     from pipeline.ingest.files import ingest_files
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.open_store import open_store
     from pipeline.settings import Settings
     from pipeline.training.trainers.altsvm_data import collaborative
 
@@ -141,11 +141,11 @@ def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_res
            {**events[4], "event_id": "negative", "user": "u-neg", "rating": -3}]
     summary = ingest_files([synthetic.write_jsonl(events + odd, tmp_path / "r.jsonl")],
                            "rating", settings=settings, progress=False)
-    reasons = EventStore.from_settings(settings).read_dead_letters().column("reason")
+    reasons = open_store(settings).read_dead_letters().column("reason")
     assert summary.events == {"rating": len(events) + 1} and len(reasons) == 4
     assert sum("beyond ±1e+15" in r for r in reasons.to_pylist()) == 2
     assert sum("before 1990-01-01" in r for r in reasons.to_pylist()) == 2
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     declared = collaborative(store, rating_range=[1, 5], holdout=0)
     assert declared.stats["ratings_out_of_range"] == 1 and declared.stats["relevance"] == 4.0
     assert "outside 1..5 (params.rating_range)" in declared.stats["warning"]
@@ -158,7 +158,7 @@ def test_values_no_scale_has_are_dead_letters_and_a_declared_scale_drops_the_res
 
 def test_a_forgotten_kind_is_refused_up_front_and_consumes_nothing(tmp_path, capsys):
     from pipeline.ingest.files import ingest_files
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.open_store import open_store
     from pipeline.settings import Settings
 
     settings = Settings(home=tmp_path / "home")
@@ -175,13 +175,13 @@ def test_a_forgotten_kind_is_refused_up_front_and_consumes_nothing(tmp_path, cap
     # nothing was consumed: with the kind, every row is stored, with derived stable ids
     summary = ingest_files([plain], "rating", settings=settings, progress=False)
     assert summary.events["rating"] == 30 and not summary.dead_letters
-    table = EventStore.from_settings(settings).read("rating")
+    table = open_store(settings).read("rating")
     ids = table.column("event_id").to_pylist()
     assert len(set(ids)) == 30 and all(i.startswith("d-") for i in ids)
     copy = tmp_path / "copy.csv"
     copy.write_text(plain.read_text())
     ingest_files([copy], "rating", settings=settings, progress=False)
-    again = EventStore.from_settings(settings).read("rating").column("event_id").to_pylist()
+    again = open_store(settings).read("rating").column("event_id").to_pylist()
     assert set(again) == set(ids)      # the same rows have the same ids in any file
     with pytest.raises(ValueError, match="no such file"):
         ingest_files([tmp_path / "missing.csv"], "rating", settings=settings, progress=False)
@@ -328,7 +328,7 @@ def test_the_store_location_moves_store_runs_and_checkpoints_together(tmp_path):
 def test_store_copy_copies_each_flush_once_and_says_so(tmp_path, capsys):
     from pipeline.ingest import synthetic
     from pipeline.ingest.files import ingest_files
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.local_store import LocalEventStore
     from pipeline.settings import Settings
 
     settings = Settings(home=tmp_path / "a")
@@ -339,7 +339,7 @@ def test_store_copy_copies_each_flush_once_and_says_so(tmp_path, capsys):
     for copied in ("copied 1 flushes", "copied 0 flushes"):
         assert main(["store", "copy", "--home", str(settings.home), "--to", str(target)]) == 0
         assert copied in capsys.readouterr().out
-    assert EventStore(target / "store").read("rating").num_rows == len(events)
+    assert LocalEventStore(target / "store").read("rating").num_rows == len(events)
     assert main(["store", "copy", "--home", str(settings.home)]) == 1
     assert capsys.readouterr().err.strip() == ("rankstream store: store copy needs --to "
                                                "LOCATION (a directory or s3://bucket/prefix)")

@@ -16,8 +16,8 @@ import pytest
 
 from pipeline.ingest.codec import encode_json
 from pipeline.ingest.kafka import new_group_id
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore
 from tests.ingest.factory import REPO, consume_all, new_topic
 
 N_GOOD = 1500
@@ -68,14 +68,14 @@ def test_a_failed_or_killed_run_and_its_rerun_store_every_event_once(
     if not survives:
         assert first.returncode != 0, f"the fault in {step} did not fire:\n{first.stdout}"
     # the failed run committed no offset past what it stored durably
-    stored_first = EventStore(home / "store", home / "dead-letter").next_offsets()
+    stored_first = LocalEventStore(home / "store", home / "dead-letter").next_offsets()
     for p, offset in _committed(kafka_bootstrap, group, topic).items():
         assert offset <= stored_first.get((topic, p), 0), (
             f"partition {p}: committed {offset}, stored up to {stored_first.get((topic, p), 0)}")
     rerun = _ingest("none", "-", 0, kafka_bootstrap, topic, home, group)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     stored = Counter(store.read("rating", columns=["event_id"]).column("event_id").to_pylist())
     assert stored == Counter(good), (f"missing {len(set(good) - set(stored))}, "
                                      f"duplicated {sum(c > 1 for c in stored.values())}")

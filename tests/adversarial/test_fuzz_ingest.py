@@ -46,6 +46,8 @@ from pipeline.ingest.buffer import DEFAULT_MAX_MESSAGE_BYTES, PartitionBuffer
 from pipeline.ingest.codec import batch_columns, batch_row, decode, encode_batch, is_batch
 from pipeline.ingest.events import KIND_NAMES, MAX_TS_MS
 from pipeline.ingest.kafka import ingest_kafka, new_group_id
+from pipeline.ingest.local_store import LocalEventStore
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import PRODUCER_CONFIG
 from pipeline.ingest.store import EventStore
 from pipeline.ingest.validate import check_event, normalize_event, resolve_kind
@@ -674,7 +676,7 @@ def census(messages: list[Message], default_kinds: dict[str, str | None], scratc
             except Exception as err:
                 found[family][_what(err)] += 1
         try:
-            keep.flush(EventStore(scratch / family / "store", scratch / family / "dead"))
+            keep.flush(LocalEventStore(scratch / family / "store", scratch / family / "dead"))
         except Exception as err:
             found[family]["flush: " + _what(err)] += 1
     return dict(found)
@@ -718,7 +720,7 @@ def test_hostile_inputs_never_stop_ingestion_nor_lose_an_event(kafka_bootstrap, 
     produced_s = time.monotonic() - started
 
     settings = settings_for(tmp_path / "home", kafka_bootstrap, f"dlq-{topics['A']}")
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     try:
         summary = ingest_kafka(default_kinds, settings=settings, group_id=new_group_id("fuzz"),
                                until_end=True, flush_events=500, flush_interval=0.2,

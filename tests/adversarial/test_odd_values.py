@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
-from pipeline.ingest.store import EventStore
+from pipeline.ingest.open_store import open_store
 from pipeline.serving.lookup import TopK
 from pipeline.settings import Settings
 from pipeline.training import retrain
@@ -50,7 +50,7 @@ def test_an_event_from_the_year_9999_is_a_dead_letter_not_the_end_of_every_windo
     events.append({**events[0], "event_id": "far-future", "ts": "9999-12-31T00:00:00Z"})
     summary = _ingest(settings, events, "rating")
     assert sum(summary.dead_letters.values()) == 1
-    reason = EventStore.from_settings(settings).read_dead_letters()["reason"][0].as_py()
+    reason = open_store(settings).read_dead_letters()["reason"][0].as_py()
     assert "after" in reason and "RANKSTREAM_MAX_FUTURE_SECONDS" in reason
     out = retrain.run("movies", _models(), settings=settings, redis_url=redis_url)
     assert out["decision"] == "published", out.get("reason")
@@ -93,7 +93,7 @@ def test_feature_indices_are_bounded_at_ingest_and_per_model(settings, redis_url
     outcomes = synthetic.outcome_events(n_items=600, n_features=20, seed=4)
     outcomes[0]["features"] = {str(2**31 - 1): 1.0, "3": 0.5}
     summary = _ingest(settings, outcomes, "outcome")
-    reason = EventStore.from_settings(settings).read_dead_letters()["reason"][0].as_py()
+    reason = open_store(settings).read_dead_letters()["reason"][0].as_py()
     assert sum(summary.dead_letters.values()) == 1
     assert "index 2147483647 > 16777215, the limit" in reason
     # a deployment that allows big indices still bounds each model (max_features = 100)

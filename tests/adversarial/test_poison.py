@@ -14,6 +14,7 @@ from pipeline.ingest.codec import encode_json
 from pipeline.ingest.dead_letters import DeadLetterTopicError
 from pipeline.ingest.files import ingest_files
 from pipeline.ingest.kafka import ingest_kafka, new_group_id
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
 from pipeline.ingest.store import EventStore
 from pipeline.settings import Settings
@@ -84,7 +85,7 @@ def test_poison_message_becomes_a_dead_letter(kafka_bootstrap, tmp_path, name):
         summary = ingest_kafka([topic], settings=settings, group_id=group, until_end=True,
                                progress=False)
         assert summary.stopped == "end offsets reached"
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     assert _stored(store) == sorted(good)
     dead = store.read_dead_letters().to_pylist()
     assert len(dead) == 1 and dead[0]["offset"] == 20 and dead[0]["reason"]
@@ -139,7 +140,7 @@ def test_an_unwritable_dead_letter_topic_stops_ingest_before_committing(kafka_bo
                      flush_events=100_000, progress=False)
     for fix in ("max.message.bytes", "RANKSTREAM_DEAD_LETTER_TOPIC"):
         assert fix in str(err.value)
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     assert _stored(store) == [] and store.next_offsets() == {}
     assert admin.list_group_offsets({group: None}).get(group, {}) == {}, "committed offsets"
     admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, dlq,
@@ -168,5 +169,5 @@ def test_one_bad_line_of_a_file_is_one_dead_letter(tmp_path):
     summary = ingest_files([jsonl, csv], kind="rating", settings=settings, progress=False)
     assert summary.events["rating"] == 3 + 4
     assert sum(summary.dead_letters.values()) == 3 + 1
-    reasons = EventStore.from_settings(settings).read_dead_letters().column("reason").to_pylist()
+    reasons = open_store(settings).read_dead_letters().column("reason").to_pylist()
     assert any("field larger than field limit" in r for r in reasons)

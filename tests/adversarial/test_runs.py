@@ -16,8 +16,8 @@ import pytest
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.ingest.kafka import new_group_id
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore
 from pipeline.serving.lookup import TopK
 from pipeline.serving.versions import versions
 from pipeline.settings import Settings
@@ -197,7 +197,7 @@ def test_a_restarted_consumer_resumes_at_once_without_an_instance_id(kafka_boots
 
     topic = new_topic(kafka_bootstrap, partitions=2, prefix="restart")
     home = tmp_path / "home"
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     rng = random.Random(5)
     common = ("--group", new_group_id("restart"), "--flush-interval", "0.2",
               "--dead-letter-topic", f"dlq-{topic}")

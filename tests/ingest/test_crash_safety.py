@@ -17,8 +17,8 @@ import pytest
 
 from pipeline.ingest.events import KIND_NAMES
 from pipeline.ingest.kafka import new_group_id
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore
 from tests.ingest.factory import cli_ingest, make_event, malformed, new_topic
 
 N_EVENTS = 200_000
@@ -57,7 +57,7 @@ def test_sigkill_at_random_moments_keeps_the_store_exactly_once(kafka_bootstrap,
     rng = random.Random(seed)
     topic = new_topic(kafka_bootstrap, partitions=3, prefix="crash")
     home = tmp_path / "home"
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     valid, bad = [], []
     producer = threading.Thread(target=produce, args=(kafka_bootstrap, topic,
                                                       random.Random(seed), valid, bad))

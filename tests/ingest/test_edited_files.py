@@ -11,7 +11,8 @@ import numpy as np
 from pipeline.cli import main
 from pipeline.ingest.files import ingest_files
 from pipeline.ingest.ledger import FILE_TOPIC, FileLedger, record_key
-from pipeline.ingest.store import EventStore, legacy_file_topic
+from pipeline.ingest.open_store import open_store
+from pipeline.ingest.store import legacy_file_topic
 from pipeline.settings import Settings
 from pipeline.training.trainers.altsvm_data import collaborative
 
@@ -27,7 +28,7 @@ def _write(path, events):
 
 
 def _stored(settings):
-    table = EventStore.from_settings(settings).read("rating")
+    table = open_store(settings).read("rating")
     return table.to_pylist()
 
 
@@ -47,7 +48,7 @@ def test_an_edited_file_stores_changed_and_appended_events(tmp_path, capsys):
     assert summary["events"] == {"rating": 2} and summary["messages"] == 300
     assert summary["already_stored"] == 298
     assert summary["removed"] == [f"{path}: 2"]          # the deleted line, the old version
-    data = collaborative(EventStore.from_settings(settings), holdout=0)
+    data = collaborative(open_store(settings), holdout=0)
     met = {(data.users.ids[u], data.items.ids[i]): r
            for u, i, r in zip(data.met["user"], data.met["item"], data.met["rating"])}
     changed = edited[4]
@@ -79,7 +80,7 @@ def test_plain_csv_edited_keeps_one_rating_per_user_and_item(tmp_path):
     path.write_text("user,item,rating\n" + "\n".join(rows) + "\n")
     second = ingest_files([path], "rating", settings=settings, progress=False)
     assert second.events == {"rating": 1} and second.removed == [f"{path}: 1"]
-    data = collaborative(EventStore.from_settings(settings), holdout=0)
+    data = collaborative(open_store(settings), holdout=0)
     assert len(data.met["user"]) == 20
     at = [j for j in range(20) if data.items.ids[data.met["item"][j]] == "i3"]
     assert data.met["rating"][at[0]] == 5
@@ -91,7 +92,7 @@ def _one_file(tmp_path, n: int):
     path = tmp_path / "a.jsonl"
     events = _ratings(n)
     _write(path, events)
-    return settings, path, events, EventStore.from_settings(settings)
+    return settings, path, events, open_store(settings)
 
 
 def test_a_crash_between_ledger_and_store_loses_nothing(tmp_path):
@@ -136,5 +137,5 @@ def test_record_keys_depend_on_how_the_file_is_read(tmp_path):
         "interaction": 2}
     # the same rows read as another kind are other events
     assert ingest_files([path], "rating", settings=settings, progress=False).dead_letters
-    assert np.all(np.diff(FileLedger(EventStore.from_settings(settings).root)
+    assert np.all(np.diff(FileLedger(open_store(settings).root)
                           .stored_keys(10**9).astype(np.float64)) > 0)

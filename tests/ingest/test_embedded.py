@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.ingest.files import ingest_files
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.sources import convert_movielens
-from pipeline.ingest.store import EventStore
 from pipeline.ingest.validate import check_event
 from pipeline.settings import Settings
 from pipeline.training.arrays import to_numpy
@@ -47,7 +47,7 @@ def test_jsonl_valid_and_bad_lines_and_idempotence(tmp_path):
     grown = ingest_files([path], settings=settings, progress=False)
     assert grown.events == {"rating": 5}
 
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     stored = sorted(sum((store.read(k).column("event_id").to_pylist()
                          for k in ("rating", "judgment", "ordinal")), []))
     expected = sorted(e["event_id"] for i, e in enumerate(events) if i not in (10, 20))
@@ -71,11 +71,11 @@ def test_csv_with_header_converts_numbers_and_features(tmp_path):
     settings = Settings(home=tmp_path / "home")
     summary = ingest_files([path], kind="judgment", settings=settings, progress=False)
     assert summary.events == {"judgment": 2}
-    table = EventStore.from_settings(settings).read("judgment")
+    table = open_store(settings).read("judgment")
     rows = {r["event_id"]: r for r in table.to_pylist()}
     assert rows["j1"]["feature_index"] == [1, 5] and rows["j1"]["label"] == 2
     assert rows["j2"]["doc"] == "007" and rows["j2"]["ts"] == 1_700_000_000_000
-    reasons = EventStore.from_settings(settings).read_dead_letters().column("reason")
+    reasons = open_store(settings).read_dead_letters().column("reason")
     assert reasons.to_pylist() == ["judgment: field 'label' is 'high', expected an integer",
                                    "judgment: missing field 'doc'"]
 
@@ -97,7 +97,7 @@ def test_parquet_source_dense_sparse_and_json_features(tmp_path):
         pq.write_table(table, paths[-1])
     summary = ingest_files(paths, settings=settings, progress=False)
     assert summary.events == {"outcome": 29}
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     stored = {r["event_id"]: r for r in store.read("outcome").to_pylist()}
     assert stored["o1"]["feature_value"] == [1.0, 1.0]
     assert stored["o10"]["feature_index"] == [2, 7]
@@ -111,7 +111,7 @@ def test_movielens_u_data(tmp_path, shared_data):
     settings = Settings(home=tmp_path / "home")
     summary = ingest_files([u_data], settings=settings, progress=False)
     assert summary.events == {"rating": 100_000} and not summary.dead_letters
-    arrays = to_numpy(EventStore.from_settings(settings).read("rating"))
+    arrays = to_numpy(open_store(settings).read("rating"))
     assert len(set(arrays["user"])) == 943 and len(set(arrays["item"])) == 1682
     assert arrays["ts"].min() == 874_724_710_000             # seconds became milliseconds
     assert ingest_files([u_data], settings=settings, progress=False).flushes == 0

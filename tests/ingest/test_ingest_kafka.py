@@ -13,6 +13,8 @@ import pytest
 from pipeline.ingest.codec import decode
 from pipeline.ingest.events import KIND_NAMES
 from pipeline.ingest.kafka import ingest_kafka, new_group_id
+from pipeline.ingest.local_store import LocalEventStore
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
 from pipeline.ingest.store import EventStore
 from pipeline.ingest.validate import check_event, normalize_event
@@ -55,7 +57,7 @@ def test_round_trip_of_every_kind(kafka_bootstrap, tmp_path, encoding):
     assert summary.stopped == "end offsets reached"
     assert sum(summary.events.values()) == len(events) and not summary.dead_letters
 
-    stored = stored_events(EventStore.from_settings(settings))
+    stored = stored_events(open_store(settings))
     assert set(stored) == {e["event_id"] for e in events}
     for event in events:
         row = stored[event["event_id"]]
@@ -109,7 +111,7 @@ def test_poison_messages_of_every_type_go_to_dead_letters(kafka_bootstrap, tmp_p
     assert summary.stopped == "end offsets reached"
     assert sum(summary.dead_letters.values()) == len(expected_reasons)
 
-    store = EventStore.from_settings(settings)
+    store = open_store(settings)
     assert sorted(stored_events(store)) == sorted(valid)
     dead = store.read_dead_letters().to_pylist()
     found = {}
@@ -142,7 +144,7 @@ def test_follow_mode_stops_cleanly_on_sigterm(kafka_bootstrap, tmp_path):
     try:
         with EventProducer(kafka_bootstrap) as producer:
             producer.send_many(topic, [make_event("rating", i, rng) for i in range(500)])
-        store = EventStore(home / "store", home / "dead-letter")
+        store = LocalEventStore(home / "store", home / "dead-letter")
         deadline = time.monotonic() + 60
         while store.next_offset(topic, 0) != 500:
             assert time.monotonic() < deadline, (home / "child.log").read_text()

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from pipeline.ingest.events import KIND_NAMES
 from pipeline.ingest.kafka import new_group_id
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.producer import EventProducer
 from pipeline.ingest.store import EventStore
 from tests.ingest.factory import REPO, cli_ingest, make_event, new_topic
@@ -60,7 +61,7 @@ def test_one_consumer_leaves_mid_stream(kafka_bootstrap, tmp_path):
     rng = random.Random(21)
     topic = new_topic(kafka_bootstrap, partitions=4, prefix="rebalance")
     home = tmp_path / "home"
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     produced: list[str] = []
 
     def produce():                      # a steady stream for about 12 s
@@ -143,7 +144,7 @@ def test_two_until_end_processes_share_a_two_partition_topic_exactly_once(kafka_
                 producer.send(topic, {**event, "event_id": event_id}, partition=i % 2)
     home = tmp_path / "home"
     home.mkdir()
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     group = new_group_id("two")
 
     def start(delay: float, log: str) -> subprocess.Popen:
@@ -192,7 +193,7 @@ def test_an_until_end_member_with_no_partition_waits_for_the_topic_to_be_stored(
             producer.send(topic, make_event("rating", i, rng, tag="idle"))
     home = tmp_path / "home"
     home.mkdir()
-    store = EventStore(home / "store", home / "dead-letter")
+    store = LocalEventStore(home / "store", home / "dead-letter")
     group = new_group_id("idle")
 
     def start(delay: float, log: str) -> subprocess.Popen:

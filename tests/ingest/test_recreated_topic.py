@@ -8,8 +8,8 @@ import time
 import pytest
 
 from pipeline.ingest.kafka import ingest_kafka, new_group_id
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore
 from tests.ingest.factory import settings_for
 
 pytestmark = pytest.mark.kafka
@@ -59,7 +59,7 @@ def test_a_recreated_topic_is_stored_as_a_new_generation(kafka_bootstrap, tmp_pa
     assert second.events["rating"] == 10, str(second)     # never "0 events" from 10 messages
     assert second.recreated == [f"{topic}/0 -> {topic}~g2"]
     assert "RE-CREATED" in str(second)
-    ids = EventStore.from_settings(settings).read("rating").column("event_id").to_pylist()
+    ids = open_store(settings).read("rating").column("event_id").to_pylist()
     assert sorted(ids) == sorted(e["event_id"] for e in _events("old-", 30) + _events("new-", 10))
     with EventProducer(kafka_bootstrap) as producer:      # the next run resumes in the new one
         producer.send_many(topic, _events("more-", 5))

@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.ingest.dead_letters import DeadLetters, export_jsonl
 from pipeline.ingest.events import schema
-from pipeline.ingest.store import EventStore, OverlapError, legacy_file_topic
+from pipeline.ingest.local_store import LocalEventStore
+from pipeline.ingest.store import OverlapError, legacy_file_topic
 
 
 def rating_table(offsets, ts0=0):
@@ -27,7 +28,7 @@ def dead_table(topic, offsets):
 
 @pytest.fixture
 def store(tmp_path):
-    return EventStore(tmp_path / "store", tmp_path / "dead-letter")
+    return LocalEventStore(tmp_path / "store", tmp_path / "dead-letter")
 
 
 def test_segment_names_carry_offsets_and_group_size(store):
@@ -125,3 +126,63 @@ def test_legacy_file_topic_is_stable_per_path(tmp_path):
     a = tmp_path / "u.data"
     assert legacy_file_topic(a) == legacy_file_topic(str(a))
     assert legacy_file_topic(a) != legacy_file_topic(tmp_path / "other" / "u.data")
+
+
+# ---------------------------------------------------------------------- one interface, two siblings
+
+def test_open_store_chooses_the_sibling_the_settings_name(tmp_path, monkeypatch):
+    from pipeline.ingest.object_store import ObjectEventStore
+    from pipeline.ingest.open_store import open_store
+    from pipeline.settings import Settings
+
+    local = open_store(Settings(home=tmp_path))
+    assert type(local) is LocalEventStore
+    assert (local.root, local.dead_letter_root) == (tmp_path / "store", tmp_path / "dead-letter")
+    assert local.filesystem is None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")     # no request is made
+    remote = open_store(Settings(home=tmp_path, store="s3://events/prod"), compression="zstd")
+    assert type(remote) is ObjectEventStore and remote.compression == "zstd"
+    assert (remote.root, remote.dead_letter_root) == ("s3://events/prod/store",
+                                                      "s3://events/prod/dead-letter")
+
+
+def test_the_stores_are_siblings_behind_an_abstract_base():
+    import ast
+    import inspect
+
+    from pipeline.ingest import store as base
+    from pipeline.ingest.object_store import ObjectEventStore
+    from pipeline.ingest.store import EventStore
+
+    assert issubclass(LocalEventStore, EventStore) and issubclass(ObjectEventStore, EventStore)
+    assert not issubclass(LocalEventStore, ObjectEventStore)
+    assert not issubclass(ObjectEventStore, LocalEventStore)
+    with pytest.raises(TypeError, match="abstract"):
+        EventStore(writer="w")
+    assert not hasattr(ObjectEventStore, "lock")       # its commits fence writers, not a lock
+    imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(base)))
+                if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"pipeline.ingest.local_store", "pipeline.ingest.object_store",
+                           "pipeline.ingest.open_store"}
+
+
+def test_one_object_store_and_one_client_per_location_and_server():
+    from pipeline.storage import ObjectStore, object_store_for
+
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+           "AWS_SECRET_ACCESS_KEY": "secret"}
+    first = object_store_for("s3://events/prod", env)
+    assert object_store_for("s3://events/prod/", env) is first
+    assert object_store_for("s3://events/other", env) is not first
+    assert object_store_for("s3://events/prod", {**env, "AWS_ENDPOINT_URL": "http://h:1"}) \
+        is not first
+    assert first.client is first.client and first.fs is first.fs      # built once
+    assert "secret" not in repr(first) and "secret" not in repr(first.connection)
+
+    class WithStore:
+        store = "s3://events/prod"
+
+    assert object_store_for(WithStore(), env) is first
+    with pytest.raises(ValueError, match="not an object-store URL"):
+        object_store_for("/data/rankstream", env)
+    assert isinstance(first, ObjectStore) and first.key("a", "b") == "prod/a/b"

@@ -107,17 +107,18 @@ def _time_limit():
         signal.signal(signal.SIGALRM, previous)
 
 
-# Where the workers' shared data lives: "home", one local directory as every worker's
-# RANKSTREAM_HOME; or "s3", RANKSTREAM_STORE=s3://... on the S3 server of
+# Where the workers' shared data lives, each test once per store: "home", one local directory
+# as every worker's RANKSTREAM_HOME; "s3", RANKSTREAM_STORE=s3://... on the S3 server of
 # tests/multihost/conftest.py, each worker keeping its own RANKSTREAM_HOME (worker-N/home)
-STORE = "s3"
+STORES = ("home", "s3")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=STORES)
 def shared_storage(request, tmp_path_factory) -> dict:
     """The environment that makes both workers see one event store, run directories and
-    checkpoints (given to every process); the only place the storage is chosen (``STORE``)."""
-    if STORE == "s3":
+    checkpoints (given to every process); the only place the storage is chosen. Module-scoped
+    and parametrized: the cluster is started once per store, and every test runs on each."""
+    if request.param == "s3":
         aws = request.getfixturevalue("object_store_env")    # also set in os.environ
         return {"RANKSTREAM_STORE": f"s3://rankstream/celery-{uuid.uuid4().hex[:12]}", **aws}
     # the workers keep separate working directories and AIRFLOW_HOMEs; only this is shared
@@ -187,10 +188,10 @@ def _served(client: redis.Redis, namespace: str, model: str) -> int | None:
 def _assert_stored_once(storage: dict, events: dict[str, list[dict]]) -> None:
     """Every produced event is in the event store exactly once (other tests' events on the
     session's shared topics are left out by their ids)."""
-    from pipeline.ingest.store import EventStore
+    from pipeline.ingest.open_store import open_store
     from pipeline.settings import Settings
 
-    store = EventStore.from_settings(Settings.load(environ=storage))
+    store = open_store(Settings.load(environ=storage))
     for kind, sent in events.items():
         ids = {e["event_id"] for e in sent}
         stored = Counter(i for i in store.read(kind, columns=["event_id"])["event_id"]

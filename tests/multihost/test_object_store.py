@@ -12,9 +12,11 @@ import pyarrow as pa
 import pytest
 
 from pipeline.ingest.events import schema
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.object_store import ObjectEventStore
+from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore, OverlapError, copy_store
+from pipeline.ingest.store import OverlapError, copy_store
 from pipeline.settings import Settings
 from pipeline.storage import ObjectStore, StorageError
 from tests.ingest.factory import cli_ingest, make_event, new_topic
@@ -71,7 +73,7 @@ def test_files_no_commit_names_are_invisible_and_old_ones_are_recovered(store_ur
 
 
 def test_a_local_store_copies_into_the_object_store_once(tmp_path, store_url):
-    local = EventStore(tmp_path / "store")
+    local = LocalEventStore(tmp_path / "store")
     local.write("r", 0, 0, 9, {"rating": _ratings(0, 9)})
     local.write("r", 1, 0, 4, {"rating": _ratings(100, 104)})
     remote = ObjectEventStore(store_url)
@@ -176,12 +178,12 @@ def test_a_retrain_on_another_host_warm_starts_from_the_first_hosts_checkpoint(
     namespace = f"s3{tmp_path.name[-10:]}"
     host_a = Settings(home=tmp_path / "hostA", store=store_url, namespace=namespace)
     host_b = Settings(home=tmp_path / "hostB", store=store_url, namespace=namespace)
-    remote = EventStore.from_settings(host_a)
+    remote = open_store(host_a)
 
     def add(part, name):
         path = synthetic.write_jsonl(part, tmp_path / f"{name}.jsonl")
         ingest_files([path], "rating", settings=local, progress=False)
-        copy_store(EventStore.from_settings(local), remote)
+        copy_store(open_store(local), remote)
 
     add(events[:6000], "a")
     first = retrain.run("movies", models, settings=host_a, redis_url=redis_url)
@@ -198,16 +200,15 @@ def test_a_retrain_on_another_host_warm_starts_from_the_first_hosts_checkpoint(
             for o in objects.list(objects.key("runs", "movies") + "/")}
     assert {first["dataset"]["run_key"], second["dataset"]["run_key"]} <= runs
     # the Airflow hand-over: a task on host B is given host A's run directory by URL
-    from pipeline.training.remote import pull_run, push_run
+    from pipeline.training.run_store import open_run_store
 
-    url = push_run(host_a, first["dataset"]["run_dir"])
-    assert url.startswith("s3://") and pull_run(host_b, url).joinpath("train.json").is_file()
+    url = open_run_store(host_a).push_run(first["dataset"]["run_dir"])
+    assert url.startswith("s3://")
+    assert open_run_store(host_b).pull_run(url).joinpath("train.json").is_file()
     # a checkpoint whose upload was cut short (no COMMITTED marker) is never pulled
     objects.put(objects.key("checkpoints", "movies", "99990101T000000000000-cut", "manifest.json"),
                 b"{}")
     host_c = Settings(home=tmp_path / "hostC", store=store_url, namespace=namespace)
-    from pipeline.training.remote import pull_checkpoints
-
-    pull_checkpoints(host_c, "movies")
+    open_run_store(host_c).pull_checkpoints("movies")
     assert sorted(p.name for p in (host_c.checkpoint_dir / "movies").iterdir()) == sorted(
         [first["dataset"]["run_key"], second["dataset"]["run_key"]])

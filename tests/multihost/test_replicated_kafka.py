@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import pytest
 
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.producer import EventProducer
-from pipeline.ingest.store import EventStore
 from tests.conftest import unavailable
 from tests.ingest.factory import cli_ingest, make_event
 from tests.servers import INFRA, free_port_block
@@ -92,7 +92,7 @@ def test_a_broker_killed_during_ingestion_loses_and_duplicates_nothing(tmp_path)
             _kill_node(state, _leader_of(bootstrap, topic))   # the partition leader, mid-run
             writer.join(timeout=240)
             assert not writer.is_alive() and len(sent) == n
-            store = EventStore(home / "store")
+            store = LocalEventStore(home / "store")
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:
                 if sum(o for (t, _), o in store.next_offsets([topic]).items()) >= n:
@@ -102,7 +102,7 @@ def test_a_broker_killed_during_ingestion_loses_and_duplicates_nothing(tmp_path)
         finally:
             ingest.send_signal(signal.SIGTERM)     # the process this test started
             ingest.wait(timeout=60)
-        stored = EventStore(home / "store").read("rating", columns=["event_id"])
+        stored = LocalEventStore(home / "store").read("rating", columns=["event_id"])
         ids = stored.column("event_id").to_pylist()
         assert len(ids) == n, f"{len(ids)} stored of {n} sent"
         assert set(ids) == set(sent) and len(set(ids)) == n      # none lost, none twice

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 
@@ -12,6 +11,7 @@ import redis
 
 from pipeline.serving.lookup import RedisUnavailable, TopK
 from pipeline.serving.publish import publish
+from tests.servers import free_port_block
 from tests.serving.helpers import reference_user, same_answer, user_model
 
 
@@ -36,12 +36,6 @@ def test_auth_with_requirepass(own_redis):
     assert "s3cret" not in str(err.value) and ":***@" in str(err.value)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _certificates(tmp_path):
     ssl = shutil.which("openssl")
     if not ssl:
@@ -64,7 +58,7 @@ def test_tls_with_rediss_url(tmp_path):
     if not exe:
         pytest.skip("redis-server not on PATH")
     ca, cert, key = _certificates(tmp_path)
-    port = _free_port()
+    port = free_port_block(1, offset=0)
     proc = subprocess.Popen([exe, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
                              "--tls-cert-file", str(cert), "--tls-key-file", str(key),
                              "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no",

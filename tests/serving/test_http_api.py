@@ -18,18 +18,13 @@ import pytest
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.publish import publish
 from tests.ingest.factory import REPO
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.servers import free_port_block
 
 
 @contextmanager
 def _serve(redis_url: str, tmp_path, *extra: str, env=None):
     """A `rankstream serve` on a free loopback port; yields its base URL, stops it after."""
-    port = _free_port()
+    port = free_port_block(1, offset=0)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "serve", "--port", str(port),
                              "--redis-url", redis_url, "--home", str(tmp_path / "home"),
                              *extra], cwd=REPO, env=env, stderr=subprocess.DEVNULL)
@@ -160,7 +155,7 @@ def test_random_requests_get_json_and_never_a_5xx(served):
 
 def test_redis_down_is_a_503_on_every_route_that_needs_it(tmp_path):
     """A server whose Redis is gone stays up and says so: 503 with a reason, never a 500."""
-    with _serve(f"redis://127.0.0.1:{_free_port()}/0", tmp_path) as base:
+    with _serve(f"redis://127.0.0.1:{free_port_block(1, offset=0)}/0", tmp_path) as base:
         for path in ("/readyz", "/v1/models/movies", "/v1/models/movies/recommend?user=u1"):
             got = httpx.get(base + path)
             assert got.status_code == 503 and "unavailable" in got.json()["error"], got.text

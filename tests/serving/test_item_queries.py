@@ -163,3 +163,7 @@ def test_limits_are_value_errors(redis_client, topk):
         topk.fold_in("movies", [], comparisons=[[1, 2, 3]], k=3)
     with pytest.raises(ValueError, match="fold_in is"):
         user_model(7, fold_in={"method": "magic"}).validate()
+    with pytest.raises(ValueError, match="lacks \\['alpha'\\]"):
+        user_model(7, fold_in={"method": "least_squares", "reg": 1.0})
+    with pytest.raises(ValueError, match="fold-in method 'solvers:AltSVM' is not a FoldIn"):
+        user_model(7, fold_in={"method": "solvers:AltSVM"})

@@ -83,6 +83,25 @@ def test_dense_list_candidates_take_one_conversion_and_give_the_same_rows(ranker
         scorer.rows([[1.0, float("nan")]])
 
 
+def test_a_scorer_names_its_estimator_and_one_published_without_it_still_rebuilds(ranker):
+    model, X = ranker
+    scorer = Scorer.of(model)
+    assert (scorer.kind, scorer.params["estimator"]) == ("kernel",
+                                                          "solvers.kernel_ranksvm:KernelRankSVM")
+    older = Scorer(scorer.kind, {k: v for k, v in scorer.params.items() if k != "estimator"},
+                   scorer.arrays)        # as published before scorers named their estimator
+    rows = scorer.rows(X[:5].tolist())
+    np.testing.assert_array_equal(older.score(rows), scorer.score(rows))
+    with pytest.raises(ValueError, match="scorer kind is 'magic', expected one of"):
+        Scorer("magic", {"n_features": 1}, {})
+    with pytest.raises(ValueError, match="'no.such.module:Kind' cannot be imported"):
+        Scorer("no.such.module:Kind", {"n_features": 1}, {})
+    with pytest.raises(ValueError, match="is not a ScorerKind"):
+        Scorer("solvers:NPSVOR", {"n_features": 1}, {})
+    with pytest.raises(ValueError, match="a kernel scorer predicts no rating"):
+        scorer.predict_rating(rows)
+
+
 def test_bad_candidates_and_bytes_are_named(reviews, ranker):
     model, *_ = reviews
     ordinal = Scorer.ordinal(model, 3, 2**12)

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.ingest.store import EventStore
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.ingest.validate import validate_rows
 from pipeline.training.arrays import features_csr, id_codes, to_numpy
 from tests.ingest.factory import make_event
@@ -15,7 +15,7 @@ from tests.ingest.factory import make_event
 
 @pytest.fixture
 def store(tmp_path):
-    return EventStore(tmp_path / "store", tmp_path / "dead-letter")
+    return LocalEventStore(tmp_path / "store", tmp_path / "dead-letter")
 
 
 def test_numpy_columns_csr_and_id_codes(store):

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
-from pipeline.ingest.store import EventStore
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.settings import Settings
 from pipeline.training import tuning as _tuning
@@ -57,7 +57,7 @@ def stores(tmp_path_factory):
         settings = Settings(home=home, namespace=f"c{name[:6]}")
         path = synthetic.write_jsonl(events(), home / "in" / f"{name}.jsonl")
         ingest_files([path], kind, settings=settings, progress=False)
-        out[name] = EventStore(settings.store_dir)
+        out[name] = LocalEventStore(settings.store_dir)
     return out
 
 

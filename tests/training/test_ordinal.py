@@ -10,7 +10,7 @@ import pytest
 from pipeline.features import feature_rows
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
-from pipeline.ingest.store import EventStore
+from pipeline.ingest.open_store import open_store
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.lookup import TopK
 from pipeline.settings import Settings
@@ -207,7 +207,7 @@ def test_dataset_rows_are_events_with_stable_ids_and_the_serving_layout(tmp_path
     events.append({"event_id": "wide", "ts": events[-1]["ts"] + 1, "item": "p-wide",
                    "label": 3, "features": {"2": 1.0, "70": 5.0}})   # index 70 >= max_features
     _ingest(events, settings, "e")
-    data = ordinal(EventStore.from_settings(settings), max_features=10,
+    data = ordinal(open_store(settings), max_features=10,
                             text_features=2**12)
     assert data.stats["reviews"] == 201 and data.stats["resent"] == 1
     assert data.stats["feature_values_over_max_features"] == 1 and data.n_features == 10
@@ -227,11 +227,11 @@ def test_dataset_rows_are_events_with_stable_ids_and_the_serving_layout(tmp_path
     assert dict(zip(data.item_ids[data.row_item[data.latest]].tolist(),
                     data.latest.tolist())) == latest
     # the width never shrinks below the previous run's, and the split is by event id
-    again = ordinal(EventStore.from_settings(settings), n_features=12,
+    again = ordinal(open_store(settings), n_features=12,
                              max_features=100, text_features=0)
     assert again.n_features == 71 and again.X.shape[1] == 71
     assert "text is ignored" in again.stats["warning"]
-    wider = ordinal(EventStore.from_settings(settings), n_features=90,
+    wider = ordinal(open_store(settings), n_features=90,
                              max_features=100, text_features=0)
     assert wider.n_features == 90
     np.testing.assert_array_equal(again.test_mask, datasets.stable_split(again.ids, 0.2, 0))
@@ -248,7 +248,7 @@ def test_errors_name_expected_and_actual(settings, redis_url, tmp_path):
     bad = [{"event_id": "b1", "ts": 1_700_000_000_001, "item": "x", "label": 0, "text": "fine"},
            {"event_id": "b2", "ts": 1_700_000_000_002, "item": "x", "label": 2}]
     summary = _ingest(events + bad, settings, "holes")
-    reasons = EventStore.from_settings(settings).read_dead_letters().column("reason").to_pylist()
+    reasons = open_store(settings).read_dead_letters().column("reason").to_pylist()
     assert sum(summary.dead_letters.values()) == 2
     assert any("label" in r and "0" in r for r in reasons), reasons
     assert any("needs 'features' or 'text'" in r for r in reasons), reasons

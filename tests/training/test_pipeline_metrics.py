@@ -19,7 +19,7 @@ from pipeline.ingest.producer import EventProducer
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from pipeline.training.config import parse_model
-from pipeline.training.pipeline_metrics import PipelineCollector, reason_class
+from pipeline.training.pipeline_gauges import PipelineCollector, reason_class
 from tests.ingest.factory import REPO, make_event, new_topic, settings_for
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
-from pipeline.ingest.store import EventStore
+from pipeline.ingest.local_store import LocalEventStore
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from pipeline.settings import Settings
@@ -70,7 +70,7 @@ def test_latest_judgment_wins_ids_stay_and_whole_queries_are_held_out(settings):
              event(2, "q2", "a", 1, [1.0]),                       # a query with one doc
              event(3, "q3", "c", 1, [0.3, 0.3]), event(4, "q3", "d", 1, [0.0, 0.9])]  # one level
     _ingest(first, settings, "j0")
-    store = EventStore(settings.store_dir)
+    store = LocalEventStore(settings.store_dir)
     one = judgments(store, test_fraction=0.0)
     assert one.stats["judgments"] == 5 and one.stats["replaced"] == 0
     assert one.stats["train_queries_with_pairs"] == 1
@@ -176,7 +176,7 @@ def test_published_lists_and_scored_candidates_match_the_model_in_process(settin
     _ingest(first, settings, "j0")
     cfg = _models()["search"]
     trainer = cfg.family.new_trainer()
-    arrays, _ = trainer.build(EventStore(settings.store_dir), cfg, None)
+    arrays, _ = trainer.build(LocalEventStore(settings.store_dir), cfg, None)
     fitted, _ = trainer.fit(arrays, cfg, None)
     model = fitted.model
     publish("search", trainer.artifact(model, arrays, cfg), redis_client, top_k=20,

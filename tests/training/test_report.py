@@ -20,14 +20,17 @@ import pytest
 from PIL import Image
 
 from pipeline.cli import main
+from pipeline.durable import write_json
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from pipeline.training.config import parse_model
-from pipeline.training.report import COLORS, REPORT_NAME, report_step, write_report
+from pipeline.training.report import COLORS, REPORT_NAME, write_report
 from pipeline.training.report_data import dropped_events
-from solvers.persist import write_bundle, write_json
+from pipeline.training.run_types import DATASET_FORMAT, RunContext
+from pipeline.training.steps import report_step
+from solvers.persist import write_bundle
 from tests.conftest import unavailable
 
 SECTIONS = ("validation-curve", "metric-bars", "warm-cold", "dropped-share")
@@ -161,7 +164,7 @@ def _hand_made(tmp_path, *, dataset: dict | None = None, gate: dict | None = Non
     write_json(run_dir / "train.json", {"model": "m", "warm_start": False, "fit_seconds": 0.5,
                                         "trained_at": "2025-01-01T00:00:00+00:00", **train})
     if dataset is not None:
-        write_bundle(run_dir / "dataset", {}, {"format": retrain.DATASET_FORMAT,
+        write_bundle(run_dir / "dataset", {}, {"format": DATASET_FORMAT,
                                                "format_version": 1, **dataset})
     if gate is not None:
         write_json(run_dir / "gate.json", gate)
@@ -217,9 +220,9 @@ def test_dropped_events_account_for_every_stored_event():
 def test_report_step_never_fails_a_run(tmp_path, caplog):
     run_dir = tmp_path / "home" / "runs" / "ads" / "untrained"
     run_dir.mkdir(parents=True)
-    ctx = retrain.RunContext.of({"ads": parse_model("ads", MODELS["ads"], "test")}, "ads",
+    ctx = RunContext.of({"ads": parse_model("ads", MODELS["ads"], "test")}, "ads",
                                 Settings(home=tmp_path / "home"), run_dir=run_dir)
-    with caplog.at_level("WARNING", logger="pipeline.training.report"):
+    with caplog.at_level("WARNING", logger="pipeline.training.steps"):
         summary = report_step(ctx)
     assert summary["report"] is None and "no train.json" in summary["report_error"]
     assert "no report written" in caplog.text

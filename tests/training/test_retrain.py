@@ -13,8 +13,9 @@ from pipeline.ingest.files import ingest_files
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.lookup import TopK
 from pipeline.settings import Settings
-from pipeline.training import retrain
+from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
+from pipeline.training.run_types import RunContext
 from solvers.persist import read_bundle
 
 
@@ -284,14 +285,14 @@ def test_retried_steps_are_idempotent(settings, redis_url):
     first, _ = _ratings()
     _ingest(first, settings, "rating", "r0")
     models = _models()
-    ctx = retrain.RunContext.of(models, "movies", settings, redis_url)
-    ds = retrain.dataset_step(ctx)
-    again = retrain.dataset_step(ctx)
+    ctx = RunContext.of(models, "movies", settings, redis_url)
+    ds = steps.dataset_step(ctx)
+    again = steps.dataset_step(ctx)
     assert again["run_dir"] == ds["run_dir"] and again.get("reused")
-    t1 = retrain.train_step(ctx.at(ds["run_dir"]))
-    assert retrain.train_step(ctx.at(ds["run_dir"])) == t1
-    retrain.gate_step(ctx.at(ds["run_dir"]))
-    p1 = retrain.publish_step(ctx.at(ds["run_dir"]))
+    t1 = steps.train_step(ctx.at(ds["run_dir"]))
+    assert steps.train_step(ctx.at(ds["run_dir"])) == t1
+    steps.gate_step(ctx.at(ds["run_dir"]))
+    p1 = steps.publish_step(ctx.at(ds["run_dir"]))
     (settings.home / "runs" / "movies" / ds["run_key"] / "published.json").unlink()  # crash
-    p2 = retrain.publish_step(ctx.at(ds["run_dir"]))
+    p2 = steps.publish_step(ctx.at(ds["run_dir"]))
     assert p2["version"] == p1["version"], "a retried publish wrote a second version"

@@ -18,10 +18,12 @@ from pipeline.serving.lookup import TopK
 from pipeline.serving.redis_client import as_client
 from pipeline.serving.versions import versions
 from pipeline.settings import Settings
-from pipeline.training import retrain
+from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
+from pipeline.training.run_types import DATASET_FORMAT, RunContext
 from pipeline.training.trainers import als
 from pipeline.training.trainers.altsvm_data import relevance_threshold
+from solvers.persist import read_bundle
 
 DAY_MS = 86_400_000
 FIXED = {"item_bias": True, "max_iter": 40, "random_state": 0, "n_threads": 1}
@@ -152,7 +154,7 @@ def test_a_window_that_drops_most_events_and_users_warns(settings, redis_url):
 def test_a_window_that_keeps_half_or_more_does_not_warn(settings, redis_url):
     events, kept = _years_then_a_month(n_old=50, n_new=150)   # the window keeps 3/4
     _ingest(events, settings, "recent")
-    ds = retrain.dataset_step(retrain.RunContext.of(_models(window={"last_days": 30}),
+    ds = steps.dataset_step(RunContext.of(_models(window={"last_days": 30}),
                                                     "movies", settings))
     assert ds["window"]["n_events"] == kept and ds["window"]["users_dropped"] == 50
     assert "warning" not in ds["window"]
@@ -179,7 +181,7 @@ def test_auto_relevance_on_half_stars_keeps_four_and_up_and_publishes(settings, 
     assert "warning" not in run["dataset"]["stats"]
     assert run["decision"] == "published" and run["gate"]["publishes"] == "model", run["reason"]
     # 4.0 and up count as relevant, 3.5 and below do not
-    arrays = retrain._dataset(Path(run["dataset"]["run_dir"]))[1]
+    arrays = read_bundle(Path(run["dataset"]["run_dir"]) / "dataset", fmt=DATASET_FORMAT)[1]
     relevant = arrays["met_rating"] >= arrays["relevance"]
     assert set(arrays["met_rating"][relevant]) == {4.0, 4.5, 5.0}
 
@@ -190,7 +192,7 @@ def test_auto_relevance_on_half_stars_keeps_four_and_up_and_publishes(settings, 
 ])
 def test_auto_relevance_follows_the_rating_scale(settings, scale, expected):
     _ingest(_rescaled(scale), settings, "scaled")
-    stats = retrain.dataset_step(retrain.RunContext.of(_models(), "movies", settings))["stats"]
+    stats = steps.dataset_step(RunContext.of(_models(), "movies", settings))["stats"]
     assert stats["relevance"] == expected and "warning" not in stats
 
 
@@ -208,7 +210,7 @@ def test_relevance_threshold_warns_when_it_sorts_everything_into_one_class(setti
     # the dataset's stats carry it, and the run summary prints it
     _ingest(_taste()[:3000], settings, "stars")
     models = _models(evaluation={"holdout": 4, "relevance": 6})
-    ds = retrain.dataset_step(retrain.RunContext.of(models, "movies", settings))
+    ds = steps.dataset_step(RunContext.of(models, "movies", settings))
     assert ds["stats"]["relevance"] == 6.0
     assert "no rating reaches the relevance threshold 6" in ds["stats"]["warning"]
     summary = {"model": "movies", "algorithm": "altsvm", "decision": "pending", "dataset": ds}
@@ -231,18 +233,6 @@ def _error(**spec) -> str:
 # ------------------------------------------------------------------ the challenger
 
 
-def _gate_choice(gate: dict, train: dict, cfg) -> str:
-    """What the gate's rule publishes, from the values it recorded (the candidate beats the
-    trivial models on this data; asserted by the callers)."""
-    own, ch = gate["model_value"], gate["challenger_value"]
-    blend = train["challenger"].get("blend", {}).get("metrics", {}).get(gate["metric"])
-    if cfg.gate["challenger_mode"] == "blend" and blend is not None and blend > max(own, ch):
-        return "blend-als"
-    if own - ch < -cfg.gate["challenger_tolerance"]:
-        return "challenger-als"
-    return "model"
-
-
 def _assert_challenger_summary(train: dict, metric: str, blend: bool):
     ch = train["challenger"]
     assert ch["name"] == "als" and metric in ch["metrics"] and ch["fit_seconds"] > 0
@@ -250,7 +240,12 @@ def _assert_challenger_summary(train: dict, metric: str, blend: bool):
     weights = [t for t in ch["tried"] if "blend_weight" in t.get("params", {})]
     assert 1 <= len(searched) <= CAPS["max_settings"]
     assert len(weights) == (len(als.BLEND_WEIGHTS) if blend else 0)
-    assert ch["tried"][-1] == {"chosen": ch["tried"][-1]["chosen"], "source": "tuned"}
+    # the last entry names the setting used: one the search scored, on the axes' grids
+    last = ch["tried"][-1]
+    assert set(last) == {"chosen", "source"} and last["source"] == "tuned"
+    assert set(last["chosen"]) == set(als.ALS_AXES)
+    assert all(last["chosen"][k] in values for k, values in als.ALS_AXES.items())
+    assert last["chosen"] in [t["params"] for t in searched]
     assert len(ch["tried"]) == len(searched) + len(weights) + 1
     assert ("blend" in ch) == blend
 
@@ -291,7 +286,11 @@ def test_within_the_challenger_tolerance_the_model_is_served(settings, redis_url
                                                                       "on_demand")
 
 
-def test_blend_mode_serves_the_blend_only_when_it_beats_both(settings, redis_url):
+def test_blend_mode_publishes_and_serves_what_the_gate_chose(settings, redis_url):
+    """Which of model, challenger and blend wins here depends on how far the tuner got in its
+    time budget; the rule between them is checked on fixed values by :data:`GATE_CASES`. This
+    run checks the blend's part of the pipeline end to end: it is tuned, scored, and whatever
+    the gate chose is what was scored for it, what is published and what is served."""
     events = _taste()
     _ingest(events, settings, "taste")
     models = _models(tune=CAPS, gate={"challenger": "als", "challenger_mode": "blend"})
@@ -301,16 +300,18 @@ def test_blend_mode_serves_the_blend_only_when_it_beats_both(settings, redis_url
     _assert_challenger_summary(train, metric, blend=True)      # AltSVM was tuned: a blend
     blend = train["challenger"]["blend"]
     assert blend["weight"] in als.BLEND_WEIGHTS and metric in blend["metrics"]
+    weights = [t for t in train["challenger"]["tried"] if "blend_weight" in t.get("params", {})]
+    assert blend["weight"] in [t["params"]["blend_weight"] for t in weights]
     assert min(gate["lift_over_trivial"].values()) > 0.1
-    expected = _gate_choice(gate, train, models["movies"])
-    assert run["decision"] == "published" and gate["publishes"] == expected, (gate, blend)
-    value = {"blend-als": blend["metrics"][metric], "challenger-als": gate["challenger_value"],
-             "model": gate["model_value"]}[expected]
-    assert gate["value"] == value
-    assert _current(settings, redis_url).served_as == expected
+    scored = {"model": train["metrics"][metric],
+              "challenger-als": train["challenger"]["metrics"][metric],
+              "blend-als": blend["metrics"][metric]}
+    assert run["decision"] == "published" and gate["publishes"] in scored, (gate, blend)
+    assert gate["value"] == scored[gate["publishes"]]
+    assert _current(settings, redis_url).served_as == gate["publishes"]
     source = _served(settings, redis_url, events[0]["user"]).source
-    assert source == expected if expected != "model" else source in ("precomputed",
-                                                                     "on_demand")
+    assert source == gate["publishes"] if gate["publishes"] != "model" else source in (
+        "precomputed", "on_demand")
 
 
 # (model, challenger, blend, gate table) -> what the gate publishes on a fresh install whose
@@ -318,6 +319,7 @@ def test_blend_mode_serves_the_blend_only_when_it_beats_both(settings, redis_url
 GATE_CASES = [
     (0.5, 0.4, 0.55, {}, "model"),                                  # replace: no blend
     (0.5, 0.4, 0.55, {"challenger_mode": "blend"}, "blend-als"),
+    (0.5, 0.4, 0.45, {"challenger_mode": "blend"}, "model"),            # beats one only
     (0.5, 0.6, 0.58, {"challenger_mode": "blend"}, "challenger-als"),   # beats one only
     (0.5, 0.6, 0.6, {"challenger_mode": "blend"}, "challenger-als"),    # a tie is no win
     (0.5, 0.52, None, {"challenger_tolerance": 0.05}, "model"),
@@ -330,7 +332,7 @@ GATE_CASES = [
 @pytest.mark.parametrize(("own", "rival", "blend", "gate", "expected"), GATE_CASES)
 def test_the_gate_rule_between_model_challenger_and_blend(settings, redis_url, tmp_path, own,
                                                           rival, blend, gate, expected):
-    from solvers.persist import read_json, write_json
+    from pipeline.durable import read_json, write_json
 
     models = _models(gate={"challenger": "als", **gate})
     metric = models["movies"].metric
@@ -340,7 +342,7 @@ def test_the_gate_rule_between_model_challenger_and_blend(settings, redis_url, t
     write_json(tmp_path / "train.json", {
         "metrics": {} if own is None else {metric: own}, "challenger": challenger,
         "baselines": {"popularity": {metric: 0.1}, "global": {metric: 0.05}}})
-    decided = retrain.gate_step(retrain.RunContext.of(models, "movies", settings, redis_url,
+    decided = steps.gate_step(RunContext.of(models, "movies", settings, redis_url,
                                                       tmp_path))
     assert decided["publishes"] == expected and decided["publish"], decided
     assert read_json(tmp_path / "gate.json") == decided

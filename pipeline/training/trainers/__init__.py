@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import abc
 import time
-import warnings
 from dataclasses import dataclass, field
 
 from pipeline.training.idmap import IdMap
+from pipeline.training.selection import collected_warnings
 
 WARM_PREFIX = "warm_"
 CHALLENGER_PREFIX = "challenger_"
@@ -85,6 +85,11 @@ class Trainer(abc.ABC):
     def __init__(self, family):
         self.family = family
 
+    @classmethod
+    def check_params(cls, params: dict) -> None:
+        """Refuse a config's dataset parameters the builder would refuse (``ValueError``
+        naming the value), before any window is read; the estimator's are checked apart."""
+
     @abc.abstractmethod
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         """``(arrays, info)`` of the current window; ``previous``: the last checkpoint's
@@ -94,15 +99,9 @@ class Trainer(abc.ABC):
         """The :class:`Fitted` and ``{"fit_seconds", "n_iter", ...}``."""
         model = self.family.estimator_class()(**self.family.estimator_params(cfg.params))
         started = time.perf_counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        # the solver's warnings (no convergence, a degenerate fit) go in the report too
+        with collected_warnings(reemit=True) as said:
             learned = self.fit_model(model, arrays, warm, cfg) or {}
-        said = []   # the solver's warnings (no convergence, a degenerate fit) go in the report
-        for w in caught:
-            line = f"{w.category.__name__}: {w.message}"
-            if line not in said:
-                said.append(line)
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return Fitted(model, learned), {"fit_seconds": time.perf_counter() - started,
                                         "n_iter": int(model.n_iter_),
                                         **self.fit_info(model, learned),

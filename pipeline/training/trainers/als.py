@@ -29,6 +29,7 @@ import numpy as np
 
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.selection import setting_key
 from pipeline.training.trainers import Challenger
 from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
 from pipeline.training.tuning import coordinate_search
@@ -121,8 +122,8 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     else:
         def score(params: dict):
             X = interactions(arrays, relevant, (TRAIN,), params["input"])
-            trained[_key(params)] = fit_als(X, params, iterations=ITERATIONS, seed=seed)
-            U, V = trained[_key(params)]
+            trained[setting_key(params)] = fit_als(X, params, iterations=ITERATIONS, seed=seed)
+            U, V = trained[setting_key(params)]
             return trainer.topk_metrics((U, V, None), arrays, cfg, VALIDATION).get(metric)
 
         best, tried = coordinate_search(ALS_AXES, last["choice"] if last else ALS_START,
@@ -144,7 +145,7 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
         "method": "least_squares", "reg": float(choice["regularization"]),
         "alpha": float(choice["alpha"])})
     blended = None
-    als_validated = trained.get(_key(choice))
+    als_validated = trained.get(setting_key(choice))
     weight = last["blend_weight"] if last is not None else None
     if validated is not None and als_validated is not None:
         weight, blend_tried = _blend_weight(trainer, validated, (*als_validated, None),
@@ -175,10 +176,6 @@ def _blend_weight(trainer, first, second, arrays, cfg, seed) -> tuple[float, lis
         if value is not None and (best is None or sign * value > sign * best[1]):
             best = (w, value)
     return (best[0] if best else 0.5), tried
-
-
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
 
 
 def _last(warm: dict | None) -> dict | None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
-from pipeline.training.trainers.altsvm_data import collaborative
+from pipeline.training.trainers.altsvm_data import collaborative, parse_rating_range
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, REUSE_GROWTH, WARM_STEP
 
 
@@ -52,6 +52,10 @@ def _csr(users, items, n_users):
 
 class AltSVMTrainer(Trainer):
     id_maps = ("user_ids", "item_ids")
+
+    @classmethod
+    def check_params(cls, params: dict) -> None:
+        parse_rating_range(params.get("rating_range"))
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)

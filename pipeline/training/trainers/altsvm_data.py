@@ -125,37 +125,10 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     rating (-3 on a 1–5 scale) neither counts as a preference nor moves the "auto" threshold.
     """
     low, high = parse_rating_range(rating_range)
-    columns = {"rating": ["ts", "offset", "user", "item", "rating"],
-               "interaction": ["ts", "offset", "user", "item"],
-               "comparison": ["ts", "offset", "event_id", "user", "winner", "loser"]}
     known_users = 0 if users is None else len(users)
-    tables, win = window_tables(store, kinds, window or {}, columns, key="user")
-    users, items = users or IdMap(), items or IdMap()
-    parts = []   # (user, item, rating, ts, offset) per met event
-    for kind in ("rating", "interaction"):
-        t = tables.get(kind)
-        if t is None or not t.num_rows:
-            continue
-        users, u = id_indices(users, t.column("user"))
-        items, i = id_indices(items, t.column("item"))
-        r = t.column("rating").to_numpy() if kind == "rating" else np.full(len(u), np.nan)
-        parts.append((u, i, r, t.column("ts").to_numpy(), t.column("offset").to_numpy()))
-    explicit = np.zeros((0, 3), np.int64)
-    if "comparison" in tables and tables["comparison"].num_rows:
-        t = tables["comparison"]      # an event re-sent (or re-read from an edited file) once
-        t = t.take(pa.array(latest_per_key(event_ids(t.column("event_id")),
-                                            t.column("ts").to_numpy(),
-                                            t.column("offset").to_numpy())))
-        users, c_user = id_indices(users, t.column("user"))
-        items, c_win = id_indices(items, t.column("winner"))
-        items, c_lose = id_indices(items, t.column("loser"))
-        explicit = np.column_stack([c_user, c_win, c_lose]).astype(np.int64)
-    if parts:
-        u, i, r, ts, off = (np.concatenate(column) for column in zip(*parts))
-    else:
-        u = i = ts = off = np.zeros(0, np.int64)
-        r = np.zeros(0)
-    u, i = u.astype(np.int64), i.astype(np.int64)
+    tables, win = window_tables(store, kinds, window or {}, COLUMNS, key="user")
+    users, items, (u, i, r, ts, off) = _met_events(tables, users or IdMap(), items or IdMap())
+    users, items, explicit = _comparison_events(tables, users, items)
     outside = ~np.isnan(r) & ((r < low) | (r > high))
     if outside.any():       # before the latest is taken: the rating before a stray one counts
         u, i, r, ts, off = (a[~outside] for a in (u, i, r, ts, off))
@@ -169,43 +142,87 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     rest = np.flatnonzero(part == TRAIN)
     part[rest[_split(u[rest], i[rest], ts[rest], split, holdout, fraction, min_train,
                      seed + 1)]] = VALIDATION
-    n_items = len(items)
 
     def build(rows) -> tuple[np.ndarray, dict]:
-        return make_comparisons(u[rows], i[rows], r[rows], n_items, explicit=explicit,
+        return make_comparisons(u[rows], i[rows], r[rows], len(items), explicit=explicit,
                                 comparisons=comparisons, implicit_per_item=implicit_per_item,
                                 implicit_sampling=implicit_sampling,
                                 implicit_per_user=implicit_per_user,
                                 implicit_min_rating=implicit_min_rating,
                                 max_pairs_per_user=max_pairs_per_user, seed=seed)
 
-    train_rows = np.flatnonzero(part != TEST)
-    comps, dropped = build(train_rows)
+    comps, dropped = build(np.flatnonzero(part != TEST))
     path_comps, _ = build(np.flatnonzero(part == TRAIN))
-    in_window = int(np.count_nonzero(np.bincount(u))) if len(u) else 0   # distinct users
     stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
-             "test": int((part == TEST).sum()), "users": len(users), "items": n_items,
-             "users_in_window": int(in_window), "max_pairs_per_user": max_pairs_per_user or 0,
-             "relevance": relevance,
+             "test": int((part == TEST).sum()), "users": len(users), "items": len(items),
+             "max_pairs_per_user": max_pairs_per_user or 0, "relevance": relevance,
              **{f"comparisons_dropped_{k}": int(v) for k, v in dropped.items()}}
+    _warnings(stats, u, win, known_users, int(outside.sum()), (low, high), relevance_warning)
+    return CollaborativeData(users=users, items=items, comparisons=comps,
+                             path_comparisons=path_comps,
+                             met={"user": u, "item": i, "rating": r, "part": part},
+                             window=win, stats=stats)
+
+
+COLUMNS = {"rating": ["ts", "offset", "user", "item", "rating"],
+           "interaction": ["ts", "offset", "user", "item"],
+           "comparison": ["ts", "offset", "event_id", "user", "winner", "loser"]}
+
+
+def _met_events(tables: dict, users: IdMap, items: IdMap) -> tuple:
+    """``(users, items, (u, i, r, ts, offset))``: every rating and interaction event as
+    indices (an interaction's rating is NaN), the id maps extended."""
+    parts = []
+    for kind in ("rating", "interaction"):
+        t = tables.get(kind)
+        if t is None or not t.num_rows:
+            continue
+        users, u = id_indices(users, t.column("user"))
+        items, i = id_indices(items, t.column("item"))
+        r = t.column("rating").to_numpy() if kind == "rating" else np.full(len(u), np.nan)
+        parts.append((u, i, r, t.column("ts").to_numpy(), t.column("offset").to_numpy()))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return users, items, (empty, empty, np.zeros(0), empty, empty)
+    u, i, r, ts, off = (np.concatenate(column) for column in zip(*parts))
+    return users, items, (u.astype(np.int64), i.astype(np.int64), r, ts, off)
+
+
+def _comparison_events(tables: dict, users: IdMap, items: IdMap) -> tuple:
+    """``(users, items, (n, 3) user/winner/loser rows)`` of the comparison events, each event
+    once (one re-sent, or re-read from an edited file, counts once)."""
+    t = tables.get("comparison")
+    if t is None or not t.num_rows:
+        return users, items, np.zeros((0, 3), np.int64)
+    t = t.take(pa.array(latest_per_key(event_ids(t.column("event_id")),
+                                       t.column("ts").to_numpy(), t.column("offset").to_numpy())))
+    users, c_user = id_indices(users, t.column("user"))
+    items, c_win = id_indices(items, t.column("winner"))
+    items, c_lose = id_indices(items, t.column("loser"))
+    return users, items, np.column_stack([c_user, c_win, c_lose]).astype(np.int64)
+
+
+def _warnings(stats: dict, u, win, known_users: int, outside: int, scale: tuple,
+              relevance_warning) -> None:
+    """Add ``users_in_window`` and what a person should know (``warning``) to ``stats``: a
+    window that keeps few of the users seen before, ratings outside the declared scale, a
+    relevance threshold that sorts (almost) every rating into one class."""
+    in_window = int(np.count_nonzero(np.bincount(u))) if len(u) else 0   # distinct users
+    stats["users_in_window"] = in_window
     if win.warning is None and known_users and in_window < 0.5 * known_users:
         stats["warning"] = (f"the window keeps {in_window:,} of the {known_users:,} users "
                             "seen before (events from "
                             f"{iso_date(win.start_ts) if win.start_ts else 'the start'}); the "
                             "others get the fallback list: widen the window?")
-    if outside.any():
-        stats["ratings_out_of_range"] = int(outside.sum())
+    if outside:
+        stats["ratings_out_of_range"] = outside
         relevance_warning = "; ".join(filter(None, [
-            f"{int(outside.sum()):,} ratings are outside {low:g}..{high:g} "
+            f"{outside:,} ratings are outside {scale[0]:g}..{scale[1]:g} "
             "(params.rating_range): left out", relevance_warning]))
     if relevance_warning:
         stats["warning"] = "; ".join(filter(None, [stats.get("warning"), relevance_warning]))
-    return CollaborativeData(users=users, items=items, comparisons=comps,
-                             path_comparisons=path_comps,
-                             met={"user": u, "item": i, "rating": r, "part": part},
-                             window=win, stats=stats)
 
 
 def parse_rating_range(declared) -> tuple[float, float]:

@@ -36,6 +36,7 @@ import warnings
 import numpy as np
 
 from pipeline.training.datasets import TRAIN, VALIDATION
+from pipeline.training.selection import cheapest_near_best, setting_key
 from pipeline.training.trainers.altsvm_data import make_comparisons
 from pipeline.training.tuning import coordinate_search
 
@@ -120,10 +121,10 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
         value = score(estimator) if not path else max(p["score"] for p in estimator.path_)
         if path:
             for p in estimator.path_:
-                fits[_key({**params, "reg_ratio": round(float(p["ratio"]), 5)})] = (
+                fits[setting_key({**params, "reg_ratio": round(float(p["ratio"]), 5)})] = (
                     p["reg"] / len(c), float(p["ratio"]))
         else:
-            fits[_key({**params, "reg_ratio": round(float(ratios), 5)})] = (
+            fits[setting_key({**params, "reg_ratio": round(float(ratios), 5)})] = (
                 estimator.reg_ / len(c), estimator.reg_ / estimator.reg_max_)
         if best["value"] is None or value > best["value"]:
             best.update(value=value, model=estimator, params=dict(params),
@@ -156,36 +157,22 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
                                                      - len(tried) + 1, 1),
                                     budget_seconds=left)
     tried += searched[1:]
-    chosen = _cheapest_near_best(tried, float(cfg.tune["tolerance"]))
+    chosen = cheapest_near_best(tried, float(cfg.tune["tolerance"]), cost)
     for axis in MODEL_AXES:
         if axis in chosen["params"]:
             setattr(model, axis, chosen["params"][axis])
     choice = {a: chosen["params"][a] for a in axes}
     final = _comparisons_of(arrays, family, cfg.params, choice, (TRAIN, VALIDATION), seed, {})
-    reg_per_comparison, ratio = fits[_key(chosen["params"])]
+    reg_per_comparison, ratio = fits[setting_key(chosen["params"])]
     return {"choice": choice, "tried": tried, "validated": best["model"],
             "validation": chosen["validation"], "comparisons": final, "reg_ratio": ratio,
             "reg_per_comparison": reg_per_comparison, "path_n": len(final),
             "seconds": time.perf_counter() - began, "source": "tuned"}
 
 
-def _key(params: dict) -> tuple:
-    return tuple(sorted(params.items()))
-
-
 def cost(params: dict) -> float:
     """A fit's cost grows with its comparisons times its rank (+1: the bias)."""
     return params.get("implicit_per_user", 1) * (params["rank"] + 1)
-
-
-def _cheapest_near_best(tried: list, tolerance: float) -> dict:
-    """The cheapest setting (by :func:`cost`) within ``tolerance`` (relative) of the best
-    validation score: a difference that small is the validation split's noise, and the
-    cheaper model retrains faster at every run."""
-    scored = [t for t in tried if t["validation"] is not None]
-    top = max(t["validation"] for t in scored)
-    near = [t for t in scored if t["validation"] >= top - tolerance * abs(top)]
-    return min(near, key=lambda t: (cost(t["params"]), -t["validation"]))
 
 
 def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:

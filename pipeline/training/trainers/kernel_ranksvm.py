@@ -17,8 +17,8 @@ scored on the held-out ones.
 Artifact (``query_docs``): per query in the window, its judged docs with the model's scores
 (published as the query's list, ranked); the fallback list for unknown queries ranks docs by
 their mean model score over the queries they were judged for (docs known from earlier windows
-only come last); the scorer is :meth:`pipeline.serving.scorers.Scorer.kernel` (support vectors,
-β, kernel), so ``TopK.rank`` scores candidates exactly as ``decision_function`` does.
+only come last); the scorer is :meth:`pipeline.serving.scorers.Scorer.of` the model (support
+vectors, β, kernel), so ``TopK.rank`` scores candidates exactly as ``decision_function`` does.
 
 Challenger ``"linear"`` (:class:`TunedLinearRankSVM`): the same solver with a linear kernel, C
 tuned over ``LINEAR_C_FACTORS`` times the config's C on a validation part of the training
@@ -270,15 +270,17 @@ class TunedLinearRankSVM:
     def scorer(self):
         """The on-demand scorer, the support set collapsed to w = Σ β_s x_s (a linear kernel's
         Σ β_s x_sᵀx = wᵀx: one row instead of every support instance); None without a model."""
+        from pipeline.serving.plugins import class_path
         from pipeline.serving.scorers import Scorer
 
         m = self.model_
         if m is None:
             return None
         w = np.asarray(m.dual_coef_) @ np.asarray(m.support_vectors_)
-        return Scorer.kernel(SimpleNamespace(
+        return Scorer.of(SimpleNamespace(
             n_features_in_=m.n_features_in_, kernel="linear", gamma_=m.gamma_, degree=m.degree,
-            coef0=m.coef0, support_vectors_=w[None, :], dual_coef_=np.ones(1)))
+            coef0=m.coef0, support_vectors_=w[None, :], dual_coef_=np.ones(1)),
+            kind=type(m).scorer_kind, estimator=class_path(type(m)))
 
     def warm_state(self) -> dict:
         return {} if self.best_ is None else {"C": np.array(float(self.best_["C"]))}
@@ -383,7 +385,7 @@ class KernelRankSVMTrainer(Trainer):
         from pipeline.serving.scorers import Scorer
 
         scores = model.decision_function(csr_from_arrays(arrays).toarray())
-        return self._query_docs(arrays, scores, scorer=Scorer.kernel(model),
+        return self._query_docs(arrays, scores, scorer=Scorer.of(model),
                                 algorithm=self.family.name, **describe)
 
     def trivial_artifact(self, scores, arrays: dict, **describe):

@@ -348,8 +348,7 @@ class NPSVORTrainer(Trainer):
 
         data = OrdinalData.from_arrays(arrays)
         X = data.X[data.latest]
-        scorer = Scorer.ordinal(model, n_features=data.n_features,
-                                text_features=data.text_features)
+        scorer = Scorer.of(model, n_features=data.n_features, text_features=data.text_features)
         return ModelArtifact.predicted_ratings(
             item_ids=self.item_ids(arrays), ratings=model.predict(X),
             scores=model.predict_score(X), scorer=scorer, algorithm=self.family.name,

@@ -25,7 +25,8 @@ import time
 from collections import Counter
 from datetime import datetime
 
-from pipeline.training.retrain import Decision, outcome_path
+from pipeline.training.retrain import outcome_path
+from pipeline.training.run_types import Decision
 
 KAFKA_RETRY = 30.0
 KAFKA_TIMEOUT_MS = 2000
@@ -54,10 +55,10 @@ class PipelineCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        from pipeline.ingest.store import EventStore
+        from pipeline.ingest.open_store import open_store
 
         if self._store is None:      # kept: an object store's commits are read once
-            self._store = EventStore.from_settings(self.settings)
+            self._store = open_store(self.settings)
         store = self._store
         yield from self._lag(store, GaugeMetricFamily)
         dead = GaugeMetricFamily("rankstream_dead_letters", "dead letters kept, by reason",
@@ -140,7 +141,7 @@ class PipelineCollector:
 
     # ------------------------------------------------------------------ retrains
     def _retrains(self, Gauge):
-        from solvers.persist import read_json
+        from pipeline.durable import read_json
 
         seconds = Gauge("rankstream_last_retrain_seconds", "how long the last run took",
                         labels=["model"])

@@ -42,8 +42,6 @@ class ModelCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        from pipeline.serving.versions import age_seconds, current_version, fallback_share
-
         version = GaugeMetricFamily("rankstream_served_version",
                                     "version number served per model", labels=["model"])
         age = GaugeMetricFamily("rankstream_model_age_seconds",
@@ -53,20 +51,16 @@ class ModelCollector:
                                   "share of lookups of the served version answered from the "
                                   "fallback list", labels=["model"])
         up = GaugeMetricFamily("rankstream_redis_up", "1 when Redis answered this scrape")
-        client, namespace = self.topk.transport.client, self.topk.namespace
         try:
             for model in self.models:
-                current = current_version(model, client, namespace=namespace)
-                if current is None:
+                info = self.topk.model_info(model)
+                if info.version is None:
                     continue
-                version.add_metric([model], current.version)
-                seconds = age_seconds(current.trained_at)
-                if seconds is not None:
-                    age.add_metric([model], seconds)
-                fraction, _ = fallback_share(model, client, current.version,
-                                             namespace=namespace)
-                if fraction is not None:
-                    share.add_metric([model], fraction)
+                version.add_metric([model], info.version)
+                if info.age_seconds is not None:
+                    age.add_metric([model], info.age_seconds)
+                if info.fallback_share is not None:
+                    share.add_metric([model], info.fallback_share)
             up.add_metric([], 1)
         except Exception:   # noqa: BLE001 - Redis down: say so, keep the rest of the scrape
             up.add_metric([], 0)
@@ -75,7 +69,7 @@ class ModelCollector:
 
 class ServeMetrics:
     """The API's metrics (see the module) and its scrape; ``extra`` collectors (e.g. the
-    pipeline's, :mod:`pipeline.training.pipeline_metrics`) join every scrape."""
+    pipeline's, :mod:`pipeline.training.pipeline_gauges`) join every scrape."""
 
     def __init__(self, topk, models: list[str], extra=()):
         from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram

@@ -1,8 +1,9 @@
-"""Which connection a lookup uses for a key: per thread, one raw redis-py connection per node,
-and per model a table ``bucket -> connection`` (index ``BUCKETS``: the node of the model's own
-hash tag). On a single Redis every entry is the thread's one connection; on a cluster the
-table follows the client's slot map, and :meth:`Routes.refresh` re-reads that map (after a
-``MOVED`` reply or a node that stopped answering) and rebuilds the tables.
+"""The connection a lookup uses for each bucket of a model: per thread, one raw redis-py
+connection per node, and per model a table ``bucket -> connection`` (index ``BUCKETS``: the
+node of the model's own hash tag). On a single Redis every entry is the thread's one
+connection; on a cluster the table follows the client's slot map, and
+:meth:`BucketConnections.refresh` re-reads that map (after a ``MOVED`` reply or a node that
+stopped answering) and rebuilds the tables.
 
 The connections are made with the client's pools' settings (timeouts, AUTH, TLS) but owned by
 the lookup client: they never go back to a pool, so a thread's lookup pays no pool locking.
@@ -10,8 +11,8 @@ the lookup client: they never go back to a pool, so a thread's lookup pays no po
 Examples
 --------
 >>> import redis  # doctest: +SKIP
->>> routes = Routes(redis.Redis())  # doctest: +SKIP
->>> table = routes.table(ModelKeys("ns", "m"))  # doctest: +SKIP
+>>> conns = BucketConnections(redis.Redis())  # doctest: +SKIP
+>>> table = conns.table(ModelKeys("ns", "m"))  # doctest: +SKIP
 >>> len(table), table[0] is table[BUCKETS]  # doctest: +SKIP
 (1025, True)
 """
@@ -25,7 +26,7 @@ from pipeline.serving.layout import BUCKETS, ModelKeys
 from pipeline.serving.redis_client import is_cluster
 
 
-class Routes:
+class BucketConnections:
     """Per-thread connection tables of one lookup client (see the module docstring)."""
 
     def __init__(self, client):

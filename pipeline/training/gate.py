@@ -1,0 +1,141 @@
+"""The gate: a pure rule from a run's metrics (and what is served now) to what users get.
+
+In the metric's own direction (``sign`` = +1 when higher is better, −1 when lower is):
+
+1. the candidate is the model; its challenger when ``sign·(model − challenger)`` is below
+   ``−challenger_tolerance``; their blend (``challenger_mode = "blend"``) when it beats both;
+2. the candidate must beat every trivial model by ``trivial_margin``; otherwise
+   ``if_trivial = "publish_trivial"`` serves the best trivial list instead, and so does a
+   model that has nothing served yet (users are never served nothing);
+3. and must not be worse than the served version by more than ``tolerance``.
+
+:func:`decide` holds the rule and nothing else (no Redis, no files), so it is tested as a
+table of cases; the gate step of the retrain reads its inputs and writes its verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.training.run_types import Choice, Served
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A model's ``[gate]`` table."""
+
+    tolerance: float = 0.0
+    trivial_margin: float = 0.0
+    if_trivial: str = "reject"                 # or "publish_trivial"
+    challenger_tolerance: float = 0.0
+    challenger_mode: str = "replace"           # or "blend"
+
+    @classmethod
+    def of(cls, gate: dict) -> "Rule":
+        return cls(float(gate["tolerance"]), float(gate["trivial_margin"]),
+                   str(gate["if_trivial"]), float(gate.get("challenger_tolerance", 0.0)),
+                   str(gate.get("challenger_mode", "replace")))
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One run's holdout metric for each candidate (None: could not be computed)."""
+
+    metric: str
+    higher_is_better: bool
+    model: float | None
+    trivial: dict = field(default_factory=dict)      # trivial model name -> value
+    challenger: str | None = None                    # its algorithm's name
+    challenger_value: float | None = None
+    blend_value: float | None = None
+    blend_weight: float | None = None
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.higher_is_better else -1.0
+
+
+@dataclass(frozen=True)
+class Current:
+    """What is served now: ``version`` and its ``value`` of the metric (None: nothing, or no
+    metric); ``never_served``: the model has no version at all."""
+
+    never_served: bool = True
+    version: int | None = None
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    candidate: Choice
+    value: float | None               # the candidate's metric
+    publishes: Choice | None          # None: what is served stays
+    reasons: tuple[str, ...]
+    lift_over_trivial: dict
+    model_vs_challenger: float | None
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def _fmt(value) -> str:
+    return "none" if value is None else f"{value:.4f}"
+
+
+def _candidate(s: Scores, rule: Rule) -> tuple[Choice, float | None, list[str]]:
+    """Step 1: the model, its challenger or their blend."""
+    choice, value, notes = Choice(Served.MODEL), s.model, []
+    if s.challenger is None:
+        return choice, value, notes
+    ch = s.challenger_value
+    if ch is not None and (s.model is None or s.sign * (s.model - ch)
+                           < -rule.challenger_tolerance):
+        choice, value = Choice(Served.CHALLENGER, s.challenger), ch
+        lost_by = None if s.model is None else s.sign * (ch - s.model)
+        notes.append(f"the model's {s.metric} {_fmt(s.model)} loses to the challenger "
+                     f"{s.challenger}'s {ch:.4f} by {_fmt(lost_by)} (tolerance "
+                     f"{rule.challenger_tolerance}): serving {s.challenger}")
+    known = [v for v in (s.model, ch) if v is not None]
+    if (rule.challenger_mode == "blend" and s.blend_value is not None and known
+            and s.sign * (s.blend_value - max(known, key=lambda v: s.sign * v)) > 0):
+        choice, value = Choice(Served.BLEND, s.challenger), s.blend_value
+        notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} beats both: "
+                     "serving it")
+    return choice, value, notes
+
+
+def decide(s: Scores, rule: Rule, current: Current) -> Verdict:
+    """What users get, and why (see the module docstring)."""
+    candidate, value, notes = _candidate(s, rule)
+    publishes: Choice | None = candidate
+    lift = {name: None if value is None else round(s.sign * (value - v), 5)
+            for name, v in s.trivial.items()}
+    best = max(s.trivial, key=lambda n: s.sign * s.trivial[n]) if s.trivial else None
+    if value is None or (best is not None
+                         and s.sign * (value - s.trivial[best]) < rule.trivial_margin):
+        why = (f"no {s.metric} could be computed (empty or one-class holdout)" if value is None
+               else f"{s.metric} {value:.4f} does not beat the trivial {best} model "
+                    f"({s.trivial[best]:.4f}) by the margin {rule.trivial_margin}")
+        if best is not None and (rule.if_trivial == "publish_trivial" or current.never_served):
+            publishes = Choice(Served.TRIVIAL, best)
+            why += ("; publishing the trivial list instead" if not current.never_served else
+                    "; nothing is served yet, so the trivial list is published (marked "
+                    "'trivial') rather than nothing")
+        else:
+            publishes = None
+        notes.append(why)
+    else:
+        beats = f"; beats {best} {s.trivial[best]:.4f}" if best is not None else ""
+        if current.value is None:
+            notes.append(f"nothing served yet; {s.metric} = {value:.4f}{beats}")
+        elif s.sign * (value - current.value) >= -rule.tolerance:
+            notes.append(f"{s.metric} {value:.4f} is within tolerance {rule.tolerance} of "
+                         f"served v{current.version} {current.value:.4f}{beats}")
+        else:
+            publishes = None
+            notes.append(f"{s.metric} {value:.4f} is worse than served v{current.version} "
+                         f"{current.value:.4f} by more than tolerance {rule.tolerance}")
+    vs = (None if s.challenger_value is None or s.model is None
+          else round(s.sign * (s.model - s.challenger_value), 5))
+    return Verdict(candidate, value, publishes, tuple(notes), lift, vs)

@@ -1,0 +1,103 @@
+"""The gate's rule as a table: scores in, what users get out (no Redis, no files)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.training.gate import Current, Rule, Scores, decide
+from pipeline.training.run_types import Choice, Decision, Served
+
+POP = {"popularity": 0.10}
+SERVED_V3 = Current(never_served=False, version=3, value=0.30)
+NEVER = Current()
+ROLLED_OFF = Current(never_served=False)          # versions exist, none is current
+
+# (case, scores, rule, current, what is published, words the reason holds)
+CASES = [
+    ("model beats trivial, nothing served",
+     Scores("p@10", True, 0.25, POP), Rule(), NEVER, "model", "nothing served yet"),
+    ("model within tolerance of the served version",
+     Scores("p@10", True, 0.295, POP), Rule(tolerance=0.01), SERVED_V3, "model",
+     "within tolerance 0.01 of served v3"),
+    ("model worse than served by more than tolerance: keep what is served",
+     Scores("p@10", True, 0.28, POP), Rule(tolerance=0.01), SERVED_V3, None,
+     "worse than served v3"),
+    ("trivial wins, nothing ever served: the trivial list, never nothing",
+     Scores("p@10", True, 0.09, POP), Rule(), NEVER, "trivial-popularity",
+     "nothing is served yet"),
+    ("trivial wins, something served, reject",
+     Scores("p@10", True, 0.09, POP), Rule(), SERVED_V3, None, "does not beat the trivial"),
+    ("trivial wins, something served, publish_trivial",
+     Scores("p@10", True, 0.09, POP), Rule(if_trivial="publish_trivial"), SERVED_V3,
+     "trivial-popularity", "publishing the trivial list instead"),
+    ("the margin is part of beating the trivial model",
+     Scores("p@10", True, 0.105, POP), Rule(trivial_margin=0.01), ROLLED_OFF, None,
+     "by the margin 0.01"),
+    ("no metric at all and nothing served: the best trivial list",
+     Scores("p@10", True, None, POP), Rule(), NEVER, "trivial-popularity", "no p@10"),
+    ("no metric and no trivial model: nothing to publish",
+     Scores("p@10", True, None, {}), Rule(), NEVER, None, "no p@10 could be computed"),
+    ("challenger wins beyond its tolerance",
+     Scores("p@10", True, 0.20, POP, "als", 0.26), Rule(challenger_tolerance=0.01), NEVER,
+     "challenger-als", "loses to the challenger als"),
+    ("challenger wins within its tolerance: the model stays",
+     Scores("p@10", True, 0.255, POP, "als", 0.26), Rule(challenger_tolerance=0.01), NEVER,
+     "model", "nothing served yet"),
+    ("the blend beats both",
+     Scores("p@10", True, 0.20, POP, "als", 0.26, blend_value=0.27, blend_weight=0.4),
+     Rule(challenger_mode="blend"), NEVER, "blend-als", "the blend (weight 0.4)"),
+    ("a better blend is not served in replace mode",
+     Scores("p@10", True, 0.20, POP, "als", 0.26, blend_value=0.27),
+     Rule(), NEVER, "challenger-als", "serving als"),
+    ("a blend that only ties the best is not served",
+     Scores("p@10", True, 0.26, POP, "als", 0.20, blend_value=0.26),
+     Rule(challenger_mode="blend"), NEVER, "model", "nothing served yet"),
+    ("lower is better: a smaller error wins",
+     Scores("mae", False, 0.70, {"mean": 0.90}, "linear", 0.60), Rule(), NEVER,
+     "challenger-linear", "loses to the challenger linear"),
+    ("lower is better: the trivial model's smaller error beats the model",
+     Scores("mae", False, 0.95, {"mean": 0.90}), Rule(), SERVED_V3, None,
+     "does not beat the trivial mean"),
+]
+
+
+@pytest.mark.parametrize("case, scores, rule, current, publishes, words", CASES,
+                         ids=[c[0] for c in CASES])
+def test_the_gate_rule(case, scores, rule, current, publishes, words):
+    verdict = decide(scores, rule, current)
+    assert (None if verdict.publishes is None else str(verdict.publishes)) == publishes
+    assert words in verdict.reason, verdict.reason
+
+
+def test_lift_and_margin_are_in_the_metric_direction():
+    verdict = decide(Scores("mae", False, 0.70, {"mean": 0.90, "median": 0.80}, "lin", 0.75),
+                     Rule(), NEVER)
+    assert verdict.lift_over_trivial == {"mean": pytest.approx(0.2), "median": pytest.approx(0.1)}
+    assert verdict.model_vs_challenger == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("text, served, name, directory", [
+    ("model", Served.MODEL, None, "artifact"),
+    ("challenger-als", Served.CHALLENGER, "als", "challenger-als"),
+    ("blend-als", Served.BLEND, "als", "blend-als"),
+    ("trivial-best-feature", Served.TRIVIAL, "best-feature", "trivial-best-feature"),
+])
+def test_a_choice_round_trips_through_its_text(text, served, name, directory):
+    choice = Choice.parse(text)
+    assert (choice.served, choice.name, choice.dir_name, str(choice)) == (
+        served, name, directory, text)
+
+
+@pytest.mark.parametrize("text", ["nonsense", "challenger", "model-als"])
+def test_a_choice_that_names_nothing_is_refused(text):
+    with pytest.raises(ValueError):
+        Choice.parse(text)
+
+
+@pytest.mark.parametrize("published, decision", [
+    ({"published": True}, Decision.PUBLISHED),
+    ({"published": False, "fenced": True}, Decision.FENCED),
+    ({"published": False}, Decision.REJECTED),
+])
+def test_a_publish_summary_maps_to_one_decision(published, decision):
+    assert Decision.of_publish(published) is decision
