@@ -1,4 +1,20 @@
-"""AltSVM multi-core scaling (issue #17, part 2): where a fit's time goes, and what more cores buy.
+"""AltSVM multi-core scaling: fit time per thread count, and the same fit on every count.
+
+Default (issue #36): the synthetic problem of 200k users x 20k items with 4M comparisons,
+rank 20 (as ``bench/altsvm_determinism.py``), λ = 0.3 reg_max, a fixed number of outer
+iterations (tol = 0). For each thread count of ``--threads``: the median wall time of
+``--repeats`` fits (thread counts interleaved, so all see the same machine load), the
+speed-up over the first count, and whether the fit is bit-for-bit the one of the first count
+(factors, bias, both duals, objective per iteration, iterations: a SHA-256 of them). The
+first call's compile (or numba cache load, ``AltSVM.warm_up``), the data generation and
+reg_max are reported apart. Needs only numpy, scipy, numba and this repository.
+
+Run (about 4 min on 16 cores, most of it the 1-thread fits and the first compile):
+``.venv/bin/python bench/altsvm_scaling.py --threads 1,2,4,8,16``; ``--quick`` is a smoke run
+(0.4M comparisons, 2 iterations, 2 repeats); ``--deterministic no`` times the Hogwild V-step
+(whose fits differ between runs; the check then says so).
+
+``--profile`` adds issue #17's tables (sizes ``--sizes``, default then 4,40 million):
 
 1. Per-phase times at ONE thread, in CPU seconds of that thread (robust to a busy machine:
    a phase's CPU time does not depend on how much of a core other programs leave it; wall
@@ -6,28 +22,22 @@
    with a timer (exclusive times, nested calls subtracted);
    a phase is *parallel* when the code that runs it with n_threads > 1 is a numba
    ``parallel=True`` kernel (the 1-thread fit runs its serial twin: ``ustep_serial`` for
-   ``ustep_parallel``, ``vstep_serial`` for ``vstep_hogwild``), everything else is serial
-   (numpy calls, Python glue, serial kernels). Serial fraction s = serial time / total, and
-   Amdahl's prediction for p threads, 1 / (s + (1 − s)/p).
-2. Fits at 1..N threads (N = os.cpu_count()): median wall time and speed-up over 1 thread.
-3. MovieLens 100K, all pairs (7.0M comparisons; ``solvers.pairs_from_ratings``), rank 10,
-   10 outer iterations: both tables.
-4. Peak memory per comparison: one fit per size in a child process whose peak resident set
+   ``ustep_parallel``), everything else is serial (numpy calls, Python glue, serial kernels).
+   Serial fraction s = serial time / total, and Amdahl's prediction for p threads,
+   1 / (s + (1 − s)/p).
+2. MovieLens 100K, all pairs (7.0M comparisons; ``solvers.pairs_from_ratings``), rank 10,
+   10 outer iterations, when the data is at hand.
+3. Peak memory per comparison: one fit per size in a child process whose peak resident set
    (VmHWM) is reset right before ``fit`` (``/proc/self/clear_refs``), extrapolated linearly
    to 200M comparisons.
 
 Fits run in worker processes, one per version of the code: ``--compare DIR`` adds a worker
 importing the ``solvers`` package in DIR (e.g. the code before a change), and the two take
-turns fit by fit, so both see the same machine load. reg_max (what ``reg=None`` computes,
-``_altsvm_solver.Threshold``) is its own line; the fits pass an explicit
-``reg = 0.3 reg_max`` (the default ``reg_ratio``), so they time the fit itself.
+turns fit by fit, so both see the same machine load.
 
-Synthetic problem (the issue's): 200k users x 20k items, 200 comparisons per user (40M), a
-planted rank-10 score matrix with logistic noise, rows in random order (as events arrive; the
-fit sorts them by user); ``--quick`` is 20 per user (4M) and fewer fits.
-
-Run: ``.venv/bin/python bench/altsvm_scaling.py`` (about 20 min on 2 busy cores), ``--quick``,
-``--sizes 4,40`` (millions), ``--compare DIR``, ``--skip movielens,memory``.
+Synthetic problem: 200k users x 20k items, M million comparisons (M·5 per user), a planted
+rank-10 score matrix with logistic noise, rows in random order (as events arrive; the fit
+sorts them by user).
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MOVIELENS = Path("/work/shared/data/movielens-100k/u.data")
-RANK, REG_RATIO = 10, 0.3
+PLANTED_RANK, REG_RATIO = 10, 0.3
 
 # (module, attribute, phase): every function a fit calls from Python, in the code before and
 # after issue #17 (names a version lacks are skipped). Exclusive time goes to the phase.
@@ -78,6 +88,12 @@ TIMED = [
     ("solvers._altsvm_solver", "v_accumulators", "loop (glue, copies)"),
     ("solvers._altsvm_kernels", "scatter_duals", "V rebuild"),
     ("solvers._altsvm_kernels", "items_from_duals", "V rebuild"),
+    ("solvers._altsvm_solver", "strata", "V-step schedule"),
+    ("solvers._altsvm_layout", "count_pairs", "V-step schedule"),
+    ("solvers._altsvm_layout", "scatter_by_task", "V-step schedule"),
+    ("solvers._altsvm_kernels", "take_duals", "V-step"),
+    ("solvers._altsvm_kernels", "put_duals", "V-step"),
+    ("solvers._altsvm_kernels", "vstep_strata", "V-step"),
     ("solvers._altsvm_kernels", "vstep_serial", "V-step"),
     ("solvers._altsvm_kernels", "vstep_hogwild", "V-step"),
     ("solvers._altsvm_kernels", "ustep_serial", "U-step"),
@@ -85,7 +101,7 @@ TIMED = [
     ("solvers._altsvm_kernels", "user_shares", "objective"),
     ("solvers._altsvm_kernels", "sum_squares", "sum of squares"),
 ]
-PARALLEL_TWIN = {"vstep_serial", "ustep_serial"}  # their n_threads > 1 versions are parallel
+PARALLEL_TWIN = {"ustep_serial"}  # its n_threads > 1 version is parallel
 KERNELS = ("V-step", "U-step")  # the iterations' CD kernels, shown apart in the thread table
 
 
@@ -95,8 +111,8 @@ def synthetic(n_users: int, n_items: int, per_user: int, seed: int = 0) -> np.nd
     """(user, winner, loser) rows in random order: per user ``per_user`` random item pairs,
     oriented by a planted rank-10 score matrix plus logistic noise."""
     rng = np.random.default_rng(seed)
-    Us = rng.normal(size=(n_users, RANK)) / np.sqrt(RANK)
-    Vs = rng.normal(size=(n_items, RANK))
+    Us = rng.normal(size=(n_users, PLANTED_RANK)) / np.sqrt(PLANTED_RANK)
+    Vs = rng.normal(size=(n_items, PLANTED_RANK))
     out = np.empty((n_users * per_user, 3), dtype=np.int64)
     step = max(1, 2_000_000 // per_user)
     for lo in range(0, n_users, step):
@@ -118,14 +134,26 @@ def problem_data(spec: str) -> np.ndarray:
 
         d = np.loadtxt(MOVIELENS, dtype=np.int64)
         return pairs_from_ratings(d[:, 0] - 1, d[:, 1] - 1, d[:, 2].astype(float))
-    return synthetic(200_000, 20_000, int(float(spec.split(":")[1]) * 1e6) // 200_000)
+    return synthetic(200_000, 20_000, max(1, int(float(spec.split(":")[1]) * 1e6) // 200_000))
 
 
-def model(threads: int, iters: int, reg: float | None):
+def model(threads: int, iters: int, reg: float | None, rank: int = 20,
+          deterministic: bool = True):
     from solvers import AltSVM
 
-    return AltSVM(rank=RANK, reg=reg, max_iter=iters, tol=0.0, n_threads=threads,
-                  random_state=0)
+    return AltSVM(rank=rank, reg=reg, max_iter=iters, tol=0.0, n_threads=threads,
+                  deterministic=deterministic, random_state=0)
+
+
+def digest(m) -> str:
+    """SHA-256 of everything a fit learns: factors, bias, duals, objective, iterations."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in (m.user_factors_, m.item_factors_, m.item_bias_, m._alpha, m._beta, m.objective_,
+              np.array([m.n_iter_])):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- worker process
@@ -182,7 +210,8 @@ class Phases:
         phases["fit (glue)"] = wall - sum(phases.values())
         cpu_phases["fit (glue)"] = cpu - sum(cpu_phases.values())
         return {"wall": wall, "phases": phases, "cpu": cpu, "cpu_phases": cpu_phases,
-                "parallel": self.parallel}
+                "parallel": self.parallel, "digest": digest(m), "n_iter": int(m.n_iter_),
+                "objective": float(m.objective_[-1])}
 
 
 def worker(spec: str, max_threads: int) -> None:
@@ -195,7 +224,10 @@ def worker(spec: str, max_threads: int) -> None:
     t0 = time.perf_counter()
     c = problem_data(spec)
     phases = Phases()
+    import numba
+
     print(json.dumps({"n": int(c.shape[0]), "warm_up": warm, "generate": time.perf_counter() - t0,
+                      "layer": numba.threading_layer(),
                       "solvers": str(Path(sys.modules["solvers"].__file__).parent)}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
@@ -204,7 +236,8 @@ def worker(spec: str, max_threads: int) -> None:
             value = AltSVM(n_threads=1).reg_max(c)
             out = {"reg_max": value, "seconds": time.perf_counter() - t0}
         elif cmd["cmd"] == "fit":
-            out = phases.fit(model(cmd["threads"], cmd["iters"], cmd["reg"]), c)
+            out = phases.fit(model(cmd["threads"], cmd["iters"], cmd["reg"], cmd["rank"],
+                                   cmd["deterministic"]), c)
         else:
             return
         print(json.dumps(out), flush=True)
@@ -252,7 +285,7 @@ def med(values) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def phase_table(name: str, n: int, iters: int, runs: dict) -> dict:
+def phase_table(name: str, n: int, iters: int, rank: int, runs: dict) -> dict:
     """Per-phase medians at 1 thread per version; returns {version: serial fraction}."""
     out = {}
     for version, rs in runs.items():
@@ -263,7 +296,7 @@ def phase_table(name: str, n: int, iters: int, runs: dict) -> dict:
         fractions = [serial_fraction(r, "cpu_") for r in rs]
         walls_s = [serial_fraction(r) for r in rs]
         s = out[version] = med(fractions)
-        print(f"\n{name} [{version}]: {n:,} comparisons, rank {RANK}, {iters} outer "
+        print(f"\n{name} [{version}]: {n:,} comparisons, rank {rank}, {iters} outer "
               f"iterations, 1 thread, {len(rs)} fits: median CPU {total_cpu:.2f} s (min "
               f"{min(cpus):.2f}, max {max(cpus):.2f}), wall {total:.2f} s (min {min(walls):.2f}, "
               f"max {max(walls):.2f})")
@@ -280,12 +313,21 @@ def phase_table(name: str, n: int, iters: int, runs: dict) -> dict:
     return out
 
 
-def thread_table(name: str, counts: list, runs: dict) -> None:
-    """Median wall time per (version, thread count), with speed-ups."""
+def thread_table(name: str, counts: list, runs: dict) -> list:
+    """Median wall time per (version, thread count), with speed-ups and the identity check;
+    returns summary lines."""
     versions = list(runs)
     print(f"\n{name}: median wall time per thread count (fits interleaved across versions and "
-          f"thread counts; speed-up over 1 thread; in brackets the V-/U-step kernels alone)")
+          f"thread counts; speed-up over {counts[0]} thread(s); in brackets the V-/U-step "
+          "kernels alone; 'same' = bit-for-bit the fit of the first count)")
     base = {v: med([r["wall"] for r in runs[v][counts[0]]]) for v in versions}
+    lines = []
+    for v in versions:
+        ref = runs[v][counts[0]][0]["digest"]
+        all_same = all(r["digest"] == ref for t in counts for r in runs[v][t])
+        lines.append(f"{name} [{v}]: " + ", ".join(
+            f"{t} threads {base[v] / med([r['wall'] for r in runs[v][t]]):.2f}x" for t in counts)
+            + f"; fits identical across thread counts and repeats: {'YES' if all_same else 'NO'}")
     for t in counts:
         cells = []
         for v in versions:
@@ -295,22 +337,34 @@ def thread_table(name: str, counts: list, runs: dict) -> None:
                         for r in rs])
             kern1 = med([sum(s for k, s in r["phases"].items() if k.startswith(KERNELS))
                          for r in runs[v][counts[0]]])
+            ref = runs[v][counts[0]][0]["digest"]
+            same = sum(r["digest"] == ref for r in rs)
             cells.append(f"{v}: {wall:7.2f} s {base[v] / wall:5.2f}x [{kern:6.2f} s "
-                         f"{kern1 / kern:5.2f}x]")
+                         f"{kern1 / kern:5.2f}x] same {same}/{len(rs)} "
+                         f"(objective {rs[0]['objective']:.10g}, {rs[0]['n_iter']} iterations)")
         ratio = ""
         if len(versions) == 2:
             a, b = (med([r["wall"] for r in runs[v][t]]) for v in versions)
             ratio = f"   {versions[1]}/{versions[0]} {b / a:.2f}"
         print(f"  {t:2d} threads  " + "   ".join(cells) + ratio, flush=True)
+        for v in versions:  # where the time goes at this count (median wall s per phase)
+            keys = sorted({k for r in runs[v][t] for k in r["phases"]},
+                          key=lambda k: -med([r["phases"].get(k, 0.0) for r in runs[v][t]]))
+            print(f"      [{v}] " + ", ".join(
+                f"{k.split(' [')[0]} {med([r['phases'].get(k, 0.0) for r in runs[v][t]]):.3f}"
+                for k in keys[:6]), flush=True)
+    return lines
 
 
 def run_problem(spec: str, name: str, iters: int, codes: dict, counts: list, repeats: int,
-                skip: set, summary: list) -> float:
+                skip: set, summary: list, rank: int, deterministic: bool) -> float:
     """Phase and thread tables of one problem for every version; returns the reg used."""
     workers = {v: Worker(code, spec, max(counts)) for v, code in codes.items()}
     first = next(iter(workers.values())).info
-    print(f"\n== {name}: {first['n']:,} comparisons (data made in {first['generate']:.1f} s)",
-          flush=True)
+    print(f"\n== {name}: {first['n']:,} comparisons (data made in {first['generate']:.1f} s); "
+          f"first call (compile or cache load, AltSVM.warm_up): " + ", ".join(
+              f"[{v}] {w.info['warm_up']:.1f} s" for v, w in workers.items())
+          + f"; numba threading layer {first['layer']}", flush=True)
     reg = None
     for v, w in reversed(list(workers.items())):  # this checkout's first: its reg is used
         if reg is not None and "regmax-before" in skip:
@@ -320,12 +374,13 @@ def run_problem(spec: str, name: str, iters: int, codes: dict, counts: list, rep
         print(f"  [{v}] reg_max (what reg=None computes; not part of the fits below): "
               f"{r['seconds']:.2f} s at 1 thread; reg_max {r['reg_max']:.6g}; fits use reg = "
               f"{REG_RATIO:g} reg_max = {reg:.6g}", flush=True)
+    fit = dict(cmd="fit", iters=iters, reg=reg, rank=rank, deterministic=deterministic)
     if "phases" not in skip:
         runs = {v: [] for v in workers}
         for _ in range(repeats):
             for v, w in workers.items():
-                runs[v].append(w.ask(cmd="fit", threads=1, iters=iters, reg=reg))
-        fractions = phase_table(name, first["n"], iters, runs)
+                runs[v].append(w.ask(**fit, threads=1))
+        fractions = phase_table(name, first["n"], iters, rank, runs)
         for v, s in fractions.items():
             summary.append(f"{name} [{v}]: serial fraction {100 * s:.2f} % -> Amdahl "
                            f"{amdahl(s, 16):.2f}x on 16 threads; 1-thread fit "
@@ -336,8 +391,8 @@ def run_problem(spec: str, name: str, iters: int, codes: dict, counts: list, rep
         for _ in range(repeats):
             for t in counts:
                 for v, w in workers.items():
-                    runs[v][t].append(w.ask(cmd="fit", threads=t, iters=iters, reg=reg))
-        thread_table(name, counts, runs)
+                    runs[v][t].append(w.ask(**fit, threads=t))
+        summary += thread_table(name, counts, runs)
     for w in workers.values():
         w.close()
     return reg
@@ -406,11 +461,19 @@ def machine() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4M comparisons only, 2 fits each")
-    ap.add_argument("--sizes", default="4,40", help="millions of comparisons (200k users)")
-    ap.add_argument("--iters", type=int, default=3, help="outer iterations of the synthetic fits")
+    ap.add_argument("--threads", default=None,
+                    help="thread counts, e.g. 1,2,4,8,16 (default 1..os.cpu_count())")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 0.4M comparisons, 2 iterations, 2 repeats")
+    ap.add_argument("--sizes", default=None,
+                    help="millions of comparisons, 200k users (default 4; 4,40 with --profile)")
+    ap.add_argument("--iters", type=int, default=5, help="outer iterations of the synthetic fits")
+    ap.add_argument("--rank", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", default=None, help="thread counts, e.g. 1,2 (default 1..N)")
+    ap.add_argument("--deterministic", default="yes", choices=("yes", "no"),
+                    help="AltSVM(deterministic=...): stratified (yes) or Hogwild (no) V-step")
+    ap.add_argument("--profile", action="store_true",
+                    help="also issue #17's per-phase table, MovieLens 100K and memory")
     ap.add_argument("--skip", default="",
                     help="comma list of: phases,threads,movielens,memory,synthetic,regmax-before")
     ap.add_argument("--code", default=str(REPO), help="directory holding the solvers package")
@@ -427,9 +490,12 @@ def main() -> None:
     if a.memory_child is not None:
         memory_child(a.memory_child, None if a.reg == "none" else float(a.reg))
         return
-    sizes = [4.0] if a.quick else [float(s) for s in a.sizes.split(",")]
-    repeats = 2 if a.quick else a.repeats
+    sizes = a.sizes or ("4,40" if a.profile else "4")
+    sizes = [0.4] if a.quick else [float(s) for s in sizes.split(",")]
+    repeats, iters = (2, 2) if a.quick else (a.repeats, a.iters)
     skip = set(filter(None, a.skip.split(",")))
+    if not a.profile:
+        skip |= {"phases", "movielens", "memory"}
     counts = ([int(t) for t in a.threads.split(",")] if a.threads
               else list(range(1, os.cpu_count() + 1)))
     codes = {"after": Path(a.code).resolve()}
@@ -440,16 +506,19 @@ def main() -> None:
     summary, specs_regs = [], []
     problems = [] if "synthetic" in skip else [
         (f"synthetic:{s:g}", f"synthetic {s:g}M (200k users x 20k items, "
-         f"{int(s * 1e6) // 200_000}/user, shuffled)", a.iters) for s in sizes]
+         f"{max(1, int(s * 1e6) // 200_000)}/user, shuffled), rank {a.rank}, {iters} "
+         f"iterations, deterministic={a.deterministic}", iters) for s in sizes]
     if "movielens" not in skip and MOVIELENS.exists():
         problems.append(("movielens", "MovieLens 100K all pairs", 10))
-    for spec, name, iters in problems:
-        reg = run_problem(spec, name, iters, codes, counts, repeats, skip, summary)
+    began = time.perf_counter()
+    for spec, name, n_iter in problems:
+        reg = run_problem(spec, name, n_iter, codes, counts, repeats, skip, summary,
+                          a.rank if spec != "movielens" else 10, a.deterministic == "yes")
         if spec != "movielens":
             specs_regs.append((spec, reg))
     if "memory" not in skip and specs_regs:
         memory_table(specs_regs, codes)
-    print("\nsummary (" + machine() + "):")
+    print(f"\nsummary ({time.perf_counter() - began:.0f} s; " + machine() + "):")
     for line in summary:
         print("  " + line)
 

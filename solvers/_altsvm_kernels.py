@@ -33,7 +33,8 @@ number of passes, except that the U-step runs extra passes per user while that u
 P is above its value at the previous point (:func:`_user_update`).
 
 Random numbers come from a splitmix64 stream whose seed is an argument, so a kernel's result
-depends only on its inputs (and, for the Hogwild V-step with several threads, on timing).
+depends only on its inputs (and, for the Hogwild V-step with several threads, on timing; the
+stratified V-step, :func:`vstep_strata`, gives the same numbers on any thread count).
 ``fastmath`` is limited to reassociation, contraction and signed zeros (it lets LLVM vectorize
 the length-r dot products); nothing assumes away NaN or inf. A ``prange`` body only calls a
 plain ``@njit`` helper (see :mod:`solvers._altsvm_layout`: inline loops there compile slower).
@@ -44,7 +45,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from solvers._altsvm_layout import _span
 from solvers._random import GOLDEN, MIX2, next_u64
@@ -643,6 +648,162 @@ def vstep_hogwild(blocks, block_start, vu, vw, vl, beta, U, V, b, fit_bias, reg,
     for q in prange(blocks.shape[0]):
         _vstep_block(block_start[blocks[q]], block_start[blocks[q] + 1], vu, vw, vl, beta, U, V,
                      b, fit_bias, reg, loss)
+
+
+# --------------------------------------------------------------------------------------------
+# Stratified V-step: parallel, and the same numbers on any thread count
+#
+# Items are split into B blocks (B even, set by the data: see ``_altsvm_solver.strata``). A
+# comparison c = (i, j, k) reads u_i (fixed during the V-step) and reads and writes only
+# v_j, v_k, b_j, b_k and its own dual beta_c: it touches the item blocks b(j) and b(k). Group
+# the comparisons into tasks by the unordered block pair {b(j), b(k)}: B(B − 1)/2 off-diagonal
+# tasks {p, q} and B diagonal ones {p}. Two tasks whose block sets are disjoint write disjoint
+# memory, so they commute exactly (bit for bit). The rounds of a round-robin tournament on B
+# players (the circle method: fix block B − 1, rotate the others) are B − 1 perfect matchings
+# of the blocks, covering every pair once:
+#
+#     round ρ = 0 .. B − 2:  {B − 1, ρ}  and  {(ρ + s) mod (B − 1), (ρ − s) mod (B − 1)},
+#                            s = 1 .. B/2 − 1,
+#
+# and one more round holds the B diagonal tasks. In each round every block is in exactly one
+# task, so a round's tasks run in parallel (dealt to threads dynamically, largest first), with
+# a barrier between rounds (DSGD's strata, Gemulla et al., KDD 2011, for a loss that couples
+# two columns). An epoch is every round once, in an order drawn from ``seed`` alone; a task
+# visits its comparisons (stored contiguously, by user) sequentially from a start drawn from
+# (``seed``, task). Hence the sequence of floating-point operations on each v_j, b_j and beta_c
+# is fixed by the data and the seed: it is that of the serial execution round by round, task
+# by task, whatever the number of threads or the timing. Per epoch there are B barriers.
+# --------------------------------------------------------------------------------------------
+
+PREFETCH_AHEAD = 12  # comparisons ahead whose u_i is prefetched in a task
+# the intrinsic's name mangles the pointer type: opaque ``ptr`` from LLVM 15 on, i8* before
+_PREFETCH = "llvm.prefetch.p0" if llvm.llvm_version_info[0] >= 15 else "llvm.prefetch.p0i8"
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i, f):
+    """Hint the CPU to fetch ``arr[i, f]`` into cache (``llvm.prefetch``: read, high locality)
+    without waiting for it: in task order the rows u_i are scattered over U."""
+    sig = types.void(arr, i, f)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ii = context.cast(builder, args[1], signature.args[1], types.intp)
+        ff = context.cast(builder, args[2], signature.args[2], types.intp)
+        ptr = cgutils.get_item_pointer2(context, builder, ary.data,
+                                        cgutils.unpack_tuple(builder, ary.shape),
+                                        cgutils.unpack_tuple(builder, ary.strides),
+                                        aryty.layout, [ii, ff], wraparound=False,
+                                        boundscheck=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            _PREFETCH)
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, fastmath=_FAST)
+def _vstep_task(c0, c1, start, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss):
+    """Dual CD steps (eq. 10) on comparisons c0..c1-1 of the task-ordered arrays, visited
+    c0 + start, ..., c1 − 1, c0, ..., c0 + start − 1 (``beta`` in task order too)."""
+    r = U.shape[1]
+    m = c1 - c0
+    for s in range(m):
+        if r > 0 and s + PREFETCH_AHEAD < m:
+            ahead = c0 + (start + s + PREFETCH_AHEAD) % m
+            ip = tu[ahead]
+            for f in range(0, r, 8):  # a cache line holds 8 float64
+                _prefetch(U, ip, f)
+            _prefetch(U, ip, r - 1)
+        c = c0 + (start + s) % m
+        i = tu[c]
+        j = tw[c]
+        k = tl[c]
+        g = 0.0
+        uu = 0.0
+        for f in range(r):
+            uf = U[i, f]
+            g += uf * (V[j, f] - V[k, f])
+            uu += uf * uf
+        if fit_bias:
+            g += b[j] - b[k]
+            uu += 1.0
+        a = beta[c]
+        a_new = dual_step(loss, a, g, 2.0 * uu / reg)
+        if a_new != a:
+            beta[c] = a_new
+            d = (a_new - a) / reg
+            for f in range(r):
+                t = d * U[i, f]
+                V[j, f] += t
+                V[k, f] -= t
+            if fit_bias:
+                b[j] += d
+                b[k] -= d
+
+
+@njit(cache=True)
+def _run_task(t, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss, seed):
+    c0, c1 = task_ptr[t], task_ptr[t + 1]
+    if c1 > c0:
+        _, z = next_u64(_stream_seed(seed, t))
+        _vstep_task(c0, c1, np.int64(z % np.uint64(c1 - c0)), tu, tw, tl, beta, U, V, b,
+                    fit_bias, reg, loss)
+
+
+@njit(parallel=True, cache=True)
+def vstep_strata(round_order, round_ptr, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg,
+                 loss, seed):
+    """One V-step epoch on the stratified schedule above, on any number of threads.
+
+    Problem (eq. 6 with bias): min_{V,b} reg/2 (‖V‖² + ‖b‖²) + Σ_c L(z_c), U fixed, through
+    its dual (eq. 9); on entry V, b must equal (1/reg) Σ beta_c x_c. Rounds: tasks
+    ``round_ptr[ρ]..round_ptr[ρ + 1] − 1``; task t: positions ``task_ptr[t]..task_ptr[t + 1]
+    − 1`` of ``tu, tw, tl, beta`` (the comparisons in task order, :func:`_altsvm_solver.strata`).
+    ``round_order`` (scratch, one entry per round) is set to the epoch's round order, a
+    shuffle drawn from ``seed``. No stopping rule inside: the caller checks the objective.
+    """
+    for q in range(round_order.shape[0]):
+        round_order[q] = q
+    _shuffle(round_order, 0, round_order.shape[0], seed)
+    for q in range(round_order.shape[0]):
+        rho = round_order[q]
+        for t in prange(round_ptr[rho], round_ptr[rho + 1]):
+            _run_task(t, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss, seed)
+
+
+@njit(cache=True)
+def _take_span(src, perm, lo, hi, out):
+    for p in range(lo, hi):
+        out[p] = src[perm[p]]
+
+
+@njit(cache=True)
+def _put_span(src, perm, lo, hi, out):
+    for p in range(lo, hi):
+        out[perm[p]] = src[p]
+
+
+@njit(parallel=True, cache=True)
+def take_duals(src, perm, out, n_spans):
+    """out[p] = src[perm[p]] (duals from layout order into task order)."""
+    n = perm.shape[0]
+    for t in prange(n_spans):
+        lo, hi = _span(n, n_spans, t)
+        _take_span(src, perm, lo, hi, out)
+
+
+@njit(parallel=True, cache=True)
+def put_duals(src, perm, out, n_spans):
+    """out[perm[p]] = src[p] (duals from task order back into layout order)."""
+    n = perm.shape[0]
+    for t in prange(n_spans):
+        lo, hi = _span(n, n_spans, t)
+        _put_span(src, perm, lo, hi, out)
 
 
 # --------------------------------------------------------------------------------------------

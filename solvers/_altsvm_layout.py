@@ -246,3 +246,62 @@ def fill_entries(blocks, user_ptr, cw, cl, entry_ptr, pos_w, pos_l, entry_item):
     for q in prange(blocks.shape[0] - 1):
         _place_entries(blocks[q], blocks[q + 1], user_ptr, cw, cl, entry_ptr, pos_w, pos_l,
                        entry_item)
+
+
+# --------------------------------------------------------------------------------------------
+# the V-step's strata (see :func:`solvers._altsvm_kernels.vstep_strata` for the schedule)
+# --------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _pair_key(w, lo, item_block, n_blocks):
+    """Key of the unordered item-block pair {b(w), b(lo)}: min · n_blocks + max."""
+    bw = item_block[w]
+    bl = item_block[lo]
+    return min(bw, bl) * n_blocks + max(bw, bl)
+
+
+@njit(cache=True)
+def _count_pairs_span(winners, losers, item_block, n_blocks, lo, hi, row):
+    for r in range(lo, hi):
+        row[_pair_key(winners[r], losers[r], item_block, n_blocks)] += 1
+
+
+@njit(parallel=True, cache=True)
+def count_pairs(winners, losers, item_block, n_blocks, n_spans):
+    """counts[t, key] = comparisons of span t whose items fall in the block pair ``key``
+    (:func:`_pair_key`)."""
+    n = winners.shape[0]
+    counts = np.zeros((n_spans, n_blocks * n_blocks), np.int64)
+    for t in prange(n_spans):
+        lo, hi = _span(n, n_spans, t)
+        _count_pairs_span(winners, losers, item_block, n_blocks, lo, hi, counts[t])
+    return counts
+
+
+@njit(cache=True)
+def _scatter_tasks_span(users, winners, losers, item_block, n_blocks, task_of_key, item_new, lo,
+                        hi, row, perm, tu, tw, tl):
+    for r in range(lo, hi):
+        t = task_of_key[_pair_key(winners[r], losers[r], item_block, n_blocks)]
+        p = row[t]
+        row[t] = p + 1
+        perm[p] = r
+        tu[p] = users[r]
+        tw[p] = item_new[winners[r]]
+        tl[p] = item_new[losers[r]]
+
+
+@njit(parallel=True, cache=True)
+def scatter_by_task(users, winners, losers, item_block, n_blocks, task_of_key, item_new, starts,
+                    perm, tu, tw, tl):
+    """Stable counting sort of the comparisons by task (``task_of_key`` of their block pair):
+    span t writes its rows of task k from ``starts[t, k]`` on, in their order. perm[p] is the
+    row that lands at position p; ``tu`` gets its user, ``tw, tl`` its items relabelled by
+    ``item_new``. ``starts`` is overwritten."""
+    n = winners.shape[0]
+    n_spans = starts.shape[0]
+    for t in prange(n_spans):
+        lo, hi = _span(n, n_spans, t)
+        _scatter_tasks_span(users, winners, losers, item_block, n_blocks, task_of_key, item_new,
+                            lo, hi, starts[t], perm, tu, tw, tl)

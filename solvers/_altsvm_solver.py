@@ -29,20 +29,28 @@ u_i, and else keeps the old u_i. ``objective`` is non-increasing by construction
 iteration whose V-step was reverted never counts as converged.
 
 Parallel schedule. Everything a fit does in O(|Ω|) or O(|E| r) runs on ``n_threads``
-threads: the checks, the counting sort by user and the entries (:func:`layout`), the warm
-start's dual join and U rebuild, and per outer iteration the V rebuild, the V-step and the
-U-step; what stays serial is O(n_users r + n_items r) (the random U, copies of U and V,
-prefix sums over users). The layout and the passes over users (U-step fused with the rebuild
-of U and the objective, warm-start rebuild) give the same numbers on any thread count: a user
-owns its comparisons, entries and row of U, and draws from its own random stream. The V
-rebuild sums v_j per contiguous range of users into one accumulator per range, so its
-rounding depends on the number of ranges (1 with one thread, up to 4 per thread; see
-:func:`v_accumulators`). The V-step is lock-free (Hogwild, §4.1): comparisons grouped by user
-are cut into blocks of 256, visited in a fresh random block order every epoch, each block
-sequentially, blocks dealt to threads dynamically; its result depends on timing, so it runs
-only when asked (``hogwild=True``; ``AltSVM(deterministic=False)``). By default the V-step is
-the serial kernel and a fit is bit-for-bit reproducible for a given thread count; Hogwild
-fits agree with it to the V-step's noise (the tests allow 2e-3 of the objective).
+threads: the checks, the counting sorts (by user, :func:`layout`; by V-step task,
+:func:`strata`) and the entries, the warm start's dual join and U rebuild, and per outer
+iteration the V rebuild, the V-step and the U-step; what stays serial is O(n_users r +
+n_items r) (the random U, copies of U and V, prefix sums). By default (``hogwild=False``) a
+fit gives the same numbers, bit for bit, on any thread count, for a given seed:
+
+* the passes over users (U-step fused with the rebuild of U and the objective, warm-start
+  rebuild, layout) go by blocks of whole users: a user owns its comparisons, entries and row
+  of U, and draws from its own random stream;
+* the V rebuild sums v_j per contiguous range of users into one accumulator per range, then
+  adds the ranges in order; the ranges are set by the data, not the thread count
+  (:func:`accumulator_parts`);
+* the V-step is stratified (:func:`_altsvm_kernels.vstep_strata`): items in B blocks, the
+  comparisons grouped into tasks by the pair of blocks of their two items, the tasks into
+  the rounds of a round-robin tournament (within a round no two tasks share a block, so they
+  run in parallel without races), rounds in a seeded order. The schedule is a function of the
+  data and the seed only.
+
+``hogwild=True`` (``AltSVM(deterministic=False)``) runs the paper's lock-free V-step instead
+(§4.1): comparisons grouped by user are cut into blocks of 256, visited in a fresh random
+block order every epoch, each block sequentially, blocks dealt to threads dynamically; its
+result depends on timing. The tests hold both to the serial quality (2e-3 of the objective).
 
 Stopping rule: the decrease of the objective in an outer iteration, measured against the
 whole decrease from the point w = 0 (U = V = 0, b = 0, where P(0) = n L(0))::
@@ -76,11 +84,14 @@ LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGI
 MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
 MAX_FIRST_V_EPOCHS = 20  # extra epochs of a V-step that starts from V = 0, b = 0
 MAX_EXTRA_U_EPOCHS = 50
-BLOCK = 256  # comparisons per block of the V-step's block-shuffled order
-CHUNK = 4  # blocks a thread takes at a time in the V- and U-steps
+BLOCK = 256  # comparisons per block of the Hogwild V-step's block-shuffled order
+CHUNK = 4  # blocks a thread takes at a time in the U-step and the Hogwild V-step
 BLOCK_COMPARISONS = 4096  # comparisons per block of users in the parallel passes over users
-V_PARTS_PER_THREAD = 4  # user ranges per thread in the V rebuild (each with its own V)
+V_PARTS = 32  # user ranges of the V rebuild (each with its own V), at most
 V_PARTS_MIN_BYTES = 64 * 2**20  # their memory may reach max(this, 8 bytes per entry)
+MAX_ITEM_BLOCKS = 64  # item blocks B of the stratified V-step: B/2 tasks per round
+TASK_COMPARISONS = 512  # B is at most sqrt(2 n / this): tasks of this many comparisons or more
+DUAL_SPANS = 64  # spans of the parallel dual gathers between layout and task order
 
 
 # ---------------------------------------------------------------------- layout
@@ -241,34 +252,101 @@ class Result:
     n_v_reverts: int
 
 
-def accumulator_parts(cost_ptr: np.ndarray, n_threads: int, n_entries: int,
-                      part_bytes: int) -> np.ndarray:
+def accumulator_parts(cost_ptr: np.ndarray, n_entries: int, part_bytes: int) -> np.ndarray:
     """User ranges for a pass that sums per item with one accumulator (``part_bytes``) per
-    range: one range on one thread, else up to ``V_PARTS_PER_THREAD`` per thread, as many as
-    fit in max(``V_PARTS_MIN_BYTES``, 8 bytes per entry)."""
-    if n_threads <= 1:
-        return np.array([0, cost_ptr.shape[0] - 1], dtype=np.int64)
+    range: up to ``V_PARTS``, as many as fit in max(``V_PARTS_MIN_BYTES``, 8 bytes per entry),
+    balanced by ``cost_ptr`` (a cumulative cost over users). Set by the data alone, never by
+    the thread count, so the sums round the same way on any number of threads."""
     budget = max(V_PARTS_MIN_BYTES, 8 * n_entries)
-    n_parts = min(V_PARTS_PER_THREAD * n_threads, budget // max(1, part_bytes))
+    n_parts = min(V_PARTS, budget // max(1, part_bytes))
     return user_parts(cost_ptr, max(1, n_parts))
 
 
-def v_accumulators(lay: dict, V: np.ndarray, b: np.ndarray, n_threads: int) -> tuple:
+def v_accumulators(lay: dict, V: np.ndarray, b: np.ndarray) -> tuple:
     """User ranges and accumulators for the V rebuild (:func:`_altsvm_kernels.items_from_duals`).
 
-    One thread: one range that adds straight into V and b. More: up to
-    ``V_PARTS_PER_THREAD`` ranges per thread (balanced by comparisons + rank x entries), as
-    many as fit in max(``V_PARTS_MIN_BYTES``, 8 bytes per entry) of accumulators, each a copy
-    of (V, b): their sum costs parts x items x (rank + 1), small beside the rebuild's
-    entries x rank when the memory bound holds.
+    Up to ``V_PARTS`` ranges (balanced by comparisons + rank x entries), as many as fit in
+    max(``V_PARTS_MIN_BYTES``, 8 bytes per entry) of accumulators, each a copy of (V, b):
+    their sum costs parts x items x (rank + 1), small beside the rebuild's entries x rank
+    when the memory bound holds. A single range adds straight into V and b.
     """
     n_items, r = V.shape
-    parts = accumulator_parts(lay["user_ptr"] + max(r, 1) * lay["entry_ptr"], n_threads,
-                              lay["n_entries"], 8 * n_items * (r + 1))
+    parts = accumulator_parts(lay["user_ptr"] + max(r, 1) * lay["entry_ptr"], lay["n_entries"],
+                              8 * n_items * (r + 1))
     if parts.shape[0] == 2:
         return parts, V[None], b[None]
     return parts, np.empty((parts.shape[0] - 1, n_items, r)), np.empty((parts.shape[0] - 1,
                                                                          n_items))
+
+
+def n_item_blocks(n: int, n_items: int) -> int:
+    """B for the stratified V-step: even, at most ``MAX_ITEM_BLOCKS`` (B/2 tasks per round are
+    enough for 16 threads to share), at most sqrt(2 n / ``TASK_COMPARISONS``) (so a task
+    holds enough comparisons to outweigh a barrier) and the number of items; at least 2."""
+    b = min(MAX_ITEM_BLOCKS, int(np.sqrt(2.0 * n / TASK_COMPARISONS)), n_items)
+    return max(2, b - b % 2)
+
+
+def tournament(n_blocks: int) -> list:
+    """Rounds of block sets: the B − 1 rounds of a round-robin tournament on B (even) blocks
+    by the circle method (round ρ: {B − 1, ρ} and {(ρ + s) mod (B − 1), (ρ − s) mod (B − 1)},
+    s = 1 .. B/2 − 1: a perfect matching), then the round of the B diagonal tasks {p}."""
+    m = n_blocks - 1
+    rounds = [[(m, rho)] + [((rho + s) % m, (rho - s) % m) for s in range(1, n_blocks // 2)]
+              for rho in range(m)]
+    return rounds + [[(p, p) for p in range(n_blocks)]]
+
+
+def strata(lay: dict) -> dict:
+    """The stratified V-step's schedule (:func:`_altsvm_kernels.vstep_strata`), from the
+    comparisons alone (never the thread count).
+
+    Item blocks: items by decreasing number of comparisons (ties by id) dealt to the B blocks
+    in serpentine order (0..B−1, B−1..0, ...), so the blocks, and the tasks, carry similar
+    loads. Tasks: the :func:`tournament`'s block pairs, numbered round by round, within a
+    round by decreasing size (dealt to threads largest first). The comparisons are stably
+    counting-sorted by task (within a task they stay in user order). Items are relabelled so
+    that each block is a contiguous range of rows (``item_order``: new label -> item): threads
+    working on different blocks then never write to the same cache line of V or b (with the
+    blocks interleaved, false sharing made 2 threads 1.36x one). Returns ``round_ptr``,
+    ``task_ptr``, ``perm`` (task position -> layout position), the users ``tu`` and
+    relabelled items ``tw``, ``tl`` in task order, ``item_order`` and ``n_blocks``; 24 bytes
+    per comparison while int32 ids fit.
+    """
+    cu, cw, cl, n_items = lay["cu"], lay["cw"], lay["cl"], lay["n_items"]
+    n = cu.shape[0]
+    n_blocks = n_item_blocks(n, n_items)
+    degree = np.bincount(cw, minlength=n_items) + np.bincount(cl, minlength=n_items)
+    by_degree = np.argsort(-degree, kind="stable")
+    rank = np.arange(n_items)
+    lap, seat = rank // n_blocks, rank % n_blocks
+    item_block = np.empty(n_items, dtype=np.int32)
+    item_block[by_degree] = np.where(lap % 2 == 0, seat, n_blocks - 1 - seat)
+    item_order = np.argsort(item_block, kind="stable")  # block by block, by id within one
+    item_new = np.empty(n_items, dtype=cw.dtype)
+    item_new[item_order] = np.arange(n_items)
+    spans = max(1, min(numba.get_num_threads(), n))  # who counts what; the sort is stable
+    counts = L.count_pairs(cw, cl, item_block, n_blocks, spans)
+    sizes = counts.sum(axis=0)
+    key_of_task, round_ptr = [], [0]
+    for pairs in tournament(n_blocks):
+        keys = [min(p, q) * n_blocks + max(p, q) for p, q in pairs]
+        key_of_task += sorted(keys, key=lambda k: (-sizes[k], k))
+        round_ptr.append(len(key_of_task))
+    key_of_task = np.asarray(key_of_task, dtype=np.int64)
+    task_of_key = np.full(n_blocks * n_blocks, -1, dtype=np.int64)
+    task_of_key[key_of_task] = np.arange(key_of_task.shape[0])
+    task_ptr = np.zeros(key_of_task.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes[key_of_task], out=task_ptr[1:])
+    per_span = counts[:, key_of_task]  # span t's rows of task k start after earlier spans'
+    starts = task_ptr[:-1] + np.cumsum(per_span, axis=0) - per_span
+    perm = np.empty(n, dtype=lay["pos_w"].dtype)
+    tu, tw, tl = (np.empty(n, dtype=cu.dtype) for _ in range(3))
+    L.scatter_by_task(cu, cw, cl, item_block, n_blocks, task_of_key, item_new, starts, perm, tu,
+                      tw, tl)
+    return {"round_ptr": np.asarray(round_ptr, dtype=np.int64), "task_ptr": task_ptr,
+            "perm": perm, "tu": tu, "tw": tw, "tl": tl, "item_order": item_order,
+            "n_blocks": n_blocks}
 
 
 def _seed(rng) -> np.uint64:
@@ -286,13 +364,38 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     n = lay["cu"].shape[0]
     n_users, r = U.shape
     ustep = K.ustep_parallel if parallel else K.ustep_serial
-    vstep = K.vstep_hogwild if parallel and hogwild else K.vstep_serial
     user_ptr, cw, cl = lay["user_ptr"], lay["cw"], lay["cl"]
     pos_w, pos_l = lay["pos_w"], lay["pos_l"]
     entry_ptr, entry_item, users = lay["entry_ptr"], lay["entry_item"], lay["blocks"]
-    block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
-    blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
-    parts, acc_V, acc_b = v_accumulators(lay, V, b, numba.get_num_threads() if parallel else 1)
+    if hogwild:  # the paper's lock-free V-step over blocks of comparisons in user order
+        hog = K.vstep_hogwild if parallel else K.vstep_serial
+        block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
+        blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
+
+        def vstep(seed):
+            hog(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
+                loss_code, seed)
+    else:  # stratified: the same numbers on any thread count; beta_t is beta in task order
+        st = lay.get("strata") or lay.setdefault("strata", strata(lay))  # once per layout
+        perm, round_order = st["perm"], np.empty(st["round_ptr"].shape[0] - 1, dtype=np.int64)
+        beta_t = np.empty(n)
+        K.take_duals(beta, perm, beta_t, DUAL_SPANS)
+        item_order = st["item_order"]  # V_t, b_t: V and b with the items relabelled
+        V_t, b_t = np.empty_like(V), np.empty_like(b)
+
+        def vstep(seed):
+            np.take(V, item_order, axis=0, out=V_t)
+            np.take(b, item_order, out=b_t)
+            chunk = numba.set_parallel_chunksize(1)  # a round has few tasks: one at a time
+            try:
+                K.vstep_strata(round_order, st["round_ptr"], st["task_ptr"], st["tu"], st["tw"],
+                               st["tl"], beta_t, U_old, V_t, b_t, fit_bias, reg, loss_code, seed)
+            finally:
+                numba.set_parallel_chunksize(chunk)
+            V[item_order] = V_t
+            b[item_order] = b_t
+            K.put_duals(beta_t, perm, beta, DUAL_SPANS)  # beta follows (rebuilds, the result)
+    parts, acc_V, acc_b = v_accumulators(lay, V, b)
     shares = np.empty((n_users, 2))
     U_old = U.copy()
 
@@ -332,8 +435,7 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
                            reg, fit_bias, acc_V, acc_b, V, b)
         for attempt in range(extra + 2):
             if attempt <= extra:
-                vstep(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
-                      loss_code, _seed(rng))
+                vstep(_seed(rng))
             else:  # still above the previous objective: keep the old V, b
                 V[:] = V_old
                 b[:] = b_old
@@ -398,8 +500,7 @@ class Threshold:
         self.lay = lay = layout(c, n_users, n_items) if lay is None else lay
         self.shape = (lay["user_ptr"].shape[0] - 1, lay["n_items"])
         self.data = np.empty(lay["n_entries"])  # G's values, one per entry
-        self.parts = accumulator_parts(lay["entry_ptr"], numba.get_num_threads(),
-                                       lay["n_entries"], 8 * lay["n_items"])
+        self.parts = accumulator_parts(lay["entry_ptr"], lay["n_entries"], 8 * lay["n_items"])
         self.acc = np.empty((self.parts.shape[0] - 1, lay["n_items"]))
         self.v0 = None
         self._pairs = None

@@ -113,14 +113,16 @@ class AltSVM(Estimator):
         Threads for the numba kernels; None uses all. Every pass of a fit over the comparisons
         runs on them (checks, sort by user, layout, reg_max, rebuilds, V- and U-steps).
     deterministic : bool, default True
-        With an integer ``random_state``, a fit on the same comparisons and ``n_threads`` is
-        bit-for-bit reproducible: the V-step runs on one thread (every other pass stays
-        parallel; a user owns its comparisons and row of U, so those passes are race-free).
-        ``False`` runs the V-step lock-free on every thread (Hogwild, the paper's §4.1):
-        faster on many cores, but threads update shared item factors in an order set by
-        timing, and the non-convex problem amplifies it: two fits on MovieLens 100K differ
-        by up to 0.19 in an item factor after 10 iterations, and may stop an iteration apart
-        (``bench/altsvm_determinism.py``; on 2 cores Hogwild is 12% faster).
+        With an integer ``random_state``, a fit on the same comparisons is bit-for-bit
+        reproducible on any ``n_threads``: 1, 2 or 16 threads give the same factors, duals,
+        objective and iterations. The V-step is stratified (items in blocks; comparisons
+        grouped by the pair of blocks of their items; groups with disjoint blocks run in
+        parallel, in a fixed order of rounds: see :func:`solvers._altsvm_kernels.vstep_strata`),
+        and every other pass is race-free by construction. ``False`` runs the V-step lock-free
+        on every thread (Hogwild, the paper's §4.1): threads update shared item factors in an
+        order set by timing, and the non-convex problem amplifies it: two fits on MovieLens
+        100K differ by up to 0.19 in an item factor after 10 iterations, and may stop an
+        iteration apart (``bench/altsvm_determinism.py``).
     random_state : int, numpy.random.Generator or None
         Seed for the initial U and the coordinate orders.
     verbose : bool, default False

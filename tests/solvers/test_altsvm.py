@@ -163,10 +163,12 @@ def test_primal_rebuilds_and_shares_match_numpy(fit_bias):
     np.add.at(V_ref, c[:, 2], -beta[:, None] * U[c[:, 0]] / reg)
     np.add.at(b_ref, c[:, 1], beta / reg)
     np.add.at(b_ref, c[:, 2], -beta / reg)
-    for n_threads in (1, 2, 3):  # one range adding into V, or several with accumulators
+    for n_parts in (1, 3):  # one range adding into V, or several with accumulators
         V_k, b_k = np.full_like(V, np.nan), np.zeros(n_items)
-        parts, acc_V, acc_b = S.v_accumulators(lay, V_k, b_k, n_threads)
-        assert (parts.size > 2) == (n_threads > 1)
+        parts = S.user_parts(lay["user_ptr"], n_parts)
+        acc_V, acc_b = ((V_k[None], b_k[None]) if n_parts == 1 else
+                        (np.empty((len(parts) - 1, n_items, r)),
+                         np.empty((len(parts) - 1, n_items))))
         K.items_from_duals(parts, lay["user_ptr"], lay["pos_w"], lay["pos_l"],
                            lay["entry_ptr"], lay["entry_item"], beta, U, reg, fit_bias, acc_V,
                            acc_b, V_k, b_k)
@@ -420,7 +422,8 @@ def test_single_thread_fits_are_bit_for_bit_reproducible():
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
 def test_parallel_fits_are_bit_for_bit_reproducible_by_default():
     """Same data, seed and thread count: the same factors, duals and iterations (the default
-    V-step is serial; the passes over users are race-free on any thread count)."""
+    V-step is stratified; the passes over users are race-free on any thread count; across
+    thread counts: test_altsvm_parallel.py)."""
     c = planted(seed=11, n_users=80, per_user=150)
     a = fit_quiet(c, item_bias=True, random_state=5, max_iter=12, n_threads=2)
     b = fit_quiet(c, item_bias=True, random_state=5, max_iter=12, n_threads=2)

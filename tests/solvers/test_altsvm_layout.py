@@ -220,12 +220,10 @@ def test_v_accumulators_stay_within_their_memory_bound():
     c = comparisons(7)
     lay = S.layout(c, 50, 30)
     V, b = np.zeros((30, 4)), np.zeros(30)
-    parts, acc_V, _ = S.v_accumulators(lay, V, b, 1)
-    assert parts.tolist() == [0, 50] and np.shares_memory(acc_V, V)
-    parts, acc_V, _ = S.v_accumulators(lay, V, b, 4)
-    assert 2 < len(parts) <= S.V_PARTS_PER_THREAD * 4 + 1 and not np.shares_memory(acc_V, V)
+    parts, acc_V, _ = S.v_accumulators(lay, V, b)  # the same on any thread count
+    assert 2 < len(parts) <= S.V_PARTS + 1 and not np.shares_memory(acc_V, V)
     big_V = np.zeros((10**7, 1))  # accumulators would need more than 64 MiB each
-    parts, acc_V, _ = S.v_accumulators(lay, big_V, np.zeros(10**7), 4)
+    parts, acc_V, _ = S.v_accumulators(lay, big_V, np.zeros(10**7))
     assert parts.tolist() == [0, 50] and np.shares_memory(acc_V, big_V)
 
 

@@ -494,19 +494,42 @@ def test_featurize_text_is_stateless_sublinear_and_normalised():
 # ------------------------------------------------------------------------------ real data
 
 
-def test_treebank_mae_in_the_expected_range(shared_data):
+def _treebank(shared_data):
+    """The authors' Treebank split (train X, y, test X, y); skips, saying so, without it."""
     from sklearn.datasets import load_svmlight_file
 
     root = shared_data / "npsvor-treebank-tfidf"
     if not (root / "Treebank.train.gz").exists():
-        pytest.skip(f"{root} is absent")
+        pytest.skip(f"Treebank TF-IDF data absent: {root}/Treebank.train.gz not found")
     X, y = load_svmlight_file(str(root / "Treebank.train.gz"), n_features=8569)
     Xt, yt = load_svmlight_file(str(root / "Treebank.test.gz"), n_features=8569)
+    return X, y.astype(int), Xt, yt.astype(int)
+
+
+def test_treebank_mae_in_the_expected_range(shared_data):
+    X, y, Xt, yt = _treebank(shared_data)
     # C = 2^-1: what 5-fold CV on the training set picks from 2^-5..2^5 (bench/npsvor_text.py)
     model = NPSVOR(C1=0.5, random_state=0).fit(X, y)
     new = mae(yt, model.predict(Xt))
     model.set_params(predictor="old")
     old = mae(yt, model.predict(Xt))
-    # the exact optimum scores 0.786; the paper reports 0.827 (r_new) / 0.830 (r_old)
+    # the exact optimum scores 0.788; the paper reports 0.827 (r_new) / 0.830 (r_old)
     assert 0.76 <= new <= 0.81, new
     assert 0.76 <= old <= 0.82, old
+
+
+def test_treebank_optimum_scores_the_same_for_every_seed(shared_data):
+    """Issue 36 item 5: at C = 2^-1 the exact optimum of problem (4) with r_new scores test MAE
+    0.7879 (relative duality gap < 1e-6, bench/npsvor_treebank.py --tol 1e-6), whatever the
+    order of coordinates; at tol = 1e-4 (gap < 1e-3) every seed lands within 0.001 of it. The
+    authors' C++ 0.774 is one early-stopped run below that optimum, so no seed-independent fit
+    of this problem reaches it; the seed spread at the default tol = 0.1 (0.779-0.792 for seeds
+    0..4, 0.776-0.807 over 30 seeds) is early stopping. A shift of the converged MAE means the
+    problem, the bias or the predictor changed. About 1 s with the data load."""
+    X, y, Xt, yt = _treebank(shared_data)
+    for seed in range(5):
+        converged = NPSVOR(C1=0.5, tol=1e-4, random_state=seed).fit(X, y)
+        assert converged.converged_, seed
+        assert abs(mae(yt, converged.predict(Xt)) - 0.7879) <= 0.003, seed
+        early = NPSVOR(C1=0.5, random_state=seed).fit(X, y)  # the default tol = 0.1
+        assert 0.77 <= mae(yt, early.predict(Xt)) <= 0.81, seed
