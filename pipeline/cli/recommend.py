@@ -17,15 +17,28 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import sys
+
     import redis
 
+    from pipeline.serving.api_requests import check_k, unknown_model_reason
+    from pipeline.serving.layout import UnknownModelError
     from pipeline.serving.lookup import TopK
 
+    try:
+        check_k(args.k)                 # the API's rule for k (1..MAX_K), before any Redis
+    except ValueError as err:
+        print(f"rankstream recommend: {err}", file=sys.stderr)
+        return 2                        # a usage error, as argparse's
     try:
         with redis_session(args) as (settings, url):
             with TopK(url, namespace=settings.namespace, timeout=max(settings.redis_timeout,
                                                                      1.0)) as topk:
-                rec = topk.recommend(args.model, args.user, k=args.k)
+                try:
+                    rec = topk.recommend(args.model, args.user, k=args.k)
+                except UnknownModelError:
+                    return fail("recommend", LookupError(unknown_model_reason(
+                        args.model, _configured(settings))))
     except (LookupError, ValueError, TypeError, RuntimeError, OSError,
             redis.RedisError) as err:
         return fail("recommend", err)
@@ -39,3 +52,15 @@ def run(args) -> int:
     for rank, (item, score) in enumerate(rec.items, 1):
         print(f"{rank:>4}  {item!s:<24} {score:.6g}")
     return 0
+
+
+def _configured(settings) -> list[str]:
+    """The configured model names (none when there is no readable config)."""
+    if not settings.config:
+        return []
+    try:
+        from pipeline.training.config import load_models
+
+        return list(load_models(settings.config))
+    except (ValueError, OSError):
+        return []

@@ -28,27 +28,33 @@ import msgspec
 import redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from pipeline.serving import openapi
 from pipeline.serving.api_handlers import HANDLERS, MAX_BATCH, MAX_K
-from pipeline.serving.api_requests import MAX_BODY, BadBody, authorized
+from pipeline.serving.api_requests import MAX_BODY, BadBody, authorized, unknown_model_reason
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.layout import UnknownModelError
 
-__all__ = ["create_app", "MAX_K", "MAX_BATCH", "MAX_BODY"]
+__all__ = ["create_app", "MAX_K", "MAX_BATCH", "MAX_BODY", "CLIENT_CLOSED"]
+
+# the status a request is counted under when its client hung up before the answer (nginx's
+# 499 "client closed request"): not a 5xx, and nothing is sent (nobody is there to read it)
+CLIENT_CLOSED = 499
 
 log = logging.getLogger(__name__)
 
 
 def create_app(topk, *, models: list[str] | None = None, token: str | None = None,
-               max_k: int = MAX_K, metrics=None) -> Starlette:
+               max_k: int = MAX_K, metrics=None, require: list[str] | None = None) -> Starlette:
     """The application over ``topk`` (a :class:`~pipeline.serving.lookup.TopK`). ``models``:
-    the configured model names (``/readyz`` and ``/v1/models`` cover them); ``metrics``: a
-    :class:`~pipeline.serving.http_metrics.ServeMetrics` (None: no ``/metrics`` route)."""
+    the configured model names (``/readyz`` and ``/v1/models`` cover them); ``require``: the
+    models ``/readyz`` needs served (None: every configured model that has a served version);
+    ``metrics``: a :class:`~pipeline.serving.http_metrics.ServeMetrics` (None: no
+    ``/metrics`` route)."""
     names = {name for name in HANDLERS if metrics is not None or name != "metrics"}
     routes = [Route(path, endpoint(name, HANDLERS[name], open_route=name == "healthz"),
                     methods=methods)
@@ -57,6 +63,7 @@ def create_app(topk, *, models: list[str] | None = None, token: str | None = Non
         HTTPException: _http_error, 404: _http_error, 405: _http_error})
     app.state.topk, app.state.models, app.state.token = topk, list(models or []), token
     app.state.max_k, app.state.metrics = max_k, metrics
+    app.state.required = list(require or [])
     return app
 
 
@@ -76,9 +83,16 @@ def endpoint(name: str, handler, *, open_route: bool = False):
                               "Bearer ...)")
             result = await handler(request)
             if isinstance(result, Response):
+                status = result.status_code
                 return result
             answers = result.pop("_answers", ())
             return _json(result)
+        except ClientDisconnect:
+            # the client hung up mid-body: its doing, not a server error; one line, no trace
+            status = CLIENT_CLOSED
+            log.info("%s %s: the client closed the connection before its body was read",
+                     request.method, request.url.path[:200])
+            return Response(status_code=CLIENT_CLOSED)
         except Exception as err:        # noqa: BLE001 - every error becomes one JSON line
             status, reason = _failure(err, request)
             if status == 404 and isinstance(err, UnknownModelError):
@@ -119,7 +133,12 @@ def _failure(err: Exception, request: Request) -> tuple[int, str]:
         return err.status, str(err)
     if isinstance(err, HTTPException):
         return err.status_code, str(err.detail)
-    if isinstance(err, (UnknownModelError, UnknownItemError)):
+    if isinstance(err, UnknownModelError):
+        # the detail (namespace, key names) is for the operator, not the caller
+        log.info("%s %s: %s", request.method, request.url.path[:200], err)
+        return 404, unknown_model_reason(request.path_params.get("model", ""),
+                                         request.app.state.models)
+    if isinstance(err, UnknownItemError):
         return 404, str(err)
     if isinstance(err, ValueError):
         return 400, str(err)

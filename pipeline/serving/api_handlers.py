@@ -10,15 +10,17 @@ metrics; not sent) or a ready Response; what it raises becomes a 4xx/5xx with a 
 
 from __future__ import annotations
 
-from starlette.exceptions import HTTPException
+import logging
+
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from pipeline.serving import openapi
 from pipeline.serving.api_requests import (
+    MAX_K,  # the default bound on k, and the most candidates one rank takes
     body_filters,
+    check_k,
     fields,
-    int_in,
     json_body,
     list_of,
     only,
@@ -26,8 +28,9 @@ from pipeline.serving.api_requests import (
 )
 from pipeline.serving.layout import UnknownModelError
 
-MAX_K = 1000              # the default bound on k, and the most candidates one rank takes
 MAX_BATCH = 1000          # users in one batch request
+
+log = logging.getLogger(__name__)
 
 
 def answer(rec) -> dict:
@@ -40,13 +43,32 @@ async def healthz(request: Request) -> dict:
     return {"status": "ok"}
 
 
-async def readyz(request: Request) -> dict:
-    topk, configured = request.app.state.topk, request.app.state.models
-    topk.ping()
-    missing = [m for m in configured if topk.served_version(m) is None]
-    if missing:
-        raise HTTPException(503, f"not served yet: {', '.join(missing)}")
-    return {"status": "ready", "models": configured}
+SERVED, NEVER_TRAINED, UNAVAILABLE = "served", "never trained", "unavailable"
+
+
+async def readyz(request: Request) -> Response | dict:
+    """Ready when Redis answers and every required model (``rankstream serve --require``;
+    default: every configured model that has a served version) answers. The body says per
+    configured (and required) model ``served`` / ``never trained`` / ``unavailable``."""
+    state = request.app.state
+    topk, required = state.topk, list(state.required or [])
+    topk.ping()                         # Redis down: a 503 "Redis is unavailable"
+    models = {}
+    for model in dict.fromkeys([*state.models, *required]):
+        try:
+            models[model] = SERVED if topk.served_version(model) is not None else \
+                NEVER_TRAINED
+        except Exception as err:        # noqa: BLE001 - this model's keys, not Redis: say so
+            log.warning("readyz: model %r unavailable: %s", model, err)
+            models[model] = UNAVAILABLE
+    if not required:
+        required = [m for m, said in models.items() if said != NEVER_TRAINED]
+    not_ready = [m for m in required if models[m] != SERVED]
+    if not_ready:
+        return JSONResponse({"status": "not ready", "error": "required models not served: "
+                             + ", ".join(f"{m} ({models[m]})" for m in not_ready),
+                             "models": models}, status_code=503)
+    return {"status": "ready", "models": models}
 
 
 async def list_models(request: Request) -> dict:
@@ -58,7 +80,7 @@ async def one_model(request: Request) -> dict:
     model = request.path_params["model"]
     info = request.app.state.topk.model_info(model)
     if info.version is None:
-        raise UnknownModelError(f"model {model!r} has no published version")
+        raise UnknownModelError(f"model {model!r} has no published version (model_info)")
     return info.to_dict()
 
 
@@ -72,7 +94,7 @@ async def recommend(request: Request) -> dict:
         if any(not isinstance(u, (str, int)) or isinstance(u, bool) or u == ""
                for u in users):
             raise ValueError("users must be non-empty strings or integers")
-        k = int_in(args.get("k", 10), "k", 1, max_k)
+        k = check_k(args.get("k", 10), max_k)
         recs = topk.recommend_many(model, users, k=k, **body_filters(args))
         return {"model": model, "answers": [answer(r) for r in recs], "_answers": recs}
     query = request.query_params
@@ -81,7 +103,7 @@ async def recommend(request: Request) -> dict:
     if user is not None and not user.strip():
         raise ValueError("user is empty: give a user id, or leave user out for the list "
                          "for everyone")
-    rec = topk.recommend(model, user, k=int_in(query.get("k", "10"), "k", 1, max_k),
+    rec = topk.recommend(model, user, k=check_k(query.get("k", "10"), max_k),
                          **query_filters(query))
     return {"model": model, **answer(rec), "_answers": (rec,)}
 
@@ -92,9 +114,11 @@ async def similar(request: Request) -> dict:
     item = query.get("item")
     if not item:
         raise ValueError("item is missing: give the item id to find similar items for")
-    k = int_in(query.get("k", "10"), "k", 1, request.app.state.max_k)
+    k = check_k(query.get("k", "10"), request.app.state.max_k)
     rec = request.app.state.topk.similar(model, item, k=k, **query_filters(query))
-    return {"model": model, **answer(rec), "_answers": (rec,)}
+    out = answer(rec)
+    out["item"] = out.pop("user")       # the item asked about; no "user" in a similar answer
+    return {"model": model, **out, "_answers": (rec,)}
 
 
 async def fold_in(request: Request) -> dict:
@@ -105,7 +129,7 @@ async def fold_in(request: Request) -> dict:
                          "([[winner, loser], ...])")
     rec = request.app.state.topk.fold_in(
         model, list_of(args, "items", None, default=[]),
-        k=int_in(args.get("k", 10), "k", 1, request.app.state.max_k),
+        k=check_k(args.get("k", 10), request.app.state.max_k),
         comparisons=list_of(args, "comparisons", None, default=[]), **body_filters(args))
     return {"model": model, **answer(rec), "_answers": (rec,)}
 
@@ -124,7 +148,7 @@ async def rank(request: Request) -> dict:
         candidates.append((c["id"], x["features"] if x["text"] is None else
                            x["text"] if x["features"] is None else x))
     rec = request.app.state.topk.rank(
-        model, candidates, k=int_in(args.get("k", len(candidates)), "k", 0, max_k),
+        model, candidates, k=check_k(args.get("k", len(candidates)), max_k, low=0),
         query=args.get("query"))
     return {"model": model, **answer(rec), "_answers": (rec,)}
 

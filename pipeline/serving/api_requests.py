@@ -16,12 +16,17 @@ ValueError: k is 0, expected 1..1000
 
 from __future__ import annotations
 
+import difflib
 import hmac
+from typing import TYPE_CHECKING
 
 import msgspec
-from starlette.requests import Request
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 MAX_BODY = 1 << 20        # bytes of a request body
+MAX_K = 1000              # the bound on k (the API's and `rankstream recommend`'s)
 
 
 class BadBody(ValueError):
@@ -102,6 +107,28 @@ def int_in(value, name: str, low: int, high: int) -> int:
     return value
 
 
+def check_k(value, high: int = MAX_K, low: int = 1) -> int:
+    """The one rule for ``k`` (the API's routes and ``rankstream recommend``): an integer in
+    ``low..high`` (default 1..MAX_K), else ValueError ``k is 0, expected 1..1000``."""
+    return int_in(value, "k", low, high)
+
+
+def unknown_model_reason(model: str, known) -> str:
+    """What a caller can act on when ``model`` is not served: a "did you mean" among
+    ``known`` (the configured / served names) and, when there are few, the list itself.
+    Never the Redis host or key names (those go to the server log)."""
+    known = sorted({str(m) for m in known or ()})
+    reason = f"model {str(model)[:100]!r} is not served"
+    if str(model) in known:
+        return reason + " (configured, but no version of it is published yet)"
+    close = difflib.get_close_matches(str(model), known, n=3, cutoff=0.6)
+    if close:
+        reason += f"; did you mean {' or '.join(repr(c) for c in close)}?"
+    if known and len(known) <= 10:
+        reason += f" (models: {', '.join(known)})"
+    return reason
+
+
 def body_filters(args: dict) -> dict:
     """``exclude`` / ``allow`` of a JSON body (lists of item ids; absent: no filter)."""
     out = {}
@@ -115,5 +142,12 @@ def body_filters(args: dict) -> dict:
 
 
 def query_filters(query) -> dict:
-    """``exclude`` / ``allow`` of a query string (each repeated per item)."""
-    return {name: query.getlist(name) for name in ("exclude", "allow") if name in query}
+    """``exclude`` / ``allow`` of a query string: repeated per item (``exclude=a&exclude=b``)
+    and/or comma-separated (``exclude=a,b``), the two mixed as given; empty entries skipped.
+    An id with a comma in it can only be given in a JSON body."""
+    out = {}
+    for name in ("exclude", "allow"):
+        if name in query:
+            ids = [part.strip() for value in query.getlist(name) for part in value.split(",")]
+            out[name] = [i for i in ids if i]
+    return out

@@ -106,7 +106,7 @@ def test_filters_batches_and_similar_answer_what_the_client_answers(api, redis_u
      "must list item ids"),
     ("GET", "/v1/models/movies/similar?item=424242", None, 404, "not in model"),
     ("GET", "/v1/models/movies/similar", None, 400, "item is missing"),
-    ("GET", "/v1/models/nothing/similar?item=1", None, 404, "no published version"),
+    ("GET", "/v1/models/nothing/similar?item=1", None, 404, "model 'nothing' is not served"),
     ("POST", "/v1/models/movies/rank", b'{"candidates": [5]}', 400, "expected {"),
     ("DELETE", "/v1/models/movies/recommend", None, 405, "not allowed"),
 ])

@@ -274,7 +274,7 @@ def test_cli_publish_recommend_versions_rollback(tmp_path, redis_url, redis_clie
     assert main(["rollback", "m", *common]) == 0
     assert "current version 2 -> 1" in capsys.readouterr().out
     assert main(["recommend", "nope", "1", *common]) == 1
-    assert "has no published version" in capsys.readouterr().err
+    assert "model 'nope' is not served" in capsys.readouterr().err
 
 
 def test_lookups_count_their_answer_sources_and_models_shows_the_fallback_share(
