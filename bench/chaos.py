@@ -17,6 +17,11 @@ runs, all at once:
 * a **retrain loop**: ``rankstream train movies --config CONFIG`` children (a small AltSVM, the
   gate's tolerance wide open so that every new window publishes), a third of them SIGKILLed at a
   random moment;
+* a **refresher child** (``rankstream refresh movies``: its own consumer group) SIGKILLed a
+  random 5-15 s after it first writes its stats and restarted at once; it rewrites each touched
+  user's list with the served version's fold-in from their whole history, heals a model whose
+  ``current`` vanished, and writes its stats (``HOME/refresh/movies.json``), which a **lag
+  watcher** thread reads;
 * **lookup threads** calling ``TopK.recommend`` (and ``recommend_many`` for 8 users)
   continuously, for known users and unknown ones;
 * a **monitor** thread that polls ``current`` every 50 ms and, for each newly current version,
@@ -31,8 +36,11 @@ At the end the producer stops, the follow-mode ingest child is killed and ``rank
 --until-end`` drains the topics, one last retrain runs unkilled, and the script waits (up to
 ``--settle`` seconds) for ``current`` to cover every rating event. A last probe restarts Redis
 once more with no new event anywhere and runs one retrain: the model must come back although its
-window is unchanged (reported, not part of the exit status). Then it prints what it saw and exits
-with status 1 if any event was lost or duplicated or any lookup answer was torn (2 if the harness
+window is unchanged (reported, not part of the exit status). Then every known user gets one more
+rating (the **final touch**), the refresher (no longer killed) applies them, ingest drains them,
+and every user's final list is checked (*missing effects*, below). Then it prints what it saw
+and exits with status 1 if any event was lost or duplicated, any lookup answer was torn, any
+event's effect is missing or the refresh lag did not come back after a fault (2 if the harness
 itself failed, 130 on Ctrl-C; the state directory is kept unless the run passed).
 
 Object-store mode (``--store object``)
@@ -63,6 +71,10 @@ torn read
     version. Versions restart at 1 after a Redis restart, so an answer counts as whole when it
     matches the list of any version of that number; an answer of a version the monitor never
     read is *unverified* (reported; a torn-read count is only as good as that number is low).
+    A ``fresh`` answer (the refresher's list) is whole when its scores are those of one user
+    factor against the version's item factors (least squares over its k items, residual under
+    1e-3 relative), in order, and every item that factor scores above the last one shown is an
+    item the user met (the refresher left it out).
 max staleness of ``current``
     For every valid rating event e: p(e) is when the producer handed it to the Kafka client;
     c(e) is the first moment the monitor saw ``current`` name a version whose training window
@@ -70,6 +82,17 @@ max staleness of ``current``
     partition (held-out events count as contained: they are in the window). Staleness is
     c(e) - p(e); the maximum over all rating events is printed, with the median. Resolution:
     the 50 ms poll. Events no version ever covered are counted apart with their age at the end.
+missing effects
+    After the final touch: a user with streamed events whose answer is not ``fresh`` under the
+    current version, names an item they met, or is not the fold-in over their whole history (the
+    event store after the last drain; :func:`pipeline.refresh.refresher.user_factor`) against
+    the current version: the same items, scores within 1e-4 relative.
+refresh lag after a fault
+    Faults: refresher and ingest SIGKILLs, Redis restarts, versions going live. From the
+    refresher's stats (rewritten every 2 s; the lag histogram of the events refreshed between two
+    writes), a fault has recovered when a later interval, starting after it, refreshed events
+    and all of them within 2 s; it must within 30 s. Faults in the last 30 s of the chaos are
+    not judged.
 lookup outage
     From the first failed lookup after a success to the next answered one, per lookup thread;
     the longest and the total are printed with the failure types.
@@ -291,6 +314,7 @@ class Produced:
     poison: dict = field(default_factory=dict)     # (topic, partition, offset) -> poison kind
     rating_times: dict = field(default_factory=lambda: defaultdict(list))  # tp -> [(off, t)]
     kinds: Counter = field(default_factory=Counter)
+    users: set = field(default_factory=set)        # users of valid rating events (streamed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -430,10 +454,13 @@ class Producer(threading.Thread):
                     self.out.valid[what["event_id"]] = (*place, t)
                     self.out.kinds[what["kind"]] += 1
                     if what["kind"] == "rating":
+                        self.out.users.add(what["user"])
                         self.out.rating_times[(topic, meta.partition)].append((meta.offset, t))
                 elif isinstance(what, str) and _is_valid(value):    # poison the code accepts
                     event = decode(value)[0]
                     self.out.valid[event["event_id"]] = (*place, t)
+                    if event["kind"] == "rating":
+                        self.out.users.add(str(event["user"]))
                     self.out.kinds[f"{event['kind']} ({what}, accepted)"] += 1
                 else:
                     self.out.poison[place] = what if isinstance(what, str) else "invalid"
@@ -480,6 +507,7 @@ class IngestLoop(ChildLoop):
                  rng: random.Random, stop: threading.Event):
         super().__init__("ingest-loop", children, hosts, args, rng, stop)
         self.kills = self.crashes = 0
+        self.kill_times: list[float] = []
 
     def _loop(self) -> None:
         while not self.stop.is_set():
@@ -490,6 +518,7 @@ class IngestLoop(ChildLoop):
                 self.children.forget(child)
                 self.stop.wait(0.5)
                 continue
+            self.kill_times.append(time.time())
             self.children.kill(child)
             self.kills += 1
 
@@ -526,6 +555,113 @@ class RetrainLoop(ChildLoop):
             kill = self.rng.random() < self.kill_fraction
             self.run_once(self.rng.uniform(0.3, 6.0) if kill else None)
             self.stop.wait(self.rng.uniform(0.2, 1.5))
+
+
+class RefreshLoop(ChildLoop):
+    """``rankstream refresh movies``, SIGKILLed a random 5-15 s after it is at work (its first
+    stats written: reading the store and joining its group take seconds on a loaded machine, and
+    a refresher killed before that never does anything), restarted at once; a child that exits
+    by itself is counted apart and started again. The last one runs on after ``stop``."""
+
+    def __init__(self, children: Children, hosts: list[Host], args: list[str],
+                 rng: random.Random, stop: threading.Event):
+        super().__init__("refresh-loop", children, hosts, args, rng, stop)
+        self.kills = self.crashes = 0
+        self.kill_times: list[float] = []
+        self.child: subprocess.Popen | None = None
+
+    def start_child(self) -> subprocess.Popen:
+        self.child = self.children.start(self.next_host(), ["refresh", MODEL, *self.args],
+                                         "refresh.log")
+        return self.child
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            started = time.time()
+            child = self.start_child()
+            stats = self.hosts[(self.turns - 1) % len(self.hosts)].home / "refresh" / \
+                f"{MODEL}.json"
+            while (child.poll() is None and not self.stop.is_set()
+                   and time.time() - started < 60 and not _written_since(stats, started)):
+                self.stop.wait(0.2)
+            self.stop.wait(self.rng.uniform(5.0, 15.0))
+            if child.poll() is not None:
+                self.crashes += 1
+                self.children.forget(child)
+                continue
+            if self.stop.is_set():      # the last one runs on, unkilled, for the final touch
+                return
+            self.kill_times.append(time.time())
+            self.children.kill(child)
+            self.kills += 1
+
+
+def _written_since(path: Path, t: float) -> bool:
+    try:
+        return path.stat().st_mtime > t
+    except OSError:
+        return False
+
+
+class LagWatcher(threading.Thread):
+    """Reads the refresher's stats file(s) every 0.5 s; each rewrite's lag histogram minus the
+    previous one's is the lag of the events refreshed in between (a new process starts at 0)."""
+
+    def __init__(self, homes: list[Path], stop: threading.Event):
+        super().__init__(name="lag-watcher", daemon=True)
+        self.paths = [h / "refresh" / f"{MODEL}.json" for h in homes]
+        self.stop = stop
+        self.intervals: list[tuple[float, float, int, int]] = []  # start, end, n, n over 2 s
+        self.last: dict = {}
+        self.stats: dict = {}
+        self.counts: list = []         # the lag histogram of every interval, summed
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            for path in self.paths:
+                try:
+                    now = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                prev = self.last.get(path)
+                if prev is not None and now["updated_at"] == prev["updated_at"]:
+                    continue
+                self.last[path], self.stats = now, now
+                counts = now["lag_counts"]
+                if prev is not None and all(a >= b for a, b in zip(counts, prev["lag_counts"])):
+                    counts = [a - b for a, b in zip(counts, prev["lag_counts"])]
+                    start = prev["updated_at"]
+                else:            # a new refresher process: its counts start at 0
+                    start = now["updated_at"] - 2.0
+                edges = [*now["lag_buckets"], float("inf")]
+                over = sum(c for c, edge in zip(counts, edges) if edge > 2.0)
+                self.edges = edges
+                self.counts = [a + b for a, b in zip(self.counts or [0] * len(counts), counts)]
+                self.intervals.append((start, now["updated_at"], sum(counts), over))
+
+    def quantile(self, q: float) -> float | None:
+        """The bucket edge below which a share ``q`` of all live events' lags fall."""
+        total = sum(self.counts)
+        if not total:
+            return None
+        seen = 0
+        for edge, c in zip(self.edges, self.counts):
+            seen += c
+            if seen >= q * total:
+                return edge
+        return self.edges[-1]
+
+    def recovery(self, faults: list[tuple[str, float]], end: float, within: float = 30.0):
+        """Per fault ``(what, time)`` before ``end - within``: seconds until an interval that
+        starts after it refreshed events all within 2 s (None: not within ``within``)."""
+        out = []
+        for what, t in sorted(faults, key=lambda f: f[1]):
+            if t > end - within:
+                continue
+            back = next((e - t for s0, e, n, over in self.intervals
+                         if s0 >= t and n and not over), None)
+            out.append((what, t, back if back is not None and back <= within else None))
+        return out
 
 
 class RedisRestarts(threading.Thread):
@@ -621,6 +757,7 @@ class Monitor(threading.Thread):
         self.missing_since: float | None = None
         self.missing: list[float] = []                # how long current was absent, each time
         self.errors: Counter = Counter()
+        self.url, self.topk = url, None
 
     def run(self) -> None:
         last = None
@@ -666,7 +803,15 @@ class Monitor(threading.Thread):
             return ([ids[i] for i in rec["index"].tolist()], rec["score"].tolist())
 
         glob = self.client.get(vk.global_list)
+        if self.topk is None:
+            from pipeline.serving.lookup import TopK
+
+            self.topk = TopK(self.url, namespace=NAMESPACE, timeout=1.0, load_timeout=5.0)
+        st = self.topk.versions.state(self.keys, raw)
+        V, b = self.topk.lists.factors(st)
         self.snapshots[version].append({
+            "V": np.asarray(V, np.float64), "b": None if b is None else np.asarray(b, np.float64),
+            "index": {item: i for i, item in enumerate(st.item_ids)},
             "raw": raw, "trained_at": meta.get("trained_at"),
             "lists": {u: pairs(v) for u, v in zip(users, values) if v is not None},
             "global": pairs(glob) if glob is not None else None})
@@ -757,11 +902,40 @@ def check_store(store, produced: Produced) -> dict:
             "unfinished": len(store.segments(complete=False))}
 
 
-def torn_reads(lookups: list[Lookups], monitor: Monitor) -> dict:
-    torn, unverified, checked = [], 0, 0
+def fresh_whole(ids, scores, snap: dict, met: set) -> bool | None:
+    """Whether a ``fresh`` answer is one user factor's list against the version ``snap`` (see
+    the module docstring); None when it cannot tell (too few items, an item it does not know)."""
+    idx = [snap["index"].get(i) for i in ids]
+    V, b = snap["V"], snap["b"]
+    if None in idx or len(idx) <= V.shape[1]:
+        return None
+    y = np.asarray(scores, np.float64) - (0.0 if b is None else b[idx])
+    u = np.linalg.lstsq(V[idx], y, rcond=None)[0]
+    tol = 1e-3 * (1.0 + float(np.max(np.abs(scores))))
+    if float(np.max(np.abs(V[idx] @ u - y))) > tol or np.any(np.diff(scores) > tol):
+        return False
+    full = V @ u + (0.0 if b is None else b)
+    above = {item for item, i in snap["index"].items() if full[i] > min(scores) + tol}
+    return above - set(ids) <= met
+
+
+def torn_reads(lookups: list[Lookups], monitor: Monitor, met: dict) -> dict:
+    """``met``: user -> items of their rating events (the event store after the drain)."""
+    torn, unverified, checked, fresh = [], 0, 0, 0
     for thread in lookups:
         for version, user, source, ids, scores in thread.answers:
             snaps = monitor.snapshots.get(version, [])
+            if source == "fresh":
+                verdicts = [fresh_whole(ids, scores, s, met.get(user, set())) for s in snaps
+                            if "V" in s]
+                if not any(v is not None for v in verdicts):
+                    unverified += 1
+                    continue
+                checked += 1
+                fresh += 1
+                if not any(verdicts):
+                    torn.append((version, user, source, ids[:3]))
+                continue
             wanted = [s["global"] if source == "fallback" else s["lists"].get(user)
                       for s in snaps]
             wanted = [w for w in wanted if w is not None]
@@ -772,7 +946,108 @@ def torn_reads(lookups: list[Lookups], monitor: Monitor) -> dict:
             if not any(list(ids) == w[0][:10] and list(scores) == w[1][:10] for w in wanted):
                 torn.append((version, user, source, ids[:3]))
         torn += [("mixed batch", v) for v in thread.mixed_batches]
-    return {"torn": torn, "unverified": unverified, "checked": checked}
+    return {"torn": torn, "unverified": unverified, "checked": checked, "fresh": fresh}
+
+
+def met_items(store) -> dict:
+    """user -> items of their rating events in the event store."""
+    table = store.read("rating", columns=["user", "item"], topics=list(TOPICS))
+    met = defaultdict(set)
+    for user, item in zip(table.column("user").to_pylist(), table.column("item").to_pylist()):
+        met[str(user)].add(item)
+    return met
+
+
+def final_touch(producer: Producer, bootstrap: str, url: str) -> dict:
+    """One more rating for every known user, of an item at the top of their list now; then
+    wait (up to 60 s) until the refresher has left that item out of each user's answer."""
+    from kafka import KafkaProducer
+
+    from pipeline.serving.lookup import TopK
+
+    rng = random.Random(1)
+    client = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    touched, sent = {}, []
+    with TopK(url, namespace=NAMESPACE, timeout=2.0) as topk:
+        for u in range(N_USERS):
+            user = f"u{u}"
+            try:
+                items = [i for i, _ in topk.recommend(MODEL, user, k=1).items]
+            except Exception:
+                items = []
+            item = items[0] if items else f"m{rng.randrange(N_ITEMS)}"
+            now = int(time.time() * 1000)
+            event = {"kind": "rating", "event_id": f"touch-{u}", "ts": now, "user": user,
+                     "item": item, "rating": rng.randint(1, 5)}
+            value = encode_json(event)
+            sent.append((event, "rankstream.rating", time.time(), value,
+                         client.send("rankstream.rating", value=value)))
+            touched[user] = item
+        client.flush(timeout=60)
+        with producer.out.lock:     # staleness is about the chaos' events, not these
+            before = {tp: len(v) for tp, v in producer.out.rating_times.items()}
+        producer._record(sent)
+        with producer.out.lock:
+            for tp, times in producer.out.rating_times.items():
+                del times[before.get(tp, 0):]
+        client.close(timeout=10)
+        started = time.monotonic()
+        left = dict(touched)
+        while left and time.monotonic() - started < 60:
+            for user, item in list(left.items()):
+                try:
+                    rec = topk.recommend(MODEL, user, k=10)
+                except Exception:
+                    continue
+                if rec.source == "fresh" and item not in [i for i, _ in rec.items]:
+                    del left[user]
+            time.sleep(0.2)
+    return {"users": len(touched), "not_applied": sorted(left)[:5], "n_not_applied": len(left),
+            "seconds": time.monotonic() - started}
+
+
+def missing_effects(url: str, store, users) -> dict:
+    """Each user's final answer against the fold-in over their whole history (see the module
+    docstring)."""
+    from pipeline.refresh.history import UserHistory
+    from pipeline.refresh.refresher import user_factor
+    from pipeline.serving.layout import key_of
+    from pipeline.serving.lookup import TopK
+
+    history = UserHistory()
+    history.load_store(store, ["rating"])
+    why: Counter = Counter()
+    examples = []
+    with TopK(url, namespace=NAMESPACE, timeout=5.0) as topk:
+        st = topk.versions.current_state(MODEL)
+        V, b = topk.lists.factors(st)
+        for user in sorted(users):
+            events = history.of(key_of(user))
+            rec = topk.recommend(MODEL, user, k=10)
+            ids, scores = [i for i, _ in rec.items], np.array([s for _, s in rec.items])
+            made = user_factor(st, (V, b), events, st.fold_in)
+            if made is None:
+                continue       # none of their items known to the version: nothing to fold in
+            factor, seen = made
+            want = (np.asarray(V, np.float32) @ factor).astype(np.float32)
+            if b is not None:
+                want = want + np.asarray(b, np.float32)
+            want[seen] = -np.inf
+            order = [i for i in np.argsort(-want, kind="stable")[:10] if np.isfinite(want[i])]
+            if rec.source != "fresh" or rec.version != st.version:
+                problem = f"answered {rec.source} v{rec.version}"
+            elif {e.item for e in events} & set(ids):
+                problem = "a met item in the list"
+            elif ids != [st.item_ids[i] for i in order]:
+                problem = "not the whole-history fold-in"
+            elif not np.allclose(scores, want[order], rtol=1e-4, atol=1e-4):
+                problem = "scores off the fold-in"
+            else:
+                continue
+            why[problem] += 1
+            examples.append((user, problem))
+    return {"users": len(users), "missing": sum(why.values()), "why": why,
+            "examples": examples[:3], "version": st.version}
 
 
 def staleness(produced: Produced, monitor: Monitor, end: float) -> dict:
@@ -925,11 +1200,21 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
     producer = Producer(servers.bootstrap, args.rate, poison, args.poison_rate, seed, stop_chaos)
     ingest = IngestLoop(children, hosts, ingest_args, random.Random(rng.random()), stop_chaos)
     retrain = RetrainLoop(children, hosts, train_args, random.Random(rng.random()), stop_chaos)
+    # XDG_STATE_HOME: the refresher's static member ids are slots per host and group name (as
+    # ingest's); a private state dir keeps another refresher of a model "movies" on this
+    # machine (another run, a test) from taking slot 0 and changing this run's member id
+    refresh_hosts = [Host(h.name, h.home, {**h.env, "RANKSTREAM_KAFKA_BOOTSTRAP":
+                                           servers.bootstrap,
+                                           "XDG_STATE_HOME": str(state / "xdg")})
+                     for h in hosts]
+    refresh = RefreshLoop(children, refresh_hosts, [*train_args, "--batch-ms", "200"],
+                          random.Random(rng.random()), stop_chaos)
+    lag = LagWatcher([h.home for h in hosts], stop_all)
     restarts = RedisRestarts(servers, args.redis_every, random.Random(rng.random()), stop_chaos)
     monitor = Monitor(servers.redis_url, hosts[0].home, stop_all, objects)
     lookups = [Lookups(servers.redis_url, random.Random(rng.random()), stop_all)
                for _ in range(args.lookup_threads)]
-    threads = [producer, ingest, retrain, monitor, *lookups]
+    threads = [producer, ingest, retrain, refresh, lag, monitor, *lookups]
     threads += [restarts] if args.redis_every > 0 else []
     started = time.time()
     for thread in threads:
@@ -944,13 +1229,14 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
         log(f"{time.time() - started:5.0f} s: produced {n_valid:,} valid + {n_poison} poison; "
             f"versions seen {len(monitor.live)}; lookups {sum(t.answered for t in lookups):,} "
             f"answered, {sum(sum(t.failed.values()) for t in lookups):,} failed; kills: ingest "
-            f"{ingest.kills} (+{ingest.crashes} crashes), train {retrain.kills}; redis restarts "
-            f"{len(restarts.times)}")
+            f"{ingest.kills} (+{ingest.crashes} crashes), train {retrain.kills}, refresh "
+            f"{refresh.kills} (+{refresh.crashes} exits); redis restarts {len(restarts.times)}; "
+            f"refresh lag max {lag.stats.get('lag_max', 0):.1f} s")
     chaos_seconds = time.time() - started
 
     log("chaos over: stopping the producer, the kills and the restarts; draining")
     stop_chaos.set()
-    for thread in (producer, ingest, retrain, restarts):
+    for thread in (producer, ingest, retrain, refresh, restarts):
         if thread.ident is not None:
             thread.join(timeout=360)
     if not _redis_up(servers):
@@ -966,6 +1252,14 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
             break
         time.sleep(0.5)
     republish = _republish_probe(servers, retrain, restarts)
+    if refresh.child is None or refresh.child.poll() is not None:
+        refresh.start_child()       # the final touch needs a refresher running
+    touch = final_touch(producer, servers.bootstrap, servers.redis_url)
+    log(f"final touch: {touch['users']} users, applied by the refresher in "
+        f"{touch['seconds']:.1f} s ({touch['n_not_applied']} not)")
+    drain2 = _drain(children, ingest, ingest_args)
+    drain = {"exit codes": drain["exit codes"] + drain2["exit codes"],
+             "ok": drain["ok"] and drain2["ok"], "log": drain["log"] or drain2["log"]}
     time.sleep(1.0)      # a last second of lookups on the final version
     stop_all.set()
     for thread in [monitor, *lookups]:
@@ -981,15 +1275,25 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
 
         event_store = ObjectEventStore(store_url, objects=objects)
     store = check_store(event_store, producer.out)
-    torn = torn_reads(lookups, monitor)
+    torn = torn_reads(lookups, monitor, met_items(event_store))
     st = staleness(producer.out, monitor, end)
+    effects = missing_effects(servers.redis_url, event_store, producer.out.users)
+    faults = ([("refresh kill", t) for t in refresh.kill_times]
+              + [("ingest kill", t) for t in ingest.kill_times]
+              + [("redis restart", t) for t in restarts.times]
+              + [("version live", t) for t, _ in monitor.live])
+    recovery = lag.recovery(faults, started + chaos_seconds)
+    freshness = {"refresh": refresh, "lag": lag, "touch": touch, "effects": effects,
+                 "recovery": recovery}
     where = (f"in HOME {hosts[0].home} (one host)" if objects is None else
              f"{store_url}, S3 endpoint {servers.s3_endpoint}")
     report = _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups,
-                     ingest, retrain, restarts, monitor, drain, children, republish, where)
+                     ingest, retrain, restarts, monitor, drain, children, republish, where,
+                     freshness)
     print(report, flush=True)
     bad = (len(store["lost_events"]) + len(store["lost_poison"]) + len(store["dup_events"])
-           + len(store["dup_dead"]) + len(torn["torn"]))
+           + len(store["dup_dead"]) + len(torn["torn"]) + effects["missing"]
+           + sum(back is None for _, _, back in recovery))
     return 1 if bad else 0
 
 
@@ -1048,6 +1352,39 @@ def _drain(children: Children, ingest: IngestLoop, ingest_args: list[str],
             "log": "" if results[-1] == 0 else children.tail("drain.log")}
 
 
+def _freshness_lines(f: dict) -> list[str]:
+    refresh, lag, touch, effects, recovery = (f["refresh"], f["lag"], f["touch"],
+                                              f["effects"], f["recovery"])
+    stats = lag.stats
+    backs = [back for _, _, back in recovery if back is not None]
+    late = [(what, time.strftime("%H:%M:%S", time.localtime(t))) for what, t, back in recovery
+            if back is None]
+    kinds = Counter(what for what, _, _ in recovery)
+    n_lag = sum(stats.get("lag_counts", []))
+    return [
+        f"  refresher       SIGKILLs {refresh.kills} (and {refresh.crashes} exits by itself); "
+        f"last process: {stats.get('events', 0):,} events, {stats.get('users_refreshed', 0):,} "
+        f"users written, {stats.get('flips', 0)} flips, {stats.get('heals', 0)} heals, lag "
+        f"max {stats.get('lag_max', 0):.2f} s, mean "
+        f"{stats.get('lag_sum', 0) / max(1, n_lag):.3f} s",
+        f"  refresh lag     {sum(lag.counts):,} live events: p50 <= "
+        f"{_fmt_edge(lag.quantile(0.5))}, "
+        f"p90 <= {_fmt_edge(lag.quantile(0.9))}, p99 <= {_fmt_edge(lag.quantile(0.99))}; "
+        f"{sum(1 for i in lag.intervals if i[2] and not i[3])} of "
+        f"{sum(1 for i in lag.intervals if i[2])} 2-s intervals all within 2 s",
+        f"  lag recovery    back under 2 s within 30 s after {len(backs)} of {len(recovery)} "
+        f"faults ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}); slowest "
+        f"{_fmt_s(max(backs) if backs else None)}, median {_fmt_s(_median(backs))}"
+        + (f"; NOT after {late[:4]}" if late else ""),
+        f"  missing effects {effects['missing']}  (of {effects['users']} users with streamed "
+        f"events, final lists against the whole-history fold-in under version "
+        f"{effects['version']}"
+        + (f": {dict(effects['why'])}, e.g. {effects['examples']}" if effects["missing"] else "")
+        + f"; final touch of {touch['users']} users applied in {touch['seconds']:.1f} s"
+        + (f", {touch['n_not_applied']} not" if touch["n_not_applied"] else "") + ")",
+    ]
+
+
 def _per_host(loop: ChildLoop) -> str:
     return " / ".join(f"{name} {loop.per_host[name]}" for name in sorted(loop.per_host))
 
@@ -1060,8 +1397,13 @@ def _fmt_s(x) -> str:
     return "n/a" if x is None else f"{x:.1f} s"
 
 
+def _fmt_edge(x) -> str:
+    return "n/a" if x is None else f"{x:g} s"
+
+
 def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups, ingest,
-            retrain, restarts, monitor, drain, children, republish, where) -> str:
+            retrain, restarts, monitor, drain, children, republish, where,
+            freshness) -> str:
     out = producer.out
     n_rating = out.kinds.get("rating", 0)
     kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(out.kinds.items()) if k != "poison")
@@ -1092,7 +1434,8 @@ def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups
         + (f"; e.g. {store['lost_events'][:3]}" if store["lost_events"] else "") + ")",
         f"  duplicated      {dup}  ({len(store['dup_events'])} event ids stored twice, "
         f"{len(store['dup_dead'])} dead letters twice)",
-        f"  torn reads      {len(torn['torn'])}  (of {torn['checked']:,} distinct answers "
+        f"  torn reads      {len(torn['torn'])}  (of {torn['checked']:,} distinct answers, "
+        f"{torn['fresh']:,} of them fresh, "
         f"checked against {sum(map(len, monitor.snapshots.values()))} version snapshots; "
         f"{torn['unverified']:,} unverified)"
         + (f"; e.g. {torn['torn'][:3]}" if torn["torn"] else ""),
@@ -1114,6 +1457,7 @@ def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups
         + (f" (oldest {st['oldest_uncovered']:.1f} s old at the end)" if st["never"] else ""),
         f"  final drain     {'ok' if drain['ok'] else 'FAILED'} (exit codes "
         f"{drain['exit codes']})",
+        *_freshness_lines(freshness),
     ]
     if args.store == "object":
         n = store["unfinished"]
@@ -1135,8 +1479,12 @@ def _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups
     if ingest.crashes:
         lines.append("  ingest log tail:\n    "
                      + children.tail("ingest.log", 8).replace("\n", "\n    "))
-    verdict = "FAIL" if lost or dup or torn["torn"] else "ok"
-    lines.append(f"  verdict         {verdict} (lost, duplicated and torn reads must be 0); "
+    effects, recovery = freshness["effects"], freshness["recovery"]
+    late = sum(back is None for _, _, back in recovery)
+    verdict = ("FAIL" if lost or dup or torn["torn"] or effects["missing"] or late
+               else "ok")
+    lines.append(f"  verdict         {verdict} (lost, duplicated, torn reads, missing effects "
+                 f"and faults the refresh lag did not recover from in 30 s must be 0); "
                  f"state: {state}")
     return "\n".join(lines)
 

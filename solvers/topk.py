@@ -72,14 +72,21 @@ class TopKBlock:
     counts: np.ndarray  # (B,) int32
 
 
+_CONTROLLER: list = []   # threadpoolctl's view of the loaded BLAS libraries, made once
+
+
 def _blas_single_thread():
     # Each worker thread runs its own matmul; a multi-threaded BLAS on top of that only fights
-    # the other workers for the cores (OpenBLAS threads spin after each call).
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: without it BLAS keeps its own threads
-        return nullcontext()
-    return threadpool_limits(1, user_api="blas")
+    # the other workers for the cores (OpenBLAS threads spin after each call). The controller
+    # is made once per process: making one reads /proc/self/maps, milliseconds that a caller
+    # ranking one user at a time (the refresher) would pay on every call.
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # optional: without it BLAS keeps its own threads
+            return nullcontext()
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,

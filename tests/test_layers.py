@@ -17,6 +17,7 @@ bottom      ``pipeline`` itself, every module directly under     bottom
 ingest      ``pipeline.ingest``                                  bottom
 serving     ``pipeline.serving``                                 bottom
 training    ``pipeline.training``                                ingest, serving, bottom
+refresh     ``pipeline.refresh`` (the streaming refresher)       training and below
 cli         ``pipeline.cli``                                     everything
 ==========  ===================================================  ==============================
 
@@ -43,14 +44,16 @@ MAX_FUNCTION_LINES = 80
 
 BOTTOM_PACKAGES = ("pipeline.storage",)
 LAYER_OF_PACKAGE = {"pipeline.ingest": "ingest", "pipeline.serving": "serving",
-                    "pipeline.training": "training", "pipeline.cli": "cli", "solvers": "solvers"}
+                    "pipeline.training": "training", "pipeline.refresh": "refresh",
+                    "pipeline.cli": "cli", "solvers": "solvers"}
 MAY_IMPORT = {
     "solvers": {"solvers"},
     "bottom": {"bottom", "solvers"},
     "ingest": {"ingest", "bottom", "solvers"},
     "serving": {"serving", "bottom", "solvers"},
     "training": {"training", "ingest", "serving", "bottom", "solvers"},
-    "cli": {"cli", "training", "ingest", "serving", "bottom", "solvers"},
+    "refresh": {"refresh", "training", "ingest", "serving", "bottom", "solvers"},
+    "cli": {"cli", "refresh", "training", "ingest", "serving", "bottom", "solvers"},
 }
 
 

@@ -29,6 +29,8 @@ COMMANDS = {
     "versions": ("versions", "list the published versions of a model"),
     "rollback": ("rollback", "flip a model's current version back"),
     "lease": ("lease", "who holds a model's retrain lease; --revoke takes it away"),
+    "refresh": ("refresh", "keep users' answers fresh between retrains (Kafka -> fold-in "
+                "-> Redis)"),
     "serve": ("serve", "the HTTP API over the served models (loopback by default)"),
     "report": ("report", "open a model's latest run report (HTML with figures)"),
     "metrics": ("metrics", "the pipeline's Prometheus metrics: ingest lag, dead letters, "

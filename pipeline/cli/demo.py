@@ -292,6 +292,7 @@ def _say_retrain(say, name: str, entry: dict, metric: str) -> None:
 
 
 def run(args) -> int:
+    from pipeline.cli.demo_fresh import show_fresh
     from pipeline.cli.train import format_summary
     from pipeline.serving.embedded_redis import EmbeddedRedis
     from pipeline.settings import Settings
@@ -332,9 +333,11 @@ def run(args) -> int:
             report["initial"][name] = summary
             say("   " + format_summary(summary).replace("\n", "\n   "))
         _answer_lookups(url, report, models, streams, say)
+        report["fresh"] = show_fresh(url, settings, models, list(report["lookups"]["samples"]),
+                                     say)
         t = time.perf_counter()
         _ingest(streams, 1, settings)
-        say(f"4. a fresh 2% of events arrived (ingested in {time.perf_counter() - t:.2f} s); "
+        say(f"5. a fresh 2% of events arrived (ingested in {time.perf_counter() - t:.2f} s); "
             "retraining warm vs cold:")
         report["retrain"] = {}
         for name in models:

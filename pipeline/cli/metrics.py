@@ -24,6 +24,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
+    from pipeline.refresh.gauges import RefreshCollector
     from pipeline.training.config import load_models
     from pipeline.training.pipeline_gauges import PipelineCollector
 
@@ -34,6 +35,7 @@ def run(args) -> int:
         return fail("metrics", err)
     registry = CollectorRegistry()
     registry.register(PipelineCollector(settings, models))
+    registry.register(RefreshCollector(settings, models))
     if args.port is None:
         sys.stdout.write(generate_latest(registry).decode())
         return 0

@@ -34,6 +34,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pipeline-metrics", action="store_true",
                         help="add the pipeline's metrics (ingest lag, dead letters, last "
                         "retrains: see `rankstream metrics`) to /metrics")
+    parser.add_argument("--require", nargs="+", metavar="MODEL", default=None,
+                        help="models /readyz needs served to answer 200 (default: every "
+                        "configured model that has a served version; a model never trained "
+                        "does not take the server out of rotation)")
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
     parser.add_argument("--ssl-keyfile", help="... and this key")
     add_redis_arguments(parser)
@@ -60,11 +64,14 @@ def app_from_environment():
     topk = TopK.from_settings(settings)
     extra = []
     if options["pipeline_metrics"]:
+        from pipeline.refresh.gauges import RefreshCollector
         from pipeline.training.pipeline_gauges import PipelineCollector
 
         extra.append(PipelineCollector(settings, models))
+        extra.append(RefreshCollector(settings, models))
     return create_app(topk, models=models, token=os.environ.get(options["token_env"]) or None,
-                      metrics=ServeMetrics(topk, models, extra))
+                      metrics=ServeMetrics(topk, models, extra),
+                      require=options.get("require") or None)
 
 
 def run(args) -> int:
@@ -95,7 +102,8 @@ def run(args) -> int:
     os.environ[OPTIONS] = json.dumps({
         "redis": {"redis_url": args.redis_url, "namespace": args.namespace,
                   "home": args.home, "config": args.config},
-        "token_env": args.token_env, "pipeline_metrics": args.pipeline_metrics})
+        "token_env": args.token_env, "pipeline_metrics": args.pipeline_metrics,
+        "require": args.require})
     scheme = "https" if args.ssl_certfile else "http"
     print(f"rankstream serve: {scheme}://{args.host}:{args.port} ({args.server}, "
           f"{args.workers} workers)", file=sys.stderr, flush=True)

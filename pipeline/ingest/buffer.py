@@ -86,6 +86,13 @@ class PartitionBuffer:
         self.events = 0
         self.started = time.monotonic()
 
+    def take_events(self) -> dict[str, pa.Table]:
+        """The valid events (kind -> table), emptying the buffer: for a reader that does not
+        store them (the refresher: dead letters are ingest's to keep)."""
+        out = {kind: pa.concat_tables(parts) for kind, parts in self.tables.items()}
+        self._clear()
+        return out
+
     def __len__(self) -> int:
         """Events plus dead letters buffered."""
         return self.events + len(self.dead)
@@ -342,12 +349,9 @@ def _read_fast(reader, value: bytes, offset: int) -> bool:
 
 
 class _FastPath:
-    """:mod:`pipeline.ingest.fast_batch`, loaded by a background thread on first need.
-
-    Its jitted kernels take about a second to load from numba's cache, and tens of seconds to
-    compile the first time after an install; ingestion does not wait for either: compact
-    batches take the general path (same results, slower) until the kernels are ready.
-    """
+    """:mod:`pipeline.ingest.fast_batch`, loaded by a background thread on first need: its
+    kernels take a second to load from numba's cache (tens to compile after an install), and
+    until they are ready compact batches take the general path (same results, slower)."""
 
     def __init__(self):
         self.module = None

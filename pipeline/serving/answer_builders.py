@@ -28,6 +28,8 @@ from pipeline.serving.layout import LayoutError, pair_struct, unpack_f32, unpack
 from pipeline.serving.version_cache import VersionState
 from solvers.topk import topk_of_scores
 
+FRESH = "fresh"   # the source of an answer from keys the refresher wrote (any served_as)
+
 _STRUCTS = [pair_struct(n) for n in range(257)]
 
 
@@ -59,10 +61,12 @@ def pairs_of(st: VersionState, value: bytes, k: int, key: str) -> list:
                           "items") from None
 
 
-def precomputed(st: VersionState, user, value: bytes, k: int, key: str) -> Recommendation:
-    """The first ``k`` of ``user``'s stored list."""
+def precomputed(st: VersionState, user, value: bytes, k: int, key: str,
+                fresh: bytes | None = None) -> Recommendation:
+    """The first ``k`` of ``user``'s stored list; ``fresh``: the user's ``fresh`` marker read
+    with it (the refresher wrote the list: ``source`` ``fresh``)."""
     return Recommendation(st.model, user, pairs_of(st, value, k, key), st.version,
-                          st.sources["precomputed"])
+                          st.sources["precomputed"] if fresh is None else FRESH)
 
 
 def global_needs_scores(st: VersionState, k: int, filt: ItemFilter | None) -> bool:
@@ -102,19 +106,22 @@ def everyone_answer(st: VersionState, user, items: list) -> Recommendation:
 
 
 def listed_enough(st: VersionState, user, value: bytes | None, k: int, key: str,
-                  filt: ItemFilter | None) -> Recommendation | None:
+                  filt: ItemFilter | None, fresh: bytes | None = None) -> Recommendation | None:
     """``user``'s answer from their stored list when the list alone decides it, else None
     (no list; or ``k`` past ``top_k``, or a filter that leaves fewer than ``k``, for a version
     that can score the user's factor). A filtered list short of ``k`` still decides when it
-    was not cut at ``top_k``: it then holds every item the user has not met."""
+    was not cut at ``top_k``: it then holds every item the user has not met. ``fresh``: the
+    user's ``fresh`` marker, read with the list."""
     if value is None:
         return None
     if filt is None:
-        return precomputed(st, user, value, k, key) if k <= st.top_k or not st.rank else None
+        return (precomputed(st, user, value, k, key, fresh) if k <= st.top_k or not st.rank
+                else None)
     listed = pairs_of(st, value, st.top_k, key)
     kept = filt.keep(listed)
     if len(kept) >= k or len(listed) < st.top_k or not st.rank:
-        return Recommendation(st.model, user, kept[:k], st.version, st.sources["precomputed"])
+        return Recommendation(st.model, user, kept[:k], st.version,
+                              st.sources["precomputed"] if fresh is None else FRESH)
     return None
 
 
@@ -142,21 +149,26 @@ def scored_items(st: VersionState, factors, u_raw: bytes, seen_raw: bytes | None
 
 def second_answer(st: VersionState, user, name: str, bucket: int, listed: bytes | None,
                   exists: bool, u_raw: bytes | None, seen_raw: bytes | None, k: int,
-                  filt: ItemFilter | None, factors, fallback: list | None) -> Recommendation:
+                  filt: ItemFilter | None, factors, fallback: list | None,
+                  fresh: bytes | None = None) -> Recommendation:
     """``user``'s answer after the second round trip: scored from their factor when they have
     one, else their stored list (filtered), else the list for everyone (``fallback``).
-    ``exists``: whether the list key exists although ``GET`` found no string there."""
-    if listed is None and exists:
+    ``exists``: whether the list key exists although ``GET`` found no string there;
+    ``fresh``: the ``fresh`` marker read with what answers (the factor, or else the list).
+    A list that appeared between the round trips with a factor and a ``fresh`` marker beside
+    it is a user the refresher wrote meanwhile (one atomic write): their factor answers."""
+    if listed is None and exists and (u_raw is None or fresh is None):
         raise LayoutError(f"{st.topk_prefixes[bucket] + name} exists but is not a string (a "
                           "foreign key under the namespace?)")
     if u_raw is not None:
         items = scored_items(st, factors, u_raw, seen_raw, k, st.user_prefixes[bucket] + name,
                              st.seen_prefixes[bucket] + name, filt)
-        return Recommendation(st.model, user, items, st.version, st.sources["on_demand"])
+        return Recommendation(st.model, user, items, st.version,
+                              st.sources["on_demand"] if fresh is None else FRESH)
     if listed is not None:
         items = pairs_of(st, listed, k, name)
         return Recommendation(st.model, user, items if filt is None else filt.keep(items)[:k],
-                              st.version, st.sources["precomputed"])
+                              st.version, st.sources["precomputed"] if fresh is None else FRESH)
     return everyone_answer(st, user, fallback)
 
 

@@ -31,11 +31,13 @@ class Recommendation:
         ``"precomputed"`` (the user's own stored list), ``"on_demand"`` (scored now from the
         user's factor), ``"global"`` (the model is one global list), ``"fallback"`` (unknown
         user/query: the version's fallback list), ``"missing"`` (unknown, and no fallback),
-        ``"scored"`` (candidates given in the request, scored by the version's model). A
-        version that serves something other than the trained model reports what instead of
-        its own answers' source: ``"trivial"`` (a trivial list: the model did not beat it),
-        ``"challenger-NAME"`` or ``"blend-NAME"`` (the gate's challenger won; the version's
-        ``served_as``).
+        ``"scored"`` (candidates given in the request, scored by the version's model),
+        ``"fold_in"`` (a new user folded in from their items), ``"fresh"`` (the user's list or
+        factor as the refresher rewrote it since the version was published, whatever the
+        version serves). A version that serves something other than the trained model
+        reports what instead of its own answers' source (``fresh`` aside): ``"trivial"`` (a
+        trivial list: the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
+        (the gate's challenger won; the version's ``served_as``).
     stale : bool
         True when Redis was unavailable and this is the last-known answer.
     """

@@ -35,6 +35,7 @@ import numpy as np
 from pipeline.serving.artifact_kinds import kind_of, payload_fields
 from pipeline.serving.item_queries import FOLD_INS, fold_in_method
 from pipeline.serving.scorers import Scorer
+from pipeline.serving.version_listing import check_watermark
 from solvers.persist import read_bundle, write_bundle
 
 FORMAT = "rankstream.artifact"
@@ -99,6 +100,9 @@ class ModelArtifact:
         published because the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
         (the gate's challenger, or a blend with it, published because the model lost to it).
         Lookups report it as their ``source``.
+    watermark : dict or None
+        ``{"<topic>/<partition>": next_offset}``: the event-store offsets the model learned
+        from (the refresher re-applies every event after them); None: not known.
     """
 
     kind: str
@@ -111,6 +115,7 @@ class ModelArtifact:
     metrics: dict = field(default_factory=dict)
     trained_at: str | None = None
     served_as: str = "model"
+    watermark: dict | None = None
 
     user_item = _Shorthand()
     global_list = _Shorthand()
@@ -121,7 +126,8 @@ class ModelArtifact:
     def of(cls, kind: str, **given) -> ModelArtifact:
         """An artifact of ``kind``: the keywords its :class:`ArtifactKind` ``build`` takes
         (see :mod:`pipeline.serving.artifact_kinds`), and the describing fields (``scorer``,
-        ``fold_in``, ``algorithm``, ``params``, ``metrics``, ``trained_at``, ``served_as``).
+        ``fold_in``, ``algorithm``, ``params``, ``metrics``, ``trained_at``, ``served_as``,
+        ``watermark``).
 
         Examples
         --------
@@ -168,6 +174,8 @@ class ModelArtifact:
         if not isinstance(self.params, dict) or not isinstance(self.metrics, dict):
             raise ValueError("params and metrics must be dicts")
         json.dumps([self.params, self.metrics, self.fold_in])  # must be JSON-serialisable
+        if self.watermark is not None:
+            self.watermark = check_watermark(self.watermark)
         if self.fold_in:
             try:
                 if not self.rank:
@@ -216,6 +224,7 @@ class ModelArtifact:
                     "kind": self.kind, "algorithm": self.algorithm, "params": self.params,
                     "metrics": self.metrics, "trained_at": self.trained_at,
                     "served_as": self.served_as, "fold_in": self.fold_in,
+                    "watermark": self.watermark,
                     "arrays": {n: [str(a.dtype), list(a.shape)] for n, a in arrays.items()}}
         return write_bundle(path, arrays, manifest)
 
@@ -237,7 +246,8 @@ class ModelArtifact:
                    params=manifest.get("params", {}), metrics=manifest.get("metrics", {}),
                    trained_at=manifest.get("trained_at"),
                    served_as=manifest.get("served_as", "model"),
-                   fold_in=manifest.get("fold_in", {}))
+                   fold_in=manifest.get("fold_in", {}),
+                   watermark=manifest.get("watermark"))
 
 
 _DESCRIBE = tuple(f.name for f in fields(ModelArtifact) if f.name not in ("kind", "item_ids",

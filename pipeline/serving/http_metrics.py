@@ -7,7 +7,7 @@ Counted as requests come:
 ``rankstream_requests_total{route, status}``        answers by HTTP status
 ``rankstream_answers_total{model, source}``         lookups by how they were answered:
                                                     precomputed, on_demand, global, fold_in,
-                                                    scored, fallback, missing, trivial,
+                                                    fresh, scored, fallback, missing, trivial,
                                                     challenger-NAME, blend-NAME, stale
 ``rankstream_redis_errors_total{model}``            requests Redis could not answer (503)
 ==================================================  =========================================

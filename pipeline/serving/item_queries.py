@@ -116,16 +116,30 @@ class FoldIn:
 
 class PairwiseFoldIn(FoldIn):
     """AltSVM's own problem with V fixed, on the user's comparisons and implicit ones made
-    from their items (``per_item`` each)."""
+    from their items: ``per_item`` each, or, when the spec's ``per_user`` is above 0 (training's
+    ``implicit_per_user``: comparisons per user in all), ``ceil(per_user / items)`` each.
+
+    The spec may also say how training derived a user's inputs from their events, for whoever
+    derives them (the refresher): ``relevance`` and ``min_rating`` (the resolved relevance
+    threshold, and the rating an item needs to win a comparison), ``comparisons`` (training's
+    mode) and ``rating_range``; the fold-in itself takes the items and comparisons as given."""
 
     method = "pairwise"
     keys = ("reg", "loss")
 
+    @staticmethod
+    def per_item(spec: dict, n_met: int) -> int:
+        """Implicit comparisons per met item."""
+        per_user = int(spec.get("per_user") or 0)
+        if per_user > 0:
+            return -(-per_user // max(n_met, 1))
+        return int(spec.get("per_item", 10))
+
     def user_factor(self, st, V, b, met, pairs, spec):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
-        rows = np.concatenate([pairs, implicit_pairs(met, st.n_items,
-                                                     int(spec.get("per_item", 10)))])
+        per_item = self.per_item(spec, len(np.unique(met)))
+        rows = np.concatenate([pairs, implicit_pairs(met, st.n_items, per_item)])
         return pairwise_fold_in(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
                                 max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
 
@@ -142,6 +156,87 @@ class LeastSquaresFoldIn(FoldIn):
                                      alpha=float(spec["alpha"]), gram=gram)
 
 
+class _Part:
+    """A blend part's view of the version: the version itself, but with its own ``derived``
+    (what a part's method keeps is of the part's columns, not of the whole factors)."""
+
+    def __init__(self, st: VersionState, n: int):
+        self.st = st
+        self.derived = st.derived.setdefault(f"blend:{n}", {})
+
+    def __getattr__(self, name):
+        return getattr(self.st, name)
+
+
+class BlendFoldIn(FoldIn):
+    """A blend's user: each part's own fold-in against the part's columns of V, scaled.
+
+    Spec ``{"method": "blend", "parts": [{...part 1's spec, "columns": [0, r1], "scale": a},
+    {...part 2's, "columns": [r1, r1 + r2], "scale": b}, ...]}``: published factors
+    ``[a U₁, b U₂]`` against ``[V₁, V₂]`` with item bias ``a b₁`` (``trainers/als.py``
+    ``blend``). A new user's factor is ``[a u₁, b u₂]``, ``u₁`` part 1's fold-in against
+    ``V[:, 0:r1]`` with bias ``bias / a`` (the first part's own; none when ``a`` is 0), ``u₂``
+    part 2's against ``V[:, r1:r1 + r2]`` without one; the parts' columns tile the factors."""
+
+    method = "blend"
+    keys = ("parts",)
+
+    def check(self, spec: dict) -> None:
+        super().check(spec)
+        parts = spec["parts"]
+        if not isinstance(parts, list) or not parts:
+            raise ValueError(f"blend fold_in parts is {parts!r:.60}, expected a list of specs")
+        end = 0
+        for n, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("method") == self.method:
+                raise ValueError(f"blend fold_in part {n} is {part!r:.60}, expected the spec "
+                                 "of another method")
+            cols, scale = part.get("columns"), part.get("scale")
+            if (not isinstance(cols, list) or len(cols) != 2 or cols[0] != end
+                    or not cols[1] > cols[0] or not isinstance(scale, (int, float))):
+                raise ValueError(f"blend fold_in part {n} has columns {cols!r} and scale "
+                                 f"{scale!r}, expected columns [{end}, end > {end}] and a "
+                                 "number")
+            end = cols[1]
+            fold_in_method(part["method"]).check(part)
+
+    def user_factor(self, st, V, b, met, pairs, spec):
+        parts = spec["parts"]
+        if parts[-1]["columns"][1] != V.shape[1]:
+            raise ValueError(f"blend fold_in parts cover {parts[-1]['columns'][1]} columns, "
+                             f"the version has rank {V.shape[1]}")
+        out = []
+        for n, part in enumerate(parts):
+            lo, hi = part["columns"]
+            scale = float(part["scale"])
+            view = _Part(st, n)
+            Vp = _derived(view, "V", lambda lo=lo, hi=hi: np.ascontiguousarray(V[:, lo:hi]))
+            bp = None
+            if n == 0 and b is not None and scale != 0.0:
+                bp = _derived(view, "b", lambda s=scale: (b / s).astype(b.dtype))
+            u = fold_in_method(part["method"]).user_factor(view, Vp, bp, met, pairs, part)
+            out.append(scale * np.asarray(u, np.float64))
+        return np.concatenate(out)
+
+
+class ItemItemFoldIn(FoldIn):
+    """An item-item model's user (EASE, ``trainers/ease.py``), exactly: the version's factors
+    are ``U = X`` (each user's items as a 0/1 row) and ``V = Bᵀ``, so a new user's factor is
+    the 0/1 row of the items they met (and the winners of their comparisons), and their
+    scores ``V u = x · B``. Nothing to solve, nothing to derive."""
+
+    method = "item_item"
+    keys = ()
+
+    def user_factor(self, st, V, b, met, pairs, spec):
+        if V.shape[0] != V.shape[1]:
+            raise ValueError(f"item_item fold_in needs square item factors (items x items), "
+                             f"the version's are {V.shape[0]} x {V.shape[1]}")
+        u = np.zeros(V.shape[1], np.float32)
+        u[np.union1d(met, pairs[:, 0]).astype(np.int64)] = 1.0
+        return u
+
+
 FOLD_INS: dict[str, FoldIn] = {}
 
 
@@ -150,7 +245,7 @@ def register_fold_in(entry: FoldIn) -> FoldIn:
     return add_entry(FOLD_INS, entry.method, entry, "fold-in method")
 
 
-for _method in (PairwiseFoldIn(), LeastSquaresFoldIn()):
+for _method in (PairwiseFoldIn(), LeastSquaresFoldIn(), BlendFoldIn(), ItemItemFoldIn()):
     register_fold_in(_method)
 
 

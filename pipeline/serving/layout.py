@@ -84,12 +84,20 @@ KEY_PATTERNS = {
     "scorer": ("<tag>:v<version>:scorer", "string", "npz without pickle: the on-demand model"),
 }
 
+# The refresher's keys (pipeline.serving.fresh), as KEY_PATTERNS; the .md section "Refreshed
+# users" lists exactly these rows. Older readers never read them: no format bump.
+FRESH_KEY_PATTERNS = {
+    "fresh": ("<btag>:v<version>:fresh:<key>", "string",
+              "ascii `<stamp_ms>`: the user's topk/u/seen were rewritten by the refresher"),
+    "fresh_keys": ("<btag>:v<version>:fresh_keys", "set",
+                   "the keys of the bucket the refresher wrote (deleted with the version)"),
+}
+
 # meta hash field -> meaning (the .md meta table lists exactly these fields)
 META_FIELDS = {
     "format_version": "layout format version (this document: 2)",
     "kind": "user_item | global_list | query_docs | predicted_ratings",
-    "model": "model name",
-    "version": "version number",
+    "model": "model name", "version": "version number",
     "publish_id": "random hex id of this publish; also in `current`",
     "status": "writing | complete | deleting",
     "algorithm": "producing algorithm, e.g. AltSVM",
@@ -103,26 +111,22 @@ META_FIELDS = {
                  "the model, won); absent means `model`. Lookups of a version that is not "
                  "`model` report it as their `source`",
     "n_items": "number of item (or doc) ids",
-    "item_id_type": "int64 | str",
-    "item_chunk": "rows per items/V/b/val chunk",
-    "n_item_chunks": "number of item chunks",
-    "rank": "factor dimension (0: no factors)",
-    "has_item_bias": "1 if b chunks exist",
-    "has_item_values": "1 if val chunks exist",
-    "has_global_scores": "1 if gs chunks exist",
-    "top_k": "longest precomputed list length",
+    "item_id_type": "int64 | str", "item_chunk": "rows per items/V/b/val chunk",
+    "n_item_chunks": "number of item chunks", "rank": "factor dimension (0: no factors)",
+    "has_item_bias": "1 if b chunks exist", "has_item_values": "1 if val chunks exist",
+    "has_global_scores": "1 if gs chunks exist", "top_k": "longest precomputed list length",
     "n_keys": "user/query keys in the key index",
     "buckets": "number of key buckets (1024 in format 2)",
     "bucket_keys": "JSON array: keys per bucket (each bucket's index has ceil(n / key_chunk) "
                    "chunks)",
-    "key_chunk": "keys per key_index chunk",
-    "n_lists": "keys with a precomputed topk list",
-    "n_factor_keys": "keys with a user factor",
-    "n_seen_keys": "keys with a seen list",
+    "key_chunk": "keys per key_index chunk", "n_lists": "keys with a precomputed topk list",
+    "n_factor_keys": "keys with a user factor", "n_seen_keys": "keys with a seen list",
     "global": "none | model | fallback: what the global list is",
     "scorer": "none | ordinal_linear | kernel: the kind of the scorer key",
     "fold_in": "JSON object: how a new user is folded in from their items (`solvers.fold_in`); "
                "`{}`: no fold-in",
+    "watermark": "JSON object `{\"<topic>/<partition>\": next_offset}`: the event-store "
+                 "offsets the version learned from; `{}`: not known",
 }
 
 _POINTER = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32}):([1-9][0-9]{0,17})$")
@@ -242,6 +246,12 @@ class VersionKeys:
 
     def seen(self, key: str) -> str:
         return f"{self.bucket_prefixes[bucket_of(key)]}seen:{key}"
+
+    def fresh(self, key: str) -> str:
+        return f"{self.bucket_prefixes[bucket_of(key)]}fresh:{key}"
+
+    def fresh_keys(self, bucket: int) -> str:
+        return f"{self.bucket_prefix(bucket)}fresh_keys"
 
 
 @dataclass(frozen=True)

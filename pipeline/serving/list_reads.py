@@ -43,12 +43,13 @@ class ListReads:
                 key = user if type(user) is str else key_of(user)
                 b = bucket_of(key)
                 try:
-                    ptr, value = self.transport.send(st.keys, b, [
-                        ("MGET", st.pointer_keys[b], st.topk_prefixes[b] + key)])[0]
+                    ptr, value, fresh = self.transport.send(st.keys, b, [
+                        ("MGET", st.pointer_keys[b], st.topk_prefixes[b] + key,
+                         st.fresh_prefixes[b] + key)])[0]
                 except Down as down:
                     return self.guard.answers(model, [user], k, down.err)[0]
                 if value is not None and ptr is not None and ptr.startswith(st.pointer_prefix):
-                    rec = build.precomputed(st, user, value, k, key)
+                    rec = build.precomputed(st, user, value, k, key, fresh)
                     if self.policy.remembers:
                         self.policy.remember(model, key, rec)
                     return rec
@@ -71,17 +72,18 @@ class ListReads:
                 and (k <= st.top_k or not st.rank) and None not in users):
             keys = [u if type(u) is str else key_of(u) for u in users]
             buckets = [bucket_of(x) for x in keys]
-            prefixes = st.topk_prefixes
             try:
                 pointers, values, _ = self.transport.bucket_mget(
-                    st, buckets, [prefixes[b] + x for b, x in zip(buckets, keys)])
+                    st, buckets, _list_and_fresh(st, buckets, keys), 2)
             except Down as down:
                 return self.guard.answers(model, users, k, down.err)
             first = pointers[0]       # synced pointers are equal bytes: one C-level count
+            lists = values[0::2]
             if ((first is not None and first.startswith(st.pointer_prefix)
                  and pointers.count(first) == len(pointers) or all(map(st.names, pointers)))
-                    and None not in values):
-                out = [build.precomputed(st, u, v, k, x) for u, x, v in zip(users, keys, values)]
+                    and None not in lists):
+                out = [build.precomputed(st, u, v, k, x, f)
+                       for u, x, v, f in zip(users, keys, lists, values[1::2])]
                 if self.policy.remembers:
                     for x, rec in zip(keys, out):
                         self.policy.remember(model, x, rec)
@@ -137,41 +139,45 @@ class ListReads:
             return out
         names = [key_of(u) for u in users]
         buckets = [bucket_of(x) for x in names]
-        pointers, lists, _ = self.transport.bucket_mget(
-            st, buckets, [st.topk_prefixes[b] + x for b, x in zip(buckets, names)])
+        pointers, values, _ = self.transport.bucket_mget(
+            st, buckets, _list_and_fresh(st, buckets, names), 2)
         self.versions.check_pointers(st, pointers)
-        out = [build.listed_enough(st, u, v, k, x, filt) for u, v, x in zip(users, lists, names)]
+        lists, marks = values[0::2], values[1::2]
+        out = [build.listed_enough(st, u, v, k, x, filt, f)
+               for u, v, x, f in zip(users, lists, names, marks)]
         need = [i for i, rec in enumerate(out) if rec is None]
         if need:
-            self._answer_rest(st, users, names, buckets, lists, need, k, out, filt)
+            self._answer_rest(st, users, names, buckets, lists, marks, need, k, out, filt)
         return out
 
-    def _answer_rest(self, st: VersionState, users, names, buckets, lists, need, k,
+    def _answer_rest(self, st: VersionState, users, names, buckets, lists, marks, need, k,
                      out, filt: ItemFilter | None) -> None:
-        """Users the stored list did not answer: their factor and seen items (and whether a
-        missing list's key exists) in one more round trip, then scored or the fallback."""
+        """Users the stored list did not answer: their factor, seen items and ``fresh``
+        marker (and whether a missing list's key exists) in one more round trip, then scored
+        or the fallback."""
         extra = [(buckets[i], ("EXISTS", st.topk_prefixes[buckets[i]] + names[i]))
                  for i in need if lists[i] is None]
-        factors: list = [None] * (2 * len(need))
+        factors: list = [None] * (3 * len(need))
         if st.rank:
             rest = [buckets[i] for i in need]
             pointers, factors, exists = self.transport.bucket_mget(
                 st, rest, [n for i, b in zip(need, rest) for n in
-                           (st.user_prefixes[b] + names[i], st.seen_prefixes[b] + names[i])],
-                2, extra)
+                           (st.user_prefixes[b] + names[i], st.seen_prefixes[b] + names[i],
+                            st.fresh_prefixes[b] + names[i])],
+                3, extra)
             self.versions.check_pointers(st, pointers)
         else:
             exists = self.transport.send_many(st.keys, extra) if extra else []
         exists = iter(exists)
-        scored = [f is not None for f in factors[0::2]]
+        scored = [f is not None for f in factors[0::3]]
         V = self.factors(st) if any(scored) else None
         fallback = (self.global_items(st, k, filt) if any(
             lists[i] is None and not s for i, s in zip(need, scored)) else [])
         for j, i in enumerate(need):
             out[i] = build.second_answer(
                 st, users[i], names[i], buckets[i], lists[i],
-                lists[i] is None and bool(next(exists)), factors[2 * j], factors[2 * j + 1], k,
-                filt, V, list(fallback))
+                lists[i] is None and bool(next(exists)), factors[3 * j], factors[3 * j + 1], k,
+                filt, V, list(fallback), factors[3 * j + 2] if scored[j] else marks[i])
 
     def factors(self, st: VersionState):
         """The version's item factors and bias (read once per version)."""
@@ -183,3 +189,12 @@ class ListReads:
         scores = (load_global_scores(self.transport.bulk, st)
                   if build.global_needs_scores(st, k, filt) else None)
         return build.ranked_global(st, k, filt, scores)
+
+
+def _list_and_fresh(st: VersionState, buckets: list[int], names: list[str]) -> list[str]:
+    """Each user's list key and ``fresh`` marker key, in this order, user after user."""
+    topk, fresh = st.topk_prefixes, st.fresh_prefixes
+    out: list = [None] * (2 * len(names))
+    out[0::2] = [topk[b] + x for b, x in zip(buckets, names)]
+    out[1::2] = [fresh[b] + x for b, x in zip(buckets, names)]
+    return out

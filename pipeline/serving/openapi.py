@@ -34,17 +34,24 @@ _ID = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
 _IDS = {"type": "array", "items": _ID, "maxItems": 1000}
 _K = {"type": "integer", "minimum": 1, "maximum": 1000, "default": 10}
 _FILTERS = [
-    _q("exclude", "an item to leave out (repeat per item, at most 1000)", _IDS),
-    _q("allow", "an item that may be answered (repeat per item; given: only these)", _IDS),
+    _q("exclude", "items to leave out: repeated (exclude=a&exclude=b) and/or "
+       "comma-separated (exclude=a,b); at most 1000", _IDS),
+    _q("allow", "the items that may be answered, given as exclude is (given: only these)",
+       _IDS),
 ]
 _ITEMS = {"type": "array", "items": {"type": "object", "properties": {
     "item": _ID, "score": {"type": "number"}}}}
 ANSWER = {"type": "object", "properties": {
     "model": {"type": "string"}, "user": {}, "items": _ITEMS,
-    "source": {"type": "string", "description": "precomputed | on_demand | global | fallback "
-               "| missing | scored | fold_in, or what the version serves instead: trivial, "
-               "challenger-NAME, blend-NAME"},
+    "source": {"type": "string", "description": "precomputed | fresh (the user's list "
+               "rewritten by the refresher since the version was published) | on_demand | "
+               "global | fallback | missing | scored | fold_in, or what the version serves "
+               "instead: trivial, challenger-NAME, blend-NAME"},
     "version": {"type": "integer"}, "stale": {"type": "boolean"}}}
+# similar's answer names the item asked about (as given), not a user
+SIMILAR = {"type": "object", "properties": {
+    **{k: v for k, v in ANSWER["properties"].items() if k != "user"},
+    "item": {"type": "string", "description": "the item asked about, as given"}}}
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}}
 
 
@@ -65,7 +72,10 @@ _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "s
 
 OPERATIONS = {
     ("healthz", "GET"): {"summary": "the process is alive (no token needed)"},
-    ("readyz", "GET"): {"summary": "Redis answers and every configured model is served"},
+    ("readyz", "GET"): {"summary": "Redis answers and every required model is served "
+                        "(rankstream serve --require; default: every configured model that "
+                        "has a served version); per configured model: served, never trained "
+                        "or unavailable"},
     ("metrics", "GET"): {"summary": "Prometheus metrics (text exposition format)"},
     ("openapi", "GET"): {"summary": "this description"},
     ("docs", "GET"): {"summary": "this description as a page"},
@@ -86,7 +96,7 @@ OPERATIONS = {
     ("similar", "GET"): {"summary": "the k items most like an item (cosine of item factors)",
                          "parameters": [_q("item", "item id", _ID, True),
                                         _q("k", "items to answer", _K), *_FILTERS],
-                         "answer": ANSWER},
+                         "answer": SIMILAR},
     ("fold_in", "POST"): {"summary": "recommendations for a new user from items they met "
                           "and/or comparisons, by solving their factor against the served "
                           "item factors",

@@ -94,6 +94,7 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "params": json.dumps(art.params), "metrics": json.dumps(art.metrics),
         "trained_at": art.trained_at or "", "published_at": _now(), "n_items": art.n_items,
         "served_as": art.served_as, "fold_in": json.dumps(art.fold_in),
+        "watermark": json.dumps(art.watermark or {}),
         "item_id_type": "int64" if art.item_ids.dtype.kind in "iu" else "str",
         "item_chunk": ITEM_CHUNK, "n_item_chunks": n_item_chunks, "rank": art.rank,
         "has_item_bias": int(art.item_bias is not None),

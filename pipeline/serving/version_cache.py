@@ -28,8 +28,10 @@ from pipeline.serving.layout import (
     unpack_f32,
     unpack_ids,
 )
+from pipeline.serving.version_listing import parse_watermark
 
-# the version's own answers (a version that serves something else reports that instead)
+# the version's own answers (a version that serves something else reports that instead); an
+# answer from keys the refresher rewrote reports "fresh", whatever the version serves
 OWN_SOURCES = ("precomputed", "on_demand", "global", "scored", "fold_in")
 
 
@@ -43,9 +45,9 @@ class VersionState:
     __slots__ = ("model", "version", "publish_id", "pointer_prefix", "keys", "pointer_keys",
                  "kind", "per_key", "n_items", "item_ids", "top_k", "rank", "has_bias", "n_lists",
                  "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefixes",
-                 "user_prefixes", "seen_prefixes", "vkeys", "n_item_chunks", "item_factors",
-                 "item_bias", "meta", "scorer", "sources", "fold_in", "global_scores",
-                 "item_index", "derived")
+                 "user_prefixes", "seen_prefixes", "fresh_prefixes", "vkeys", "n_item_chunks",
+                 "item_factors", "item_bias", "meta", "scorer", "sources", "fold_in",
+                 "global_scores", "item_index", "derived", "watermark")
 
     def names(self, pointer: bytes | None) -> bool:
         """Whether a ``current``/bucket pointer value names this version (any epoch)."""
@@ -134,12 +136,14 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     st.topk_prefixes = [p + "topk:" for p in vk.bucket_prefixes]
     st.user_prefixes = [p + "u:" for p in vk.bucket_prefixes]
     st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]
+    st.fresh_prefixes = [p + "fresh:" for p in vk.bucket_prefixes]
     st.item_factors = st.item_bias = st.scorer = st.global_scores = st.item_index = None
     st.derived = {}
     try:
         st.fold_in = json.loads(meta.get("fold_in") or "{}")
     except ValueError:
         raise LayoutError(f"{vk.meta} field 'fold_in' is not JSON") from None
+    st.watermark = parse_watermark(meta.get("watermark"), vk.meta)
     pipe = client.pipeline(transaction=False)
     for c in range(st.n_item_chunks):
         pipe.get(vk.items(c))

@@ -1,5 +1,7 @@
 """Deleting a version's keys: by name through its key index (each bucket's keys, written before
-the keys they list), or by SCAN when the index is incomplete (a publish that died half-way).
+the keys they list) and each bucket's ``fresh_keys`` set (the users the refresher rewrote, some
+of whom the index never listed), or by SCAN when the index is incomplete (a publish that died
+half-way).
 The caller has taken the version out of the version list and moved every bucket pointer past
 it first (:func:`pipeline.serving.versions.prune_versions`), so no reader is pointed at it.
 """
@@ -17,9 +19,10 @@ def delete_version(client, keys: ModelKeys, version: int, batch: int = 1000,
                    bucket_group: int = 64) -> None:
     """Delete every key of ``version`` (which must no longer be listed or current, and no
     bucket pointer may name it) with UNLINK in batches of ``batch`` keys of one slot, pipelined
-    per node: model-level keys by name, per-key keys through each bucket's key index,
-    ``bucket_group`` buckets at a time (or a SCAN of the version's prefixes when an index is
-    incomplete). Its meta hash goes last, then it leaves the pending set."""
+    per node: model-level keys by name, per-key keys through each bucket's key index and
+    ``fresh_keys`` set, ``bucket_group`` buckets at a time (or a SCAN of the version's prefixes
+    when an index is incomplete: it finds the refresher's keys too). Its meta hash goes last,
+    then it leaves the pending set."""
     vk = keys.version(version)
     client.sadd(keys.pending, version)
     meta = {k.decode(): v.decode() for k, v in client.hgetall(vk.meta).items()}
@@ -36,28 +39,40 @@ def delete_version(client, keys: ModelKeys, version: int, batch: int = 1000,
         for b, names in per_bucket.items():
             unlink.add(b, names)
     else:
-        buckets = [b for b, chunks in enumerate(index) if chunks]
-        for g in range(0, len(buckets), bucket_group):
-            group = buckets[g:g + bucket_group]
-            reads = NodeBatch(client)
-            where = []
-            for b in group:
-                for c in range(index[b]):
-                    reads.add(keys.pointer(b), "GET", vk.key_index(b, c))
-                    where.append((b, c))
-            names: dict[int, list[str]] = {b: [] for b in group}
-            for (b, c), raw in zip(where, reads.execute()):
-                prefix = vk.bucket_prefixes[b]
-                if isinstance(raw, bytes):
-                    for key in unpack_keys(raw, vk.key_index(b, c)):
-                        names[b] += [prefix + "topk:" + key, prefix + "u:" + key,
-                                     prefix + "seen:" + key]
-            for b in group:   # the index chunks after the keys they list
-                unlink.add(b, names[b] + [vk.key_index(b, c) for c in range(index[b])])
-            unlink.flush()
+        for g in range(0, BUCKETS, bucket_group):   # every bucket: any may have fresh keys
+            _unlink_indexed(client, keys, vk, index, range(g, min(g + bucket_group, BUCKETS)),
+                            unlink)
     unlink.add(None, [vk.meta])
     unlink.flush()
     client.srem(keys.pending, version)
+
+
+def _unlink_indexed(client, keys: ModelKeys, vk, index: list[int], group, unlink) -> None:
+    """UNLINK the per-key keys of the buckets in ``group``: those their key index chunks list
+    and those their ``fresh_keys`` set lists (each key's ``topk``, ``u``, ``seen``,
+    ``fresh``), then the index chunks and the set, after the keys they list."""
+    reads = NodeBatch(client)
+    where = []
+    for b in group:
+        reads.add(keys.pointer(b), "SMEMBERS", vk.fresh_keys(b))
+        where.append((b, None))
+        for c in range(index[b]):
+            reads.add(keys.pointer(b), "GET", vk.key_index(b, c))
+            where.append((b, c))
+    found: dict[int, set[str]] = {b: set() for b in group}
+    for (b, c), raw in zip(where, reads.execute()):
+        if c is None and isinstance(raw, (set, list)):
+            found[b].update(k.decode() for k in raw)
+        elif isinstance(raw, bytes):
+            found[b].update(unpack_keys(raw, vk.key_index(b, c)))
+    for b in group:
+        prefix = vk.bucket_prefixes[b]
+        names = [prefix + kind + key for key in sorted(found[b])
+                 for kind in ("topk:", "u:", "seen:", "fresh:")]
+        if names or index[b]:
+            unlink.add(b, names + [vk.key_index(b, c) for c in range(index[b])]
+                       + [vk.fresh_keys(b)])
+    unlink.flush()
 
 
 def _indexed_names(client, vk, meta: dict) -> tuple[list[str], list[int]]:

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import numpy as np
+
 from pipeline.serving.layout import LayoutError, ModelKeys, UnknownModelError, parse_current
 
 
@@ -38,6 +40,45 @@ class VersionInfo:
     n_lists: int = 0
     metrics: dict = field(default_factory=dict)
     served_as: str = "model"
+    watermark: dict = field(default_factory=dict)
+    """``{"<topic>/<partition>": next_offset}``: the event-store offsets the version learned
+    from (``{}``: not known)."""
+
+
+def check_watermark(value) -> dict:
+    """A version's watermark as given: ``{"<topic>/<partition>": next_offset}`` (offsets are
+    non-negative ints); ``ValueError`` naming the first entry that is not one.
+
+    Examples
+    --------
+    >>> check_watermark({"rankstream.rating/0": 42})
+    {'rankstream.rating/0': 42}
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"watermark is a {type(value).__name__}, expected a dict of "
+                         "'<topic>/<partition>' -> next offset")
+    for name, offset in value.items():
+        topic, _, partition = name.rpartition("/") if isinstance(name, str) else ("", "", "")
+        if not topic or not partition.isdigit() or isinstance(offset, bool) \
+                or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise ValueError(f"watermark entry {name!r}: {offset!r} is not "
+                             "'<topic>/<partition>': a non-negative offset")
+    return {name: int(offset) for name, offset in value.items()}
+
+
+def parse_watermark(raw: str | None, key: str) -> dict:
+    """The meta's ``watermark`` field parsed (``{}`` when absent); :class:`LayoutError` when
+    it is not what :func:`check_watermark` accepts.
+
+    Examples
+    --------
+    >>> parse_watermark('{"events/3": 7}', "k"), parse_watermark(None, "k")
+    ({'events/3': 7}, {})
+    """
+    try:
+        return check_watermark(json.loads(raw or "{}"))
+    except ValueError as err:
+        raise LayoutError(f"{key} field 'watermark' is {raw!r:.80}: {err}") from None
 
 
 def read_current(client, keys: ModelKeys) -> tuple[int, str] | None:
@@ -100,7 +141,8 @@ def versions(model: str, redis, *, namespace: str = "rankstream") -> list[Versio
                 algorithm=m.get("algorithm", ""), publish_id=m.get("publish_id", ""),
                 trained_at=m.get("trained_at", ""), published_at=m.get("published_at", ""),
                 n_items=int(m.get("n_items", 0)), n_lists=int(m.get("n_lists", 0)),
-                metrics=metrics, served_as=m.get("served_as", "model"))
+                metrics=metrics, served_as=m.get("served_as", "model"),
+                watermark=parse_watermark(m.get("watermark"), keys.version(v).meta))
         except ValueError as err:
             raise LayoutError(f"{keys.version(v).meta} has a malformed field: {err}") from None
         out.append(info)

@@ -37,7 +37,13 @@ PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 # tune: settings chosen on the validation split; at most max_settings scored settings and
 # budget_seconds for the model, and the same caps for its challenger (the same effort); of the
 # settings within tolerance (relative) of the best validation score, the cheapest is chosen
-TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12, "tolerance": 0.005}
+# (the counts are the budget, per data size: pipeline.training.tuning.settings_for_size;
+# budget_seconds is a cap on wall time, and a search it ends says so in the run summary);
+# challenger_settings: the settings a challenger's search (ALS) may score at 100k rows, the
+# count of a plain 24-point grid; ease_max_items: EASE (an items x items model) is skipped,
+# with the reason, above this many items
+TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12, "tolerance": 0.005,
+             "challenger_settings": 24, "ease_max_items": 5000}
 
 
 @dataclass(frozen=True)
@@ -127,9 +133,15 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
     if gate["if_trivial"] not in ("reject", "publish_trivial"):
         raise ValueError(f"{where}: model {name!r} gate.if_trivial is {gate['if_trivial']!r}, "
                          "expected 'reject' or 'publish_trivial'")
-    if gate["challenger"] not in ("none",) + fam.challengers:
-        raise ValueError(f"{where}: model {name!r} gate.challenger is {gate['challenger']!r}, "
-                         f"expected one of {['none', *fam.challengers]}")
+    named = gate["challenger"]
+    if isinstance(named, list):     # several challengers: each one of the family's, once
+        if (not named or len(set(map(str, named))) != len(named)
+                or not all(isinstance(n, str) and n in fam.challengers for n in named)):
+            raise ValueError(f"{where}: model {name!r} gate.challenger is {named!r}, expected "
+                             f"a list of distinct names from {list(fam.challengers)}")
+    elif named not in ("none",) + fam.challengers:
+        raise ValueError(f"{where}: model {name!r} gate.challenger is {named!r}, "
+                         f"expected one of {['none', *fam.challengers]} (or a list of them)")
     if gate["challenger_mode"] not in ("replace", "blend"):
         raise ValueError(f"{where}: model {name!r} gate.challenger_mode is "
                          f"{gate['challenger_mode']!r}, expected 'replace' or 'blend'")

@@ -2,8 +2,9 @@
 
 In the metric's own direction (``sign`` = +1 when higher is better, −1 when lower is):
 
-1. the candidate is the model; its challenger when ``sign·(model − challenger)`` is below
-   ``−challenger_tolerance``; their blend (``challenger_mode = "blend"``) when it beats both;
+1. the candidate is the model; its best challenger (of one or several: ALS, EASE, ...) when
+   ``sign·(model − challenger)`` is below ``−challenger_tolerance``; the blend of the best two
+   (``challenger_mode = "blend"``) when it beats the model and every challenger;
 2. the candidate must beat every trivial model by ``trivial_margin``; otherwise
    ``if_trivial = "publish_trivial"`` serves the best trivial list instead, and so does a
    model that has nothing served yet (users are never served nothing);
@@ -39,7 +40,12 @@ class Rule:
 
 @dataclass(frozen=True)
 class Scores:
-    """One run's holdout metric for each candidate (None: could not be computed)."""
+    """One run's holdout metric for each candidate (None: could not be computed).
+
+    One challenger is ``challenger`` and ``challenger_value``; several are ``challengers``
+    (name -> value, in the config's order; ``challenger``, when given too, is one of them).
+    ``blend_name`` names the blend (``"als"``: the model with ALS, ``"als+ease"``); by default
+    the challenger's name."""
 
     metric: str
     higher_is_better: bool
@@ -49,10 +55,29 @@ class Scores:
     challenger_value: float | None = None
     blend_value: float | None = None
     blend_weight: float | None = None
+    challengers: dict = field(default_factory=dict)  # name -> value, for several
+    blend_name: str | None = None
 
     @property
     def sign(self) -> float:
         return 1.0 if self.higher_is_better else -1.0
+
+    @property
+    def rivals(self) -> dict:
+        """Every challenger's value, by name."""
+        out = dict(self.challengers)
+        if self.challenger is not None and self.challenger not in out:
+            out[self.challenger] = self.challenger_value
+        return out
+
+    def best_rival(self) -> tuple[str | None, float | None]:
+        """The challenger with the best value (the first on a tie; a valueless one only when
+        none has a value)."""
+        rivals = self.rivals
+        known = [(n, v) for n, v in rivals.items() if v is not None]
+        if not known:
+            return (next(iter(rivals), None), None)
+        return max(known, key=lambda nv: self.sign * nv[1])
 
 
 @dataclass(frozen=True)
@@ -86,22 +111,24 @@ def _fmt(value) -> str:
 def _candidate(s: Scores, rule: Rule) -> tuple[Choice, float | None, list[str]]:
     """Step 1: the model, its challenger or their blend."""
     choice, value, notes = Choice(Served.MODEL), s.model, []
-    if s.challenger is None:
+    if not s.rivals:
         return choice, value, notes
-    ch = s.challenger_value
+    name, ch = s.best_rival()
     if ch is not None and (s.model is None or s.sign * (s.model - ch)
                            < -rule.challenger_tolerance):
-        choice, value = Choice(Served.CHALLENGER, s.challenger), ch
+        choice, value = Choice(Served.CHALLENGER, name), ch
         lost_by = None if s.model is None else s.sign * (ch - s.model)
         notes.append(f"the model's {s.metric} {_fmt(s.model)} loses to the challenger "
-                     f"{s.challenger}'s {ch:.4f} by {_fmt(lost_by)} (tolerance "
-                     f"{rule.challenger_tolerance}): serving {s.challenger}")
-    known = [v for v in (s.model, ch) if v is not None]
+                     f"{name}'s {ch:.4f} by {_fmt(lost_by)} (tolerance "
+                     f"{rule.challenger_tolerance}): serving {name}")
+    known = [v for v in (s.model, *s.rivals.values()) if v is not None]
     if (rule.challenger_mode == "blend" and s.blend_value is not None and known
             and s.sign * (s.blend_value - max(known, key=lambda v: s.sign * v)) > 0):
-        choice, value = Choice(Served.BLEND, s.challenger), s.blend_value
-        notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} beats both: "
-                     "serving it")
+        choice = Choice(Served.BLEND, s.blend_name or s.challenger or name)
+        value = s.blend_value
+        notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} beats "
+                     f"{'both' if len(known) <= 2 else 'every candidate'}: serving it "
+                     f"({choice})")
     return choice, value, notes
 
 
@@ -136,6 +163,7 @@ def decide(s: Scores, rule: Rule, current: Current) -> Verdict:
             publishes = None
             notes.append(f"{s.metric} {value:.4f} is worse than served v{current.version} "
                          f"{current.value:.4f} by more than tolerance {rule.tolerance}")
-    vs = (None if s.challenger_value is None or s.model is None
-          else round(s.sign * (s.model - s.challenger_value), 5))
+    best_rival = s.best_rival()[1]
+    vs = (None if best_rival is None or s.model is None
+          else round(s.sign * (s.model - best_rival), 5))
     return Verdict(candidate, value, publishes, tuple(notes), lift, vs)

@@ -131,8 +131,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                        "min_train": 5, "k": 10, "relevance": "auto", "metric": "topk_ndcg@10",
                        "seed": 0},
            splits=("per_user_last", "random"), artifact_kind="user_item",
-           # implicit's ALS: the model recommendation teams would otherwise run
-           challengers=("als",),
+           # implicit's ALS: the model recommendation teams would otherwise run; EASE: the
+           # closed-form item-item model (trainers/ease.py); a config may name both
+           challengers=("als", "ease"),
            # why these grids: pipeline/training/trainers/altsvm_tuning.py
            tune_axes={"rank": [5, 10, 20, 50, 100],
                       "implicit_per_user": [250, 500, 1000, 2000, 4000],

@@ -189,16 +189,19 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
     if artifact.kind != cfg.family.artifact_kind:   # the registry entry is the contract
         raise TypeError(f"the {cfg.algorithm} trainer made a {artifact.kind!r} artifact, its "
                         f"registry entry says {cfg.family.artifact_kind!r}")
+    watermark = ds["window"]["end_offsets"]     # what every candidate learned from
+    artifact.watermark = watermark
     artifact.save(run_dir / "artifact")
     baselines = {}
     for name, (scores_metrics, scores) in trainer.baselines(arrays, cfg).items():
         baselines[name] = scores_metrics
-        trainer.trivial_artifact(scores, arrays, algorithm=f"{cfg.algorithm}:{name}",
-                                 params={"trivial": name}, metrics=scores_metrics,
-                                 trained_at=trained_at, served_as="trivial",
-                                 ).save(run_dir / f"trivial-{name}")
+        trivial = trainer.trivial_artifact(scores, arrays, algorithm=f"{cfg.algorithm}:{name}",
+                                           params={"trivial": name}, metrics=scores_metrics,
+                                           trained_at=trained_at, served_as="trivial")
+        trivial.watermark = watermark
+        trivial.save(run_dir / f"trivial-{name}")
     checkpoint_arrays = trainer.checkpoint(fitted, arrays)
-    challenger = _challenger(ctx, trainer, fitted, arrays, last_arrays, trained_at)
+    challenger = _challenger(ctx, trainer, fitted, arrays, last_arrays, trained_at, watermark)
     if challenger is not None:
         from pipeline.training.trainers import CHALLENGER_PREFIX
 
@@ -218,28 +221,40 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
-def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_at: str):
+def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_at: str,
+                watermark: dict):
     """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
     its artifact (and its blend's) in the run directory; ``(summary, warm arrays)`` or None."""
     cfg = ctx.cfg
-    if cfg.gate["challenger"] == "none":
-        return None
     from pipeline.training.run_types import Served
-    from pipeline.training.trainers import CHALLENGER_PREFIX, warm_state
+    from pipeline.training.trainers import CHALLENGER_PREFIX, challenger_names, warm_state
+
+    if not challenger_names(cfg.gate["challenger"]):
+        return None
 
     def save(artifact, choice: Choice, metrics: dict) -> None:
         artifact.served_as, artifact.algorithm = str(choice), f"{cfg.algorithm}:{choice}"
         artifact.metrics, artifact.trained_at = metrics, trained_at
+        artifact.watermark = watermark
         artifact.save(ctx.run_dir / choice.dir_name)
+
+    def one(c) -> dict:
+        if c.skipped is not None:     # not fitted (too large, say): the gate leaves it out
+            return {"name": c.name, "skipped": c.skipped, "metrics": {}, "tried": c.tried,
+                    "fit_seconds": round(c.fit_seconds, 4)}
+        save(c.artifact, Choice(Served.CHALLENGER, c.name), c.metrics)
+        return {"name": c.name, "metrics": c.metrics, "tried": c.tried,
+                "fit_seconds": round(c.fit_seconds, 4),
+                **({"warning": c.warning} if c.warning else {})}
 
     warm = warm_state(last_arrays, CHALLENGER_PREFIX) if last_arrays else None
     ch = trainer.challenger(fitted, arrays, cfg, warm or None)
-    save(ch.artifact, Choice(Served.CHALLENGER, ch.name), ch.metrics)
-    summary = {"name": ch.name, "metrics": ch.metrics, "tried": ch.tried,
-               "fit_seconds": round(ch.fit_seconds, 4)}
+    summary = one(ch)
+    if ch.others:
+        summary["others"] = [one(c) for c in ch.others]
     if ch.blend is not None:
         blend_metrics, blend_artifact, info = ch.blend
-        save(blend_artifact, Choice(Served.BLEND, ch.name), blend_metrics)
+        save(blend_artifact, Choice(Served.BLEND, info.get("name", ch.name)), blend_metrics)
         summary["blend"] = {"metrics": blend_metrics, **info}
     return summary, ch.warm
 
@@ -249,13 +264,15 @@ def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
     metric = ctx.cfg.metric
     ch = trained.get("challenger") or {}
     blend = ch.get("blend") or {}
+    fitted = [c for c in [ch, *ch.get("others", [])] if c and "skipped" not in c]
     return gate.Scores(
         metric=metric, higher_is_better=ctx.cfg.family.higher_is_better(metric),
         model=trained["metrics"].get(metric),
         trivial={name: m[metric] for name, m in trained.get("baselines", {}).items()
                  if m.get(metric) is not None},
-        challenger=ch.get("name"), challenger_value=ch.get("metrics", {}).get(metric),
-        blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"))
+        challengers={c["name"]: c.get("metrics", {}).get(metric) for c in fitted},
+        blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"),
+        blend_name=blend.get("name"))
 
 
 def _current(versions: list, metric: str) -> gate.Current:
@@ -274,9 +291,11 @@ def gate_step(ctx: RunContext) -> dict:
     scores = _scores(read_json(ctx.run_dir / "train.json"), ctx)
     verdict = gate.decide(scores, gate.Rule.of(ctx.cfg.gate),
                           _current(served_versions(ctx), scores.metric))
-    challenger = ({} if scores.challenger is None else {
-        "challenger": scores.challenger, "challenger_value": scores.challenger_value,
-        "model_vs_challenger": verdict.model_vs_challenger})
+    rival, rival_value = scores.best_rival()
+    challenger = ({} if rival is None else {
+        "challenger": rival, "challenger_value": rival_value,
+        "model_vs_challenger": verdict.model_vs_challenger,
+        **({"challengers": scores.rivals} if len(scores.rivals) > 1 else {})})
     return write_json(ctx.run_dir / "gate.json", {
         "model": ctx.model, "run_dir": str(ctx.run_dir), "metric": scores.metric,
         "value": verdict.value, "model_value": scores.model, "trivial": scores.trivial,

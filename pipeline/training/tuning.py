@@ -117,6 +117,129 @@ def coordinate_search(axes: dict, start: dict, score, *, max_settings: int,
     return best, tried
 
 
+def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
+                   budget_seconds: float, higher_is_better: bool = True, cost=None,
+                   tolerance: float = 0.0, ridges: tuple = (), first_step: int = 2
+                   ) -> tuple[dict, list, str | None]:
+    """A compass search over grids, coarse steps then fine, with joint moves along ``ridges``:
+    the chosen setting, every tried one, and a warning when the wall-clock cap ended it.
+
+    Every ordered axis moves by ``step`` grid positions (``first_step``, halved after a pass
+    without improvement, down to 1), each pair in ``ridges`` moves together (two settings
+    that trade off, ALS's regularization and alpha, make a diagonal ridge on whose flank a
+    one-axis-at-a-time search stops), and a two-value axis flips every pass. The count
+    (``max_settings``, or a pass at step 1 without improvement) ends it, so runs repeat
+    exactly; ``budget_seconds`` only caps a machine far slower than that, and then says so.
+
+    >>> axes = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [1, 2, 3, 4, 5, 6, 7]}
+    >>> ridge = lambda p: -abs(p["a"] - p["b"]) * 10 - abs(p["a"] - 6)   # best at (6, 6)
+    >>> coordinate_search(axes, {"a": 2, "b": 2}, ridge, max_settings=30,
+    ...                   budget_seconds=60)[0]["params"]
+    {'a': 2, 'b': 2}
+    >>> best, tried, warning = pattern_search(axes, {"a": 2, "b": 2}, ridge, max_settings=30,
+    ...                                       budget_seconds=60, ridges=(("a", "b"),))
+    >>> best["params"], warning
+    ({'a': 6, 'b': 6}, None)
+    """
+    for name, value in start.items():
+        if value not in axes[name]:
+            raise ValueError(f"start {name}={value!r} is not in its grid {axes[name]}")
+    sign = 1.0 if higher_is_better else -1.0
+    began = time.perf_counter()
+    tried: list = []
+    seen: dict = {}
+    stopped = {"clock": False}
+
+    def run(params: dict):
+        key = setting_key(params)
+        if key in seen:
+            return seen[key]
+        t = time.perf_counter()
+        value = score(dict(params))
+        value = None if value is None or not np.isfinite(value) else float(value)
+        seen[key] = value
+        tried.append({"params": dict(params), "validation": value,
+                      "seconds": round(time.perf_counter() - t, 3)})
+        return value
+
+    def out_of_budget() -> bool:
+        if len(tried) >= max_settings:
+            return True
+        if time.perf_counter() - began >= budget_seconds:
+            stopped["clock"] = True
+            return True
+        return False
+
+    best_params, best_value = dict(start), run(start)
+    step = max(int(first_step), 1)
+    while not out_of_budget():
+        improved = False
+        for deltas in _moves(axes, best_params, step, ridges):
+            if out_of_budget():
+                break
+            params = _moved(axes, best_params, deltas)
+            if params is None or setting_key(params) in seen:
+                continue
+            value = run(params)
+            if value is not None and (best_value is None or sign * value > sign * best_value):
+                best_params, best_value, improved = params, value, True
+        if not improved:
+            if step == 1:
+                break
+            step //= 2
+    best = next(t for t in tried if t["params"] == best_params)
+    if cost is not None:
+        best = cheapest_near_best(tried, tolerance, cost, higher_is_better) or best
+    warning = None
+    if stopped["clock"]:
+        warning = (f"tuning stopped by the wall-clock cap (budget_seconds {budget_seconds:g}) "
+                   f"after {len(tried)} of {max_settings} settings: the machine was slower "
+                   "than the count assumes, so this choice depends on its load")
+    return best, tried, warning
+
+
+def _moved(axes: dict, params: dict, deltas: dict) -> dict | None:
+    """``params`` moved by ``deltas`` grid positions per axis; None off a grid's end."""
+    out = dict(params)
+    for name, d in deltas.items():
+        j = axes[name].index(params[name]) + d
+        if not 0 <= j < len(axes[name]):
+            return None
+        out[name] = axes[name][j]
+    return out
+
+
+def _moves(axes: dict, at: dict, step: int, ridges) -> list:
+    """One pass of :func:`pattern_search`'s moves from ``at``: each axis ± ``step`` (a choice
+    of two: the other value), then each ridge's axes together."""
+    out = []
+    for name, grid in axes.items():
+        if len(grid) == 2:
+            out.append({name: 1 - 2 * grid.index(at[name])})
+            continue
+        s = min(step, len(grid) - 1)
+        out += [{name: +s}, {name: -s}]
+    for a, b in ridges:
+        out += [{a: +step, b: +step}, {a: -step, b: -step}]
+    return out
+
+
+REFERENCE_ROWS = 100_000   # tune.max_settings is the count at this many training rows
+
+
+def settings_for_size(max_settings: int, n_rows: int, least: int = 3) -> int:
+    """The settings a search may score on ``n_rows`` training rows: ``max_settings`` up to
+    :data:`REFERENCE_ROWS`, then fewer as the square root of the growth (each fit costs
+    about its rows, so the search's work grows as the square root of the data), never below
+    ``least``. It depends on the data only, so a loaded machine cannot shrink it.
+
+    >>> settings_for_size(24, 80_000), settings_for_size(24, 400_000), settings_for_size(6, 10**8)
+    (24, 12, 3)
+    """
+    scale = min(1.0, (REFERENCE_ROWS / max(int(n_rows), 1)) ** 0.5)
+    return max(min(int(least), int(max_settings)), int(round(int(max_settings) * scale)))
+
+
 VALIDATION_FRACTION = 0.2   # of the hash range; held out of the training rows for tuning
 
 

@@ -167,3 +167,47 @@ def test_limits_are_value_errors(redis_client, topk):
         user_model(7, fold_in={"method": "least_squares", "reg": 1.0})
     with pytest.raises(ValueError, match="fold-in method 'solvers:AltSVM' is not a FoldIn"):
         user_model(7, fold_in={"method": "solvers:AltSVM"})
+
+
+def test_a_blend_folds_in_each_part_on_its_columns(redis_client, topk):
+    """A blend version (factors [a U₁, b U₂] against [V₁, V₂], bias a b₁, as
+    trainers/als.py publishes it) folds a new user in as [a u₁, b u₂]: part 1's own pairwise
+    fold-in on V₁ with bias b₁ (per_user comparisons in all), part 2's least squares on V₂."""
+    rng = np.random.default_rng(11)
+    n_users, n_items, r1, r2, a, b = 30, 50, 4, 3, 0.7, 0.2
+    V1, V2 = rng.standard_normal((n_items, r1)), rng.standard_normal((n_items, r2))
+    b1 = rng.standard_normal(n_items)
+    pairwise = {"method": "pairwise", "reg": 0.5, "loss": "squared_hinge", "per_item": 5,
+                "per_user": 12}
+    least_squares = {"method": "least_squares", "reg": 2.0, "alpha": 10.0}
+    spec = {"method": "blend", "parts": [{**pairwise, "columns": [0, r1], "scale": a},
+                                         {**least_squares, "columns": [r1, r1 + r2],
+                                          "scale": b}]}
+    art = ModelArtifact.user_item(
+        user_ids=np.arange(n_users), item_ids=np.arange(n_items) + 1000,
+        user_factors=np.hstack([a * rng.standard_normal((n_users, r1)),
+                                b * rng.standard_normal((n_users, r2))]),
+        item_factors=np.hstack([V1, V2]), item_bias=a * b1, fold_in=spec,
+        served_as="blend-als")
+    publish("blended", art, redis_client, top_k=TOP_K)
+    index = [2, 7, 19, 33, 41]
+    met = [int(art.item_ids[i]) for i in index]
+    rec = topk.fold_in("blended", met, k=8)
+    assert rec.source == "blend-als" and len(rec.items) == 8
+    V = art.item_factors.astype(np.float64)     # float32 as published
+    bias = art.item_bias.astype(np.float64)
+    u1 = pairwise_fold_in(V[:, :r1], bias / a, implicit_pairs(index, n_items, 3),   # 12 / 5
+                          reg=0.5, loss="squared_hinge")
+    u2 = least_squares_fold_in(V[:, r1:], index, reg=2.0, alpha=10.0)
+    u = np.concatenate([a * u1, b * u2]).astype(np.float32)
+    scores = art.item_factors @ u + art.item_bias
+    expected = _eligible_reference(art, None, 8, exclude=met, scores=scores)
+    assert same_answer(rec.items, expected, rtol=1e-4)
+    fallback = topk.recommend("blended", None, k=8)
+    assert rec.items != fallback.items[:8]
+    assert topk.fold_in("blended", met, k=8).items == rec.items   # cached parts: the same
+    for bad in ({"method": "blend", "parts": []},
+                {"method": "blend", "parts": [{**pairwise, "columns": [1, 4], "scale": a}]},
+                {"method": "blend", "parts": [{**pairwise, "columns": [0, 4]}]}):
+        with pytest.raises(ValueError, match="fold_in is"):
+            user_model(12, fold_in=bad)

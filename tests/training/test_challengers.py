@@ -272,3 +272,55 @@ def test_grid_search_follows_the_direction_and_skips_unscorable_settings():
     assert none is None and len(tried) == 4
     assert _tuning.neighbours((0.01, 0.1, 1.0), 0.01) == (0.01, 0.1)
     assert _tuning.neighbours((0.01, 0.1, 1.0), 5.0) == (0.1, 1.0)
+
+
+# ---------------------------------------------------------------------------------- ALS's search
+
+# the search before issue 36: its grids, its start, one axis at a time, 12 settings
+OLD_ALS_AXES = {"factors": [16, 32, 64, 128, 256],
+                "regularization": [1.0, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+                "alpha": [1.0, 3.0, 10.0, 30.0, 100.0], "input": ["relevant", "met"]}
+OLD_ALS_START = {"factors": 64, "regularization": 50.0, "alpha": 10.0, "input": "relevant"}
+
+
+def _planted(best_reg: float, best_alpha: float, best_factors: int):
+    """A validation score over ALS's axes with a narrow diagonal ridge (regularization and
+    alpha trade off, as they do in ALS) whose top is at the planted point, the met input."""
+    def score(p: dict) -> float:
+        lr, la = np.log10(p["regularization"]), np.log10(p["alpha"])
+        ridge = (lr - la) - (np.log10(best_reg) - np.log10(best_alpha))
+        return float(-(20 * ridge ** 2 + (la - np.log10(best_alpha)) ** 2
+                       + 0.3 * (np.log2(p["factors"]) - np.log2(best_factors)) ** 2)
+                     - 0.5 * (p["input"] != "met"))
+    return score
+
+
+@pytest.mark.parametrize("planted", [(10.0, 100.0, 128), (0.1, 1.0, 32), (1.0, 3.0, 256)])
+def test_als_search_finds_a_planted_optimum_the_old_search_missed(planted):
+    from pipeline.training.trainers import als
+
+    score = _planted(*planted)
+    calls = []
+    best, tried, warning = _tuning.pattern_search(
+        als.ALS_AXES, als.ALS_START, lambda p: calls.append(p) or score(p),
+        max_settings=24, budget_seconds=60, ridges=als.ALS_RIDGES, first_step=2)
+    target = {"input": "met", "factors": planted[2], "regularization": planted[0],
+              "alpha": planted[1]}
+    assert best["params"] == target, (best, len(tried))
+    assert warning is None and len(tried) == len(calls) <= 24
+    # the old search, from its start, one axis at a time within its 12 settings, ends lower
+    old, old_tried = _tuning.coordinate_search(OLD_ALS_AXES, OLD_ALS_START, score,
+                                               max_settings=12, budget_seconds=60)
+    assert old["validation"] < best["validation"] - 0.25, (old, best)
+
+
+def test_pattern_search_counts_settings_and_warns_only_when_the_clock_ends_it():
+    axes = {"a": list(range(20))}
+    best, tried, warning = _tuning.pattern_search(axes, {"a": 0}, lambda p: p["a"],
+                                                  max_settings=5, budget_seconds=60)
+    assert len(tried) == 5 and warning is None
+    best, tried, warning = _tuning.pattern_search(axes, {"a": 0}, lambda p: p["a"],
+                                                  max_settings=50, budget_seconds=0.0)
+    assert len(tried) == 1 and "wall-clock cap" in warning
+    assert _tuning.settings_for_size(24, 1_000) == 24
+    assert _tuning.settings_for_size(24, 10**6) < 24 <= _tuning.settings_for_size(24, 10**5)

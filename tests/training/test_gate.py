@@ -52,6 +52,26 @@ CASES = [
     ("a blend that only ties the best is not served",
      Scores("p@10", True, 0.26, POP, "als", 0.20, blend_value=0.26),
      Rule(challenger_mode="blend"), NEVER, "model", "nothing served yet"),
+    ("several challengers: the best one is served",
+     Scores("p@10", True, 0.20, POP, challengers={"als": 0.24, "ease": 0.26}), Rule(), NEVER,
+     "challenger-ease", "loses to the challenger ease"),
+    ("several challengers, one not scored: the scored one",
+     Scores("p@10", True, 0.20, POP, challengers={"als": 0.24, "ease": None}), Rule(), NEVER,
+     "challenger-als", "serving als"),
+    ("several challengers, the model beats them all",
+     Scores("p@10", True, 0.30, POP, challengers={"als": 0.24, "ease": 0.26}),
+     Rule(challenger_mode="blend"), NEVER, "model", "nothing served yet"),
+    ("a blend of two challengers that beats every candidate",
+     Scores("p@10", True, 0.20, POP, challengers={"als": 0.24, "ease": 0.26},
+            blend_value=0.27, blend_weight=0.5, blend_name="als+ease"),
+     Rule(challenger_mode="blend"), NEVER, "blend-als+ease", "beats every candidate"),
+    ("a blend that beats the model and ALS but not EASE is not served",
+     Scores("p@10", True, 0.20, POP, challengers={"als": 0.24, "ease": 0.28},
+            blend_value=0.27, blend_name="als"),
+     Rule(challenger_mode="blend"), NEVER, "challenger-ease", "serving ease"),
+    ("several challengers within the tolerance: the model stays",
+     Scores("p@10", True, 0.25, POP, challengers={"als": 0.24, "ease": 0.255}),
+     Rule(challenger_tolerance=0.01), NEVER, "model", "nothing served yet"),
     ("lower is better: a smaller error wins",
      Scores("mae", False, 0.70, {"mean": 0.90}, "linear", 0.60), Rule(), NEVER,
      "challenger-linear", "loses to the challenger linear"),
@@ -76,8 +96,17 @@ def test_lift_and_margin_are_in_the_metric_direction():
     assert verdict.model_vs_challenger == pytest.approx(0.05)
 
 
+def test_the_margin_is_to_the_best_of_several_challengers():
+    verdict = decide(Scores("p@10", True, 0.20, POP, challengers={"als": 0.24, "ease": 0.26}),
+                     Rule(), NEVER)
+    assert verdict.model_vs_challenger == pytest.approx(-0.06)
+    assert str(verdict.publishes) == "challenger-ease"
+
+
 @pytest.mark.parametrize("text, served, name, directory", [
     ("model", Served.MODEL, None, "artifact"),
+    ("challenger-ease", Served.CHALLENGER, "ease", "challenger-ease"),
+    ("blend-als+ease", Served.BLEND, "als+ease", "blend-als+ease"),
     ("challenger-als", Served.CHALLENGER, "als", "challenger-als"),
     ("blend-als", Served.BLEND, "als", "blend-als"),
     ("trivial-best-feature", Served.TRIVIAL, "best-feature", "trivial-best-feature"),

@@ -28,7 +28,7 @@ from solvers.persist import read_bundle
 DAY_MS = 86_400_000
 FIXED = {"item_bias": True, "max_iter": 40, "random_state": 0, "n_threads": 1}
 # caps for the tuner, and for the challenger (which takes the same caps): small and quick
-CAPS = {"budget_seconds": 3, "max_settings": 3}
+CAPS = {"budget_seconds": 3, "max_settings": 3, "challenger_settings": 3}
 # a model that cannot say much: one factor, λ fixed (AltSVM is not tuned, the caps only bind
 # the challenger); on _taste() data it beats popularity but loses to a tuned ALS by far
 WEAK = {**FIXED, "rank": 1, "reg_ratio": 0.3}
@@ -408,7 +408,10 @@ def test_gate_challenger_and_mode_are_validated():
     assert _models()["movies"].gate["challenger"] == "none"
     assert _models(gate={"challenger": "als"})["movies"].gate["challenger_mode"] == "replace"
     said = _error(gate={"challenger": "xgboost"})
-    assert "gate.challenger is 'xgboost'" in said and "['none', 'als']" in said
+    assert "gate.challenger is 'xgboost'" in said and "['none', 'als', 'ease']" in said
+    assert _models(gate={"challenger": ["als", "ease"]})["movies"].gate["challenger"] == [
+        "als", "ease"]
+    assert "a list of distinct names" in _error(gate={"challenger": ["als", "xgboost"]})
     said = _error(gate={"challenger": "als", "challenger_mode": "mix"})
     assert "challenger_mode is 'mix'" in said and "'replace' or 'blend'" in said
     with pytest.raises(ValueError, match=r"gate\.challenger is 'als'.*'logistic'"):
@@ -419,6 +422,7 @@ def test_gate_challenger_and_mode_are_validated():
 def test_tune_tables_are_validated():
     cfg = _models(tune={"rank": [5, 10]})["movies"]
     assert cfg.tune["rank"] == [5, 10] and cfg.tune["budget_seconds"] == 30.0
+    assert cfg.tune["challenger_settings"] == 24 and cfg.tune["ease_max_items"] == 5000
     assert cfg.tune["loss"] == ["squared_hinge", "hinge", "logistic"]   # the family's grid
     assert _models()["movies"].tune == {}
     said = _error(tune={"budget_seconds": 5, "ranks": [5]})

@@ -21,6 +21,14 @@ WARM_PREFIX = "warm_"
 CHALLENGER_PREFIX = "challenger_"
 
 
+def challenger_names(value) -> tuple[str, ...]:
+    """``gate.challenger`` as a tuple of names: ``"none"`` -> (), ``"als"`` -> ("als",),
+    ``["als", "ease"]`` as it is."""
+    if value in (None, "none"):
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @dataclass
 class Challenger:
     """The strong, cheap model a user would otherwise pick (``gate.challenger``), trained on
@@ -43,8 +51,23 @@ class Challenger:
     warm : dict
         Plain arrays the next run's challenger starts from (stored in the checkpoint).
     blend : tuple or None
-        ``(metrics, artifact, info)`` of a blend of the model and the challenger (scores
-        combined with a weight chosen on validation), for ``challenger_mode = "blend"``.
+        ``(metrics, artifact, info)`` of a blend of the best two candidates on validation
+        (the model and its challengers; scores combined with a weight chosen on validation),
+        for ``challenger_mode = "blend"``; ``info["name"]`` names it (``"als"``: the model
+        and ALS, ``"als+ease"``: two challengers).
+    others : list of Challenger
+        The further challengers of a config that names several (``gate.challenger = ["als",
+        "ease"]``), each published as ``challenger-NAME`` when it wins.
+    skipped : str or None
+        Why the challenger was not fitted (too many items for the memory, say): then it has
+        no metrics and no artifact, and the gate leaves it out.
+    warning : str or None
+        What the run summary should say about its tuning (the wall-clock cap ended it).
+    validated, evaluated, served, validation, fold_in
+        In memory only, for a blend: the factors ``(U, V, b)`` fitted on TRAIN at the chosen
+        setting (None when a warm run reused the last choice), on TRAIN + VALIDATION (what
+        the holdout scores) and on every row (what is published); the validation score of
+        the chosen setting; the published fit's fold-in spec.
     """
 
     name: str
@@ -54,6 +77,14 @@ class Challenger:
     fit_seconds: float = 0.0
     warm: dict = field(default_factory=dict)
     blend: tuple | None = None
+    others: list = field(default_factory=list)
+    skipped: str | None = None
+    warning: str | None = None
+    validated: tuple | None = field(default=None, repr=False)
+    evaluated: tuple | None = field(default=None, repr=False)
+    served: tuple | None = field(default=None, repr=False)
+    validation: float | None = None
+    fold_in: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -143,7 +174,8 @@ class Trainer(abc.ABC):
         """The :class:`Challenger` named by ``cfg.gate["challenger"]`` (never ``"none"`` here:
         the retrain loop asks only when one is configured), fitted on the training part of
         ``arrays``; ``fitted`` is the run's fit (for a blend), ``warm`` the arrays the last
-        run's challenger left (or None)."""
+        run's challenger left (or None). A config naming several challengers (a list) gets
+        the first, with the others in its ``others``."""
         raise NotImplementedError(f"{self.family.name} has no challenger")
 
     def trivial_artifact(self, scores, arrays: dict, **describe):

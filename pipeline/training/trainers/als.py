@@ -1,24 +1,38 @@
-"""AltSVM's challenger: implicit's ALS (Hu, Koren & Volinsky's weighted matrix factorization),
-trained on the same window, tuned on the same validation split with the same caps as AltSVM's
-tuner, scored on the same holdout by the same top-K code, and published as the same
-``user_item`` artifact when AltSVM loses to it; and their blend.
+"""AltSVM's challengers: implicit's ALS (Hu, Koren & Volinsky's weighted matrix factorization)
+and EASE (:mod:`.ease`), each trained on the same window, tuned on the same validation split,
+scored on the same holdout by the same top-K code, and published as the same ``user_item``
+artifact when AltSVM loses to it; and the blend of the best two candidates.
 
-What is searched, and why these ranges (a coordinate search from ``ALS_START``):
+What ALS searches, and why these ranges (:func:`pipeline.training.tuning.pattern_search` from
+``ALS_START``, the middle of every grid):
 
-* ``factors`` 16–256: the bench's optimum on MovieLens 100K is 32–128;
-* ``regularization`` 1–1,000 and ``alpha`` (confidence of a met item) 1–100: the bench found a
-  ridge of equally good points from (alpha 1, regularization ~12) to (alpha 80, ~200), with
-  its top near (10, 50), so the search starts there and can walk the ridge on other data;
-* ``input``: the relevant items only (what AltSVM's winners are), or every met item.
+* ``factors`` 16–256: MovieLens-scale data peak at 32–128;
+* ``regularization`` 0.01–1,000 and ``alpha`` (confidence of a met item) 1–100, half-decade
+  steps: the two trade off (a ridge of equally good points runs from small alpha and small
+  regularization to large and large), so the search also moves them together; a search
+  that moves one axis at a time stops on the ridge's flank;
+* ``input``: every met item (the plain binary matrix), or the relevant ones only.
 
-ALS runs ``ITERATIONS`` sweeps (flat past 25 on MovieLens 100K); a warm run starts from the
-last run's factors (users and items keep their indices: id maps are extended, never
-renumbered) and runs ``WARM_ITERATIONS``, reusing the last choice until the data grew 25%.
+Why the earlier search landed below a plain grid (0.81–0.92x of it): it started at
+``input = "relevant"`` (the thinner matrix; the choice was the last axis of a sweep, so the
+caps ended most searches before it flipped), at regularization 50 with a grid floored at 1
+(the grid's optimum on MovieLens 100K and Last.fm lies at 0.1–10), moved one axis by one
+step at a time along a diagonal ridge, and stopped at 20 wall seconds or 12 settings,
+whichever came first, so a loaded machine shrank it silently. Now the choice of input is
+tried first, steps are coarse then fine, the ridge is walked diagonally, and the budget is
+a count of settings per data size (:func:`~pipeline.training.tuning.settings_for_size` of
+``tune.challenger_settings``: the plain grid's 24 at 100k rows) with wall time only a cap
+that warns.
 
-The blend scores ``w · s_AltSVM / σ_AltSVM + (1 − w) · s_ALS / σ_ALS`` (σ: each model's score
-spread), with ``w`` from ``BLEND_WEIGHTS`` chosen on validation; it is published as factors
-``[w U₁/σ₁, (1 − w) U₂/σ₂]`` against ``[V₁, V₂]`` with item bias ``w b₁/σ₁``, so lookups stay
-one dot product.
+ALS runs ``ITERATIONS`` sweeps; a warm run starts from the last run's factors (users and
+items keep their indices: id maps are extended, never renumbered) and runs
+``WARM_ITERATIONS``, reusing the last choice until the data grew 25%.
+
+The blend scores ``w · s₁ / σ₁ + (1 − w) · s₂ / σ₂`` (σ: each model's score spread) of the two
+candidates (the model, ALS, EASE) best on validation, with ``w`` from ``BLEND_WEIGHTS`` chosen
+on validation; it is published as factors ``[w U₁/σ₁, (1 − w) U₂/σ₂]`` against ``[V₁, V₂]``
+with item bias ``w b₁/σ₁``, so lookups stay one dot product; a new user is folded in the same
+way (``blend_fold_in``: each model's own fold-in on its columns, scaled).
 """
 
 from __future__ import annotations
@@ -30,18 +44,21 @@ import numpy as np
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import setting_key
-from pipeline.training.trainers import Challenger
+from pipeline.training.trainers import Challenger, challenger_names
 from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
-from pipeline.training.tuning import coordinate_search
+from pipeline.training.tuning import pattern_search, settings_for_size
 
-ALS_AXES = {"factors": [16, 32, 64, 128, 256],
-            "regularization": [1.0, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
-            "alpha": [1.0, 3.0, 10.0, 30.0, 100.0],
-            "input": ["relevant", "met"]}
-ALS_START = {"factors": 64, "regularization": 50.0, "alpha": 10.0, "input": "relevant"}
-ITERATIONS = 20
+ALS_AXES = {"input": ["met", "relevant"],
+            "factors": [16, 32, 64, 128, 256],
+            "regularization": [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0,
+                               1000.0],
+            "alpha": [1.0, 3.0, 10.0, 30.0, 100.0]}
+ALS_START = {"input": "met", "factors": 64, "regularization": 3.0, "alpha": 10.0}
+ALS_RIDGES = (("regularization", "alpha"),)
+ITERATIONS = 15
 WARM_ITERATIONS = 6
 BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
+EASE_PREFIX = "ease_"      # EASE's warm arrays among the challengers' (ALS's keep no prefix)
 
 
 def interactions(arrays: dict, relevant: np.ndarray, parts, which: str):
@@ -92,9 +109,14 @@ def _spread(factors: tuple, seed: int) -> float:
     return float(np.std(s)) or 1.0
 
 
+def blend_scales(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
+    """``(weight / σ₁, (1 − weight) / σ₂)``: what :func:`blend` scales each model by."""
+    return weight / _spread(first, seed), (1.0 - weight) / _spread(second, seed)
+
+
 def blend(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
     """Factors of ``weight · first / σ₁ + (1 − weight) · second / σ₂`` (see the module)."""
-    a, b = weight / _spread(first, seed), (1.0 - weight) / _spread(second, seed)
+    a, b = blend_scales(first, second, weight, seed)
     U = np.hstack([first[0] * a, second[0] * b]).astype(np.float32)
     V = np.hstack([first[1], second[1]]).astype(np.float32)
     bias = None if first[2] is None else (first[2] * a).astype(np.float32)
@@ -103,20 +125,68 @@ def blend(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
     return U, V, bias
 
 
+def blend_fold_in(first_spec: dict, second_spec: dict, ranks: tuple, scales: tuple) -> dict:
+    """The fold-in spec of a blend (``pipeline.serving.item_queries.BlendFoldIn``): each
+    model's own spec on its columns (``ranks``: each model's rank), scaled as :func:`blend`
+    scales it; ``{}`` when either model has none."""
+    if not first_spec or not second_spec:
+        return {}
+    r1, r2 = (int(r) for r in ranks)
+    return {"method": "blend", "parts": [
+        {**first_spec, "columns": [0, r1], "scale": float(scales[0])},
+        {**second_spec, "columns": [r1, r1 + r2], "scale": float(scales[1])}]}
+
+
+def caps(cfg, n_rows: int, key: str = "challenger_settings") -> dict:
+    """A challenger's search budget: settings counted per data size, wall time a cap."""
+    tune = {k: cfg.tune.get(k, default) for k, default in TUNE_KEYS.items()}
+    return {"max_settings": settings_for_size(int(tune[key]), n_rows),
+            "budget_seconds": float(tune["budget_seconds"])}
+
+
 def challenger(trainer, validated, final, published, arrays: dict, cfg,
-               warm: dict | None) -> Challenger:
-    """Tune, fit and score ALS (see the module); ``validated``, ``final`` and ``published``
-    are AltSVM's TRAIN fit (None when the run reused the last tuning), its evaluated fit
-    (TRAIN + VALIDATION) and the fit it publishes, as factors. Like AltSVM's, the published
-    ALS and blend learned from every met row, the holdout too."""
+               warm: dict | None, fold_in: dict | None = None) -> Challenger:
+    """Every challenger ``gate.challenger`` names (ALS, EASE), tuned, fitted and scored, and
+    the blend of the best two candidates on validation; the first challenger is returned,
+    the others in its ``others``. ``validated``, ``final`` and ``published`` are AltSVM's
+    TRAIN fit (None when the run reused the last tuning), its evaluated fit (TRAIN +
+    VALIDATION) and the fit it publishes, as factors; ``fold_in`` the published fit's own
+    fold-in spec. Like AltSVM's, every published fit learned from every met row."""
+    from pipeline.training.trainers import ease
+
+    warm = dict(warm or {})
+    own = {k: v for k, v in warm.items() if not k.startswith(EASE_PREFIX)}
+    fits = []
+    for name in challenger_names(cfg.gate["challenger"]):
+        if name == "als":
+            fits.append(als_challenger(trainer, arrays, cfg, own))
+        elif name == "ease":
+            fits.append(ease.challenger(trainer, arrays, cfg, {
+                k[len(EASE_PREFIX):]: v for k, v in warm.items() if k.startswith(EASE_PREFIX)}))
+    first, others = fits[0], fits[1:]
+    state = dict(first.warm) if first.name == "als" else {}
+    for ch in fits:
+        if ch.name == "ease":
+            state.update({EASE_PREFIX + k: v for k, v in ch.warm.items()})
+    model = Challenger(name="model", metrics={}, artifact=None, validated=validated,
+                       evaluated=final, served=published, fold_in=fold_in or {})
+    blended, blend_tried, pair, weight = _blend(trainer, model, fits, arrays, cfg, warm)
+    if pair is not None:
+        state.update(blend_pair=np.array(",".join(pair)), blend_weight=np.array(weight))
+    first.tried[-1:-1] = blend_tried      # the last entry stays the chosen setting
+    first.others, first.blend, first.warm = others, blended, state
+    return first
+
+
+def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
+    """Tune (see the module), fit and score ALS; ``warm``: its arrays of the last run."""
     started = time.perf_counter()
     seed = int(cfg.evaluation["seed"])
     relevant = trainer._relevant(arrays, cfg)
-    caps = {k: cfg.tune.get(k, default) for k, default in TUNE_KEYS.items()}
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
     last = _last(warm)
-    tried, trained = [], {}
+    tried, trained, warning, value = [], {}, None, None
     if last is not None and n_rows <= REUSE_GROWTH * last["n_rows"]:
         choice, source = last["choice"], "last tuning"
     else:
@@ -126,11 +196,13 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
             U, V = trained[setting_key(params)]
             return trainer.topk_metrics((U, V, None), arrays, cfg, VALIDATION).get(metric)
 
-        best, tried = coordinate_search(ALS_AXES, last["choice"] if last else ALS_START,
-                                        score, higher_is_better=trainer.family
-                                        .higher_is_better(metric),
-                                        cost=lambda p: p["factors"], **caps)
-        choice, source = best["params"], "tuned"
+        best, tried, warning = pattern_search(
+            ALS_AXES, last["choice"] if last else ALS_START, score,
+            higher_is_better=trainer.family.higher_is_better(metric),
+            cost=lambda p: p["factors"], ridges=ALS_RIDGES,
+            first_step=1 if last else 2, tolerance=float(cfg.tune.get("tolerance", 0.0)),
+            **caps(cfg, n_rows))
+        choice, source, value = best["params"], "tuned", best["validation"]
     start = None   # the last factors, when they have the chosen width
     if last is not None and "U" in warm and np.shape(warm["U"])[1] == int(choice["factors"]):
         start = (np.asarray(warm["U"], np.float32), np.asarray(warm["V"], np.float32))
@@ -141,26 +213,60 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     everything = interactions(arrays, relevant, (TRAIN, VALIDATION, TEST), choice["input"])
     U_all, V_all = fit_als(everything, choice, seed=seed, start=(U, V),
                            iterations=WARM_ITERATIONS)
-    artifact = trainer.factor_artifact((U_all, V_all, None), arrays, fold_in={
-        "method": "least_squares", "reg": float(choice["regularization"]),
-        "alpha": float(choice["alpha"])})
-    blended = None
-    als_validated = trained.get(setting_key(choice))
-    weight = last["blend_weight"] if last is not None else None
-    if validated is not None and als_validated is not None:
-        weight, blend_tried = _blend_weight(trainer, validated, (*als_validated, None),
-                                            arrays, cfg, seed)
-        tried += blend_tried
-    if weight is not None:
-        blended = (trainer.evaluate(blend(final, (U, V, None), weight, seed), arrays, cfg),
-                   trainer.factor_artifact(blend(published, (U_all, V_all, None), weight,
-                                                 seed), arrays), {"weight": weight})
+    spec = {"method": "least_squares", "reg": float(choice["regularization"]),
+            "alpha": float(choice["alpha"])}
+    artifact = trainer.factor_artifact((U_all, V_all, None), arrays, fold_in=spec)
     state = {"U": U_all, "V": V_all, "n_rows": np.array(n_rows),
-             **{f"choice_{k}": np.array(v) for k, v in choice.items()},
-             **({"blend_weight": np.array(weight)} if weight is not None else {})}
+             **{f"choice_{k}": np.array(v) for k, v in choice.items()}}
+    validated = trained.get(setting_key(choice))
     return Challenger(name="als", metrics=metrics, artifact=artifact,
                       tried=tried + [{"chosen": choice, "source": source}],
-                      fit_seconds=time.perf_counter() - started, warm=state, blend=blended)
+                      fit_seconds=time.perf_counter() - started, warm=state, warning=warning,
+                      validated=None if validated is None else (*validated, None),
+                      evaluated=(U, V, None), served=(U_all, V_all, None), validation=value,
+                      fold_in=spec)
+
+
+def _blend_name(pair: tuple) -> str:
+    """The blend's name: the challenger blended with the model, or ``"a+b"`` of two."""
+    return "+".join(n for n in pair if n != "model")
+
+
+def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict):
+    """``(blend or None, tried, pair, weight)``: the two candidates best on validation
+    blended with the weight best on validation (a warm run that reused its choices: the last
+    pair and weight), scored on the holdout, and its publishable artifact."""
+    seed, metric = int(cfg.evaluation["seed"]), cfg.metric
+    sign = 1.0 if trainer.family.higher_is_better(metric) else -1.0
+    by_name = {c.name: c for c in [model, *fits] if c.skipped is None and c.served is not None}
+    tried, pair, weight = [], None, None
+    scorable = {n: c for n, c in by_name.items() if c.validated is not None}
+    if len(scorable) >= 2:
+        for c in scorable.values():
+            if c.validation is None:
+                c.validation = trainer.topk_metrics(c.validated, arrays, cfg,
+                                                    VALIDATION).get(metric)
+        ranked = sorted(scorable, key=lambda n: (scorable[n].validation is None,
+                                                 -sign * (scorable[n].validation or 0.0)))
+        pair = tuple(ranked[:2]) if "model" not in ranked[:2] else (
+            "model", next(n for n in ranked[:2] if n != "model"))
+        weight, tried = _blend_weight(trainer, by_name[pair[0]].validated,
+                                      by_name[pair[1]].validated, arrays, cfg, seed)
+    elif "blend_weight" in warm:
+        last = (str(np.asarray(warm["blend_pair"]).item()).split(",")
+                if "blend_pair" in warm else ["model", fits[0].name])
+        if len(last) == 2 and all(n in by_name for n in last):
+            pair, weight = tuple(last), float(np.asarray(warm["blend_weight"]))
+    if pair is None:
+        return None, tried, None, None
+    a, b = by_name[pair[0]], by_name[pair[1]]
+    spec = blend_fold_in(a.fold_in, b.fold_in, (a.served[1].shape[1], b.served[1].shape[1]),
+                         blend_scales(a.served, b.served, weight, seed))
+    blended = (trainer.evaluate(blend(a.evaluated, b.evaluated, weight, seed), arrays, cfg),
+               trainer.factor_artifact(blend(a.served, b.served, weight, seed), arrays,
+                                       fold_in=spec),
+               {"weight": weight, "name": _blend_name(pair), "pair": list(pair)})
+    return blended, tried, pair, weight
 
 
 def _blend_weight(trainer, first, second, arrays, cfg, seed) -> tuple[float, list]:
@@ -183,8 +289,7 @@ def _last(warm: dict | None) -> dict | None:
         return None
     choice = {k[len("choice_"):]: np.asarray(v).item() for k, v in warm.items()
               if k.startswith("choice_")}
-    if set(choice) != set(ALS_AXES) or choice["factors"] not in ALS_AXES["factors"]:
-        return None
-    return {"choice": choice, "n_rows": float(np.asarray(warm["n_rows"])),
-            "blend_weight": (float(np.asarray(warm["blend_weight"]))
-                             if "blend_weight" in warm else None)}
+    if set(choice) != set(ALS_AXES) or any(choice[k] not in grid
+                                           for k, grid in ALS_AXES.items()):
+        return None   # another grid's choice (an older release's): tune afresh
+    return {"choice": choice, "n_rows": float(np.asarray(warm["n_rows"]))}

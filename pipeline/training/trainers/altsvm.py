@@ -127,6 +127,7 @@ class AltSVMTrainer(Trainer):
         comparisons of every met row (the holdout too), λ per comparison kept, warm-started
         from the evaluated fit (a few iterations)."""
         tuning, model = fitted.learned.get("tuning") or {}, fitted.model
+        self.tuned = dict(tuning.get("choice") or {})   # what the fold-in spec says it used
         if "choice" not in tuning or \
                 self.family.dataset_param(cfg.params, "comparisons") != "implicit":
             return {}
@@ -280,13 +281,32 @@ class AltSVMTrainer(Trainer):
     def artifact(self, model, arrays: dict, cfg, **describe):
         """Factors, and for a fitted model how the lookup client folds in a new user: the
         same pairwise problem with V fixed, on implicit comparisons made as training's are."""
-        fold_in = {}
-        if hasattr(model, "reg_"):
-            per_item = self.family.dataset_param(cfg.params, "implicit_per_item")
-            fold_in = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
-                       "per_item": int(per_item)}
         return self.factor_artifact(model, arrays, algorithm=self.family.name,
-                                    fold_in=fold_in, **describe)
+                                    fold_in=self.fold_in_spec(model, arrays, cfg), **describe)
+
+    def fold_in_spec(self, model, arrays: dict, cfg) -> dict:
+        """How a new user is folded in (``{}`` for what is not a fitted AltSVM): the pairwise
+        problem with λ and loss of ``model``, implicit comparisons ``per_item`` per met item or
+        ``per_user`` in all (training's ``implicit_per_user``, the tuned one when this run
+        tuned it, see :meth:`refit`), and what the dataset used to derive a user's inputs
+        from their events: ``relevance`` (the resolved threshold), ``min_rating`` (the rating
+        an item needs to win a comparison), ``comparisons`` (the mode) and
+        ``rating_range``."""
+        if not hasattr(model, "reg_"):
+            return {}
+        params = {**cfg.params, **getattr(self, "tuned", {})}
+        param = lambda name: self.family.dataset_param(params, name)   # noqa: E731
+        relevance = _relevance(arrays, cfg)
+        min_rating = param("implicit_min_rating")
+        range_ = param("rating_range")
+        spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
+                "per_item": int(param("implicit_per_item")), "relevance": relevance,
+                "min_rating": relevance if min_rating == "relevance" else float(min_rating),
+                "comparisons": param("comparisons"),
+                "rating_range": None if range_ is None else [float(x) for x in range_]}
+        if int(param("implicit_per_user") or 0) > 0:
+            spec["per_user"] = int(param("implicit_per_user"))
+        return spec
 
     def factor_artifact(self, model, arrays: dict, **describe):
         """A ``user_item`` artifact of a fitted AltSVM or of factors ``(U, V, b)``; every
@@ -304,8 +324,10 @@ class AltSVMTrainer(Trainer):
         (:mod:`.als`)."""
         from pipeline.training.trainers import als
 
+        self.tuned = dict((fitted.learned.get("tuning") or {}).get("choice") or {})
         return als.challenger(self, fitted.learned.get("validated"), factors_of(fitted.model),
-                              factors_of(fitted.served), arrays, cfg, warm)
+                              factors_of(fitted.served), arrays, cfg, warm,
+                              fold_in=self.fold_in_spec(fitted.served, arrays, cfg))
 
     def checkpoint(self, fitted: Fitted, arrays: dict) -> dict:
         """The warm state, and how the settings or λ were chosen (for the next run's reuse)."""

@@ -21,11 +21,14 @@ score, the cheapest (comparisons x rank) is chosen: a difference that small is t
 split's noise, and the cheaper model retrains faster at every run.
 
 The search is :func:`pipeline.training.tuning.coordinate_search` from the config's own
-settings, capped at ``tune.max_settings`` scored settings and ``tune.budget_seconds`` (the λ
-path's points count). A warm run whose comparisons grew less than ``REUSE_GROWTH`` since the
-last tuning reuses its choice (λ per comparison, so λ keeps its balance with the loss, a sum
-over comparisons) in one warm-started fit; a run past that tunes again, starting from the last
-choice.
+settings. Its budget is a count that depends on the data only: ``tune.max_settings`` scored
+settings up to 100k training rows, fewer past that
+(:func:`~pipeline.training.tuning.settings_for_size`; the λ path's points count), so a loaded
+machine cannot silently shrink it; ``tune.budget_seconds`` stays a cap on wall time, and when
+it ends the search a ``RuntimeWarning`` says so (the run summary's ``warnings``). A warm run
+whose comparisons grew less than ``REUSE_GROWTH`` since the last tuning reuses its choice (λ
+per comparison, so λ keeps its balance with the loss, a sum over comparisons) in one warm-
+started fit; a run past that tunes again, starting from the last choice.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ import warnings
 
 import numpy as np
 
-from pipeline.training.datasets import TRAIN, VALIDATION
+from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import cheapest_near_best, setting_key
 from pipeline.training.trainers.altsvm_data import make_comparisons
-from pipeline.training.tuning import coordinate_search
+from pipeline.training.tuning import coordinate_search, settings_for_size
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
 WARM_STEP = 1.6                             # warm paths: the last ratio x and / this
@@ -101,6 +104,8 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     last = _last_choice(warm, axes)
     start = last["choice"] if last else {a: _current(cfg, family, a) for a in axes}
     budget = float(cfg.tune["budget_seconds"])
+    n_rows = int((arrays["met_part"] != TEST).sum()) if "met_part" in arrays else 0
+    max_settings = settings_for_size(int(cfg.tune["max_settings"]), n_rows)
     began = time.perf_counter()
     cache: dict = {}
     best = {"value": None}
@@ -134,7 +139,7 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     # 1. the λ path at the start setting (from the last choice's ratio on a re-tune)
     ratios = PATH_RATIOS if last is None else np.array(
         [last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
-    ratios = ratios[:int(cfg.tune["max_settings"])]   # the path's points count
+    ratios = ratios[:max_settings]   # the path's points count
     path_model, _ = fit_and_score(start, ratios, warm_start=warm if last else None, path=True)
     tried = [{"params": {**start, "reg_ratio": round(float(p["ratio"]), 5)},
               "validation": p["score"], "seconds": round(p.get("seconds", 0.0), 3)}
@@ -153,10 +158,10 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     grids = {**axes, "reg_ratio": ratio_grid}
     _, searched = coordinate_search({a: grids[a] for a in SWEEP if a in grids}, first,
                                     setting_score,
-                                    max_settings=max(int(cfg.tune["max_settings"])
-                                                     - len(tried) + 1, 1),
+                                    max_settings=max(max_settings - len(tried) + 1, 1),
                                     budget_seconds=left)
     tried += searched[1:]
+    _warn_if_clock(time.perf_counter() - began, budget, len(tried), max_settings)
     chosen = cheapest_near_best(tried, float(cfg.tune["tolerance"]), cost)
     for axis in MODEL_AXES:
         if axis in chosen["params"]:
@@ -168,6 +173,16 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
             "validation": chosen["validation"], "comparisons": final, "reg_ratio": ratio,
             "reg_per_comparison": reg_per_comparison, "path_n": len(final),
             "seconds": time.perf_counter() - began, "source": "tuned"}
+
+
+def _warn_if_clock(seconds: float, budget: float, n_tried: int, max_settings: int) -> None:
+    """A ``RuntimeWarning`` (the run summary's ``warnings``) when the wall-clock cap, not the
+    count, ended the search."""
+    if seconds >= budget and n_tried < max_settings:
+        warnings.warn(f"AltSVM's tuning stopped by the wall-clock cap (tune.budget_seconds "
+                      f"{budget:g}) after {n_tried} of {max_settings} settings: the machine "
+                      "was slower than the count assumes, so this choice depends on its load",
+                      RuntimeWarning, stacklevel=3)
 
 
 def cost(params: dict) -> float:

@@ -1,0 +1,198 @@
+"""The refresher as a service: its own Kafka consumer group per model
+(``rankstream.refresh.<model>``; ingest keeps its own, and the two never share offsets) on the
+model's topics, feeding :class:`~pipeline.refresh.refresher.Refresher`.
+
+Each poll's messages are decoded and validated as ingest does them (a bad message is skipped:
+ingest dead-letters it); every ``batch_ms`` the touched users are recomputed and written, then
+the offsets of what was applied are committed. So a crash replays from the committed offsets,
+and a replayed event recomputes its user from the whole history again, with the same result.
+
+Where a partition starts: at its committed offset, but never past the store's end or the
+served version's watermark, so events that the store does not hold yet (ingest lags) are read
+into the history again; those before the committed offset were applied already and only join
+the history (no lag counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from pipeline.ingest.buffer import PartitionBuffer
+from pipeline.ingest.events import default_topic
+from pipeline.ingest.kafka_group import GROUP_CONFIG, leave_group, member_slot
+from pipeline.ingest.validate import Limits
+
+log = logging.getLogger(__name__)
+
+WATCH_SECONDS = 0.5      # how often ``current`` is checked (a flip, or Redis restarted empty)
+STATS_SECONDS = 2.0
+
+
+def group_of(model: str) -> str:
+    return f"rankstream.refresh.{model}"
+
+
+class KafkaRefresh:
+    """Consume the model's topics into ``refresher`` until ``stop`` is set."""
+
+    def __init__(self, refresher, settings, *, batch_ms: int = 200,
+                 stop: threading.Event | None = None, topics: dict | None = None):
+        self.refresher, self.settings = refresher, settings
+        self.batch = batch_ms / 1000.0
+        self.stop = stop or threading.Event()
+        self.kinds = topics or {default_topic(k): k for k in refresher.cfg.kinds}  # topic: kind
+        self.buffers: dict = {}
+        self.applied: dict = {}         # TopicPartition -> next offset to commit
+        self.replay_until: dict = {}    # TopicPartition -> committed offset at assignment
+        self.consumer = None
+        self.to_place: list = []        # partitions assigned, paused until placed
+
+    def _consumer(self, member: str):
+        from kafka import ConsumerRebalanceListener, KafkaConsumer
+
+        outer = self
+
+        class Listener(ConsumerRebalanceListener):
+            # runs on kafka-python's IO thread, which must not block: commit asynchronously,
+            # and pause new partitions until the main thread knows where each starts
+            def on_partitions_revoked(self, revoked):
+                outer._commit(wait=False)
+
+            def on_partitions_assigned(self, assigned):
+                if assigned:
+                    outer.consumer.pause(*assigned)
+                    outer.to_place.extend(assigned)
+
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=group_of(self.refresher.model),
+            client_id=f"rankstream-refresh-{os.getpid()}", enable_auto_commit=False,
+            auto_offset_reset="earliest", group_instance_id=member, **GROUP_CONFIG,
+            **self.settings.kafka_security)
+        consumer.subscribe(sorted(self.kinds), listener=Listener())
+        return consumer
+
+    def _place(self) -> None:
+        """Seek each newly assigned partition to where it starts (see the module), then
+        resume it (main thread: ``committed`` blocks)."""
+        from pipeline.refresh.refresher import watermark_of
+
+        partitions, self.to_place = self.to_place, []
+        store, st = self.refresher.store, self.refresher.state
+        marks = {(name, p): o for name, p, o in (watermark_of(st) or [])} if st else {}
+        for tp in partitions:
+            committed = self.consumer.committed(tp)
+            name = store.generation(tp.topic, tp.partition)
+            stored = store.next_offset(name, tp.partition) or 0   # nothing stored: from 0
+            mark = marks.get((name, tp.partition))
+            self.consumer.seek(tp, min(o for o in (committed, stored, mark) if o is not None))
+            self.replay_until[tp] = committed or 0
+            self.buffers[tp] = PartitionBuffer(tp.topic, tp.partition,
+                                               default_kind=self.kinds.get(tp.topic),
+                                               limits=Limits.from_settings(self.settings))
+        self.consumer.resume(*partitions)
+
+    def _commit(self, wait: bool = True) -> None:
+        from kafka.structs import OffsetAndMetadata
+
+        if self.applied and self.consumer is not None:
+            offsets = {tp: OffsetAndMetadata(o, None, -1) for tp, o in self.applied.items()}
+            try:
+                (self.consumer.commit if wait else self.consumer.commit_async)(offsets)
+            except Exception as err:   # noqa: BLE001 - a rebalance: the next owner replays
+                log.warning("refresh commit failed (%s: %s); the partitions' next owner "
+                            "replays them", type(err).__name__, err)
+            self.applied.clear()
+
+    def _take(self, records: dict) -> dict:
+        """Apply a poll's records; the next offsets they reach, per partition."""
+        reached = {}
+        for tp, messages in records.items():
+            buf = self.buffers.get(tp)
+            if buf is None or not messages:
+                continue
+            values = [m.value for m in messages]
+            offsets = [m.offset for m in messages]
+            live_from = self.replay_until.get(tp, 0)
+            for live in (False, True):
+                part = [i for i, o in enumerate(offsets) if (o >= live_from) == live]
+                if part:
+                    buf.add_messages([values[i] for i in part], [offsets[i] for i in part])
+                    self.refresher.apply(buf.take_events(), (tp.topic, tp.partition),
+                                         live=live)
+            reached[tp] = offsets[-1] + 1
+        return reached
+
+    def _backlog(self) -> None:
+        parts = list(self.buffers)
+        if not parts:
+            return
+        ends = self.consumer.end_offsets(parts)
+        self.refresher.stats.backlog = {
+            f"{tp.topic}/{tp.partition}": max(0, ends.get(tp, 0) - self.consumer.position(tp))
+            for tp in parts}
+
+    def run(self) -> None:
+        """Until ``stop``: poll, apply, and every ``batch_ms`` recompute, write and commit. A
+        failure of Redis or Kafka is said in one line and the loop starts again a second later
+        (from the committed offsets; the history kept in memory stays)."""
+        while not self.stop.is_set():
+            try:
+                self._loop()
+            except Exception as err:    # noqa: BLE001 - a service: say it, wait, go on
+                from pipeline.settings import redact
+
+                log.warning("%s: %s; starting again in 1 s", self.refresher.model,
+                            redact(f"{type(err).__name__}: {err}"))
+                self._close()
+                self.stop.wait(1.0)
+
+    def _close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        self.buffers, self.applied, self.to_place = {}, {}, []
+        if consumer is not None:
+            try:
+                consumer.close(autocommit=False)
+            except Exception:           # noqa: BLE001 - closing a broken client
+                pass
+
+    def _loop(self) -> None:
+        refresher = self.refresher
+        while refresher.watch() == "none" and not self.stop.is_set():
+            self.stop.wait(1.0)     # nothing served yet: nothing to refresh against
+        # a static member id per process slot, as ingest's: a refresher restarted after a crash
+        # takes the dead one's partitions at once, not after its 45 s session timeout
+        group = group_of(refresher.model)
+        with member_slot(group) as member:
+            self._run(member)
+            leave_group(self.settings, group, member)   # a clean stop hands them over now
+
+    def _run(self, member: str) -> None:
+        refresher = self.refresher
+        self.consumer = self._consumer(member)
+        last_flush = last_watch = last_stats = time.monotonic()
+        while not self.stop.is_set():
+            records = self.consumer.poll(timeout_ms=int(self.batch * 500), max_records=20_000)
+            self.applied.update(self._take(records))
+            if self.to_place:
+                self._place()
+            now = time.monotonic()
+            if now - last_watch >= WATCH_SECONDS:
+                refresher.watch()
+                last_watch = now
+            if now - last_flush >= self.batch:
+                while refresher.flush() and refresher.replay and not self.stop.is_set():
+                    pass     # a flip's replay, batch by batch
+                self._commit()
+                last_flush = now
+            if now - last_stats >= STATS_SECONDS:
+                self._backlog()
+                refresher.stats.write(self.settings.home)
+                last_stats = now
+        refresher.flush()
+        self._commit()
+        refresher.stats.write(self.settings.home)
+        self._close()

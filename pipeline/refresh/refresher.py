@@ -1,0 +1,238 @@
+"""One model's refresher: every user touched by new events gets their factor recomputed by the
+served version's own fold-in from their whole history, and their factor, seen items and list
+rewritten under the current version in one atomic write per user
+(:func:`pipeline.serving.fresh.write_fresh`); lookups then answer them with source ``fresh``.
+
+The loop around it (:mod:`pipeline.refresh.kafka_source`, or :meth:`Refresher.apply` directly)
+feeds events in and calls :meth:`Refresher.flush` every few hundred milliseconds, so each user
+is recomputed once per batch however many events they sent. :meth:`Refresher.watch` follows
+the served version:
+
+- a **flip** (a retrain published): the store is read again and every user with an event
+  after the new version's watermark (``meta.watermark``: the store offsets it learned from)
+  is recomputed under it before the refresher calls itself caught up; recomputing from the
+  whole history makes that harmless for users the version already knows;
+- **no version** (Redis restarted empty): the last published checkpoint is republished
+  (:func:`pipeline.training.steps.ensure_served`), said in the log and the stats, and then
+  handled as a flip.
+
+A version whose shape keeps no per-user state (a global list, a rating model, per-query lists)
+or has no fold-in has nothing to refresh: that is said once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+from pipeline.refresh.history import UserHistory, fold_in_inputs
+from pipeline.refresh.stats import RefreshStats
+from pipeline.serving.layout import UnknownModelError
+
+log = logging.getLogger(__name__)
+
+
+def input_rules(spec: dict) -> dict:
+    """The spec whose keys say how a user's events count (``min_rating``, ``rating_range``,
+    ``comparisons``, ``input``): the fold-in's own, or a blend's first part's."""
+    for candidate in (spec, *spec.get("parts", ())):
+        if "min_rating" in candidate or "comparisons" in candidate:
+            return candidate
+    return spec
+
+
+def user_factor(st, factors, events, spec: dict):
+    """``(factor, seen)`` of one user from their events by the version's fold-in, or None
+    when none of their items is known to the version."""
+    from pipeline.serving.item_queries import fold_in_method
+
+    rules = input_rules(spec)
+    inputs = fold_in_inputs(events, st.index_of, rules)
+    if not inputs.seen.size and not inputs.pairs.size:
+        return None
+    met = inputs.seen if rules.get("input") == "met" else inputs.winners
+    V, b = factors
+    u = fold_in_method(spec.get("method")).user_factor(st, V, b, met, inputs.pairs, spec)
+    return np.asarray(u, np.float32), inputs.seen
+
+
+class Refresher:
+    """The refresher of ``model`` (config ``cfg``) against the Redis of ``topk``."""
+
+    def __init__(self, model: str, cfg, settings, topk, store, *, redis_url: str | None = None):
+        self.model, self.cfg, self.settings = model, cfg, settings
+        self.topk, self.store, self.redis_url = topk, store, redis_url
+        self.history = UserHistory()
+        self.stats = RefreshStats(model)
+        self.state = None                  # the VersionState refreshed now
+        self.pending: dict[str, list] = {}  # user key -> timestamps (ms) of live events
+        self.replay: set[str] = set()       # users to recompute with no lag to count
+
+    # ------------------------------------------------------------------ events in
+    def apply(self, tables: dict, source=None, *, live: bool = True) -> int:
+        """Add events (kind -> Arrow table) from ``source`` (a Kafka topic partition, or None);
+        their users are recomputed at the next :meth:`flush`. ``live``: their refresh lag is
+        counted (not for a replay of events already applied)."""
+        from pipeline.serving.layout import key_of
+
+        n = 0
+        for kind, table in tables.items():
+            touched = self.history.add(kind, table, source)
+            n += table.num_rows
+            if not live:
+                self.replay |= touched
+                continue
+            for user, ts in zip(table.column("user").to_pylist(),
+                                table.column("ts").to_pylist()):
+                self.pending.setdefault(key_of(user), []).append(ts)
+        self.stats.events += n
+        return n
+
+    def apply_events(self, events: list[dict], kind: str | None = None) -> int:
+        """Validate and :meth:`apply` events given as dicts (a file or a test, no Kafka);
+        invalid ones are skipped (ingest dead-letters them); the number applied."""
+        from pipeline.ingest.buffer import PartitionBuffer
+
+        buf = PartitionBuffer("direct", 0, default_kind=kind)
+        buf.add_rows(list(events), list(range(len(events))))
+        return self.apply(buf.take_events())
+
+    # ------------------------------------------------------------------ versions
+    def watch(self) -> str:
+        """Follow ``current``: ``"same"``, ``"flipped"`` (users since its watermark queued),
+        ``"healed"`` (republished, then flipped) or ``"none"`` (nothing to serve yet)."""
+        try:
+            st = self.topk.versions.current_state(self.model)
+        except UnknownModelError:
+            return "healed" if self._heal() else "none"
+        if self.state is not None and (st.version, st.publish_id) == (
+                self.state.version, self.state.publish_id):
+            return "same"
+        self._switch(st)
+        return "flipped"
+
+    def _switch(self, st) -> None:
+        """Serve ``st`` from now on: read the store again, queue every user with events after
+        its watermark, and every user whose streamed events the store does not hold yet."""
+        first = self.state is None
+        self.state, self.stats.version = st, st.version
+        if not first:
+            self.stats.flips += 1
+        if not st.per_key or not st.rank or not st.fold_in:
+            why = (f"version {st.version} of {self.model!r} ({st.kind}, served as "
+                   f"{st.meta.get('served_as', 'model')}) keeps no per-user factors to refresh")
+            if why != self.stats.nothing_to_refresh:
+                log.warning("%s: nothing to refresh", why)
+                self.stats.nothing_to_refresh = why
+            return
+        self.stats.nothing_to_refresh = ""
+        self.history.load_store(self.store, self.cfg.kinds)
+        next_offsets = self.store.next_offsets(kinds=self.cfg.kinds)
+        self.history.forget_stored(lambda src: next_offsets.get(
+            (self.store.generation(*src), src[1])))
+        since = self._users_since(watermark_of(st))
+        self.replay |= since | set(self.history.streamed)
+        log.info("%s: serving version %s; %d users have events after its watermark",
+                 self.model, st.version, len(self.replay))
+
+    def _users_since(self, watermark: dict | None) -> set[str]:
+        """Users with stored events at or after ``watermark`` (all users without one)."""
+        if watermark is None:
+            return self.history.users()
+        from pipeline.refresh.history import COLUMNS, USER_KINDS, events_of
+
+        start = {(name, int(p)): int(o) for name, p, o in watermark}
+        users = set()
+        for kind in self.cfg.kinds:
+            if kind in USER_KINDS:
+                table = self.store.read(kind, start_offsets=start, columns=COLUMNS[kind])
+                users |= {u for u, _ in events_of(kind, table)}
+        return users
+
+    def _heal(self) -> bool:
+        """Republish the last published checkpoint when Redis serves nothing for the model."""
+        from pipeline.training.checkpoints import latest_checkpoint
+        from pipeline.training.run_store import open_run_store
+        from pipeline.training.run_types import RunContext
+        from pipeline.training.steps import ensure_served
+
+        if self.redis_url is None:
+            return False
+        open_run_store(self.settings).pull_checkpoints(self.model)
+        ckpt = latest_checkpoint(self.settings.checkpoint_dir, self.model,
+                                 algorithm=self.cfg.algorithm)
+        if ckpt is None or not (ckpt.path / "artifact").is_dir():
+            return False
+        ctx = RunContext(self.model, self.cfg, self.settings, self.redis_url)
+        done = ensure_served(ctx, ckpt.path)
+        if not done["republished"]:
+            return False
+        self.stats.heals += 1
+        self.stats.last_heal = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        log.warning("%s: healed: %s", self.model, done["reason"])
+        self.state = None
+        self.watch()
+        return True
+
+    # ------------------------------------------------------------------ recompute, write
+    def flush(self, batch: int = 2000) -> int:
+        """Recompute and write the pending users (live ones first, at most ``batch`` replayed
+        ones); the number written."""
+        st = self.state
+        if st is None or self.stats.nothing_to_refresh:
+            self.pending.clear()
+            self.replay.clear()
+            return 0
+        live = list(self.pending)
+        replay = [u for u in list(self.replay)[:batch] if u not in self.pending]
+        users = live + replay
+        if not users:
+            return 0
+        written = self._write(st, users)
+        if written is None:       # the version moved under us: requeue, follow it
+            self.replay |= set(users)
+            self.watch()
+            return 0
+        now_ms = time.time() * 1000.0
+        for user in live:
+            for ts in self.pending.pop(user, ()):
+                self.stats.lag((now_ms - ts) / 1000.0)
+        self.replay.difference_update(users)
+        self.stats.users_refreshed += written
+        self.stats.replayed_users += len(replay)
+        return written
+
+    def _write(self, st, users: list[str]) -> int | None:
+        """Fold in and write ``users`` under ``st``; None when its pointer moved."""
+        from pipeline.serving.fresh import FreshUser, fresh_lists, write_fresh
+
+        factors = self.topk.lists.factors(st)
+        stamp = int(time.time() * 1000)
+        made = [(user, user_factor(st, factors, self.history.of(user), st.fold_in))
+                for user in users]
+        made = [(user, m) for user, m in made if m is not None]
+        lists = fresh_lists(st, factors, np.array([u for _, (u, _) in made], np.float32)
+                            .reshape(len(made), st.rank), [seen for _, (_, seen) in made],
+                            st.top_k) if made else []
+        fresh = [FreshUser(user, u, seen.astype(np.int32), pairs, stamp)
+                 for (user, (u, seen)), pairs in zip(made, lists)]
+        if not fresh:
+            return 0
+        done = write_fresh(self.topk.transport.client, self.topk.versions.keys(self.model),
+                           st.version, st.publish_id, fresh)
+        return None if not all(done) else len(fresh)
+
+
+def watermark_of(st) -> list | None:
+    """``[(store topic name, partition, next offset)]`` of a version's watermark, or None."""
+    raw = getattr(st, "watermark", None)
+    if not raw:
+        return None
+    out = []
+    for key, offset in raw.items():
+        name, _, partition = str(key).rpartition("/")
+        out.append((name, int(partition), int(offset)))
+    return out

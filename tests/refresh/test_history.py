@@ -1,0 +1,69 @@
+"""A user's history as the refresher counts it: the latest rating per item wins, comparisons
+count once, ratings outside the scale are left out, and only the version's items count."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+
+from pipeline.refresh.history import Event, UserHistory, fold_in_inputs
+from pipeline.refresh.refresher import input_rules
+
+ITEMS = {"a": 0, "b": 1, "c": 2, "d": 3}
+
+
+def rating(item, r, ts, offset=0):
+    return Event("rating", item, None, float(r), ts, offset)
+
+
+def test_the_latest_rating_of_an_item_wins_and_decides_if_it_wins():
+    events = [rating("a", 5, 1), rating("a", 2, 2), rating("b", 4, 1), rating("c", 1, 1)]
+    got = fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0})
+    assert got.seen.tolist() == [0, 1, 2] and got.winners.tolist() == [1]
+
+
+def test_equal_times_are_ordered_by_offset():
+    events = [rating("a", 5, 7, offset=3), rating("a", 1, 7, offset=2)]
+    assert fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0}).winners.tolist() == [0]
+
+
+def test_interactions_win_and_unknown_items_are_skipped():
+    events = [Event("interaction", "d", None, math.nan, 1, 0), rating("zzz", 5, 1)]
+    got = fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0})
+    assert got.seen.tolist() == [3] and got.winners.tolist() == [3]
+
+
+def test_ratings_outside_the_scale_are_left_out_before_the_latest_is_taken():
+    events = [rating("a", 5, 1), rating("a", -3, 2)]
+    got = fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0, "rating_range": [1, 5]})
+    assert got.winners.tolist() == [0]
+
+
+def test_a_comparison_counts_once_and_explicit_mode_adds_rating_pairs():
+    c = Event("comparison", "a", "b", math.nan, 1, 0, "e1")
+    events = [c, c, rating("c", 5, 1), rating("d", 3, 1), rating("a", 3, 1)]
+    implicit = fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0})
+    assert implicit.pairs.tolist() == [[0, 1]]
+    explicit = fold_in_inputs(events, ITEMS.get, {"min_rating": 4.0, "comparisons": "mixed"})
+    assert sorted(map(tuple, explicit.pairs.tolist())) == [(0, 1), (2, 0), (2, 3)]
+
+
+def test_streamed_events_join_the_stored_ones_and_leave_once_stored():
+    history = UserHistory()
+    table = pa.table({"user": [7, 7, 8], "item": ["a", "b", "a"], "rating": [5.0, 1.0, 4.0],
+                      "ts": [1, 2, 3], "offset": [10, 11, 12]})
+    assert history.add("rating", table, ("t", 0)) == {"7", "8"}
+    assert [e.item for e in history.of("7")] == ["a", "b"]
+    history.forget_stored(lambda src: 12)        # the store holds offsets < 12 now
+    assert history.of("7") == [] and [e.item for e in history.of("8")] == ["a"]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"method": "pairwise", "min_rating": 4.0}, 4.0),
+    ({"method": "blend", "parts": [{"method": "pairwise", "min_rating": 3.5},
+                                    {"method": "least_squares"}]}, 3.5),
+])
+def test_a_blend_counts_events_as_its_first_part(spec, expected):
+    assert input_rules(spec)["min_rating"] == expected

@@ -1,0 +1,175 @@
+"""The refresher against a real Kafka broker and redis-server: a produced event leaves the
+user's answer within seconds, a user the version never met gets their own answer, a retrain's
+flip mid-stream loses nothing, and a lookup never sees a mixed answer."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.ingest.open_store import open_store
+from pipeline.ingest.producer import EventProducer
+from pipeline.refresh.history import UserHistory
+from pipeline.refresh.kafka_source import KafkaRefresh
+from pipeline.refresh.refresher import Refresher, user_factor
+from pipeline.serving.lookup import TopK
+from pipeline.serving.redis_client import as_client
+from pipeline.settings import Settings
+from pipeline.training import retrain
+from pipeline.training.config import parse_model
+
+DEADLINE = 30.0
+
+
+def _models():
+    spec = {"algorithm": "altsvm", "kinds": ["rating"],
+            "params": {"rank": 8, "reg_ratio": 0.3, "item_bias": True, "max_iter": 30,
+                       "tol": 1e-4, "random_state": 0, "n_threads": 1,
+                       "comparisons": "implicit", "implicit_per_user": 200,
+                       "implicit_min_rating": "relevance"},
+            "evaluation": {"holdout": 4},
+            "gate": {"tolerance": 1.0, "if_trivial": "publish_trivial"}}
+    return {"movies": parse_model("movies", spec, "test")}
+
+
+@pytest.fixture
+def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
+    """A published AltSVM version of ``movies`` (its events ingested from a file), and a
+    refresher on a topic of this test's own, running in a thread."""
+    settings = Settings(home=tmp_path / "home", namespace=f"r{uuid.uuid4().hex[:10]}",
+                        kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
+    events = synthetic.rating_events(n_users=200, n_items=120, per_user=25, seed=3)
+    path = synthetic.write_jsonl(events, tmp_path / "ratings.jsonl")
+    ingest_files([path], "rating", settings=settings, progress=False)
+    models = _models()
+    run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
+    assert run["decision"] == "published", run.get("reason")
+    topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
+    refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
+                          redis_url=redis_url)
+    topic = f"rs.refresh.{uuid.uuid4().hex[:8]}"
+    loop = KafkaRefresh(refresher, settings, batch_ms=100, topics={topic: "rating"})
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    producer = EventProducer(kafka_bootstrap)
+    yield {"settings": settings, "models": models, "topk": topk, "refresher": refresher,
+           "topic": topic, "producer": producer, "events": events, "path": tmp_path}
+    loop.stop.set()
+    thread.join(30)
+    producer.close()
+    assert not thread.is_alive(), "the refresher did not stop"
+
+
+def _send(t, user, item, rating=5.0):
+    t["producer"].send(t["topic"], {"kind": "rating", "event_id": uuid.uuid4().hex,
+                                    "ts": int(time.time() * 1000), "user": user,
+                                    "item": item, "rating": rating}, "rating")
+    t["producer"].flush()
+
+
+def _until(what, deadline=DEADLINE):
+    started = time.monotonic()
+    while time.monotonic() - started < deadline:
+        got = what()
+        if got:
+            return got, time.monotonic() - started
+        time.sleep(0.05)
+    pytest.fail(f"not within {deadline} s")
+
+
+def test_a_produced_event_leaves_the_users_answer(trained):
+    topk, user = trained["topk"], trained["events"][0]["user"]
+    before = topk.recommend("movies", user, k=10)
+    top = before.items[0][0]
+    _send(trained, user, top)
+    after, seconds = _until(lambda: (lambda r: r if top not in [i for i, _ in r.items]
+                                     else None)(topk.recommend("movies", user, k=10)))
+    assert after.source == "fresh" and len(after.items) == 10
+    assert seconds < 10, f"{seconds:.1f} s from produce to a fresh answer"
+
+
+def test_a_user_the_version_never_met_gets_their_own_answer(trained):
+    topk = trained["topk"]
+    newbie = f"new-{uuid.uuid4().hex[:6]}"
+    assert topk.recommend("movies", newbie, k=5).source in ("fallback", "trivial")
+    liked = [i for i, _ in topk.recommend("movies", trained["events"][0]["user"], k=3).items]
+    for item in liked:
+        _send(trained, newbie, item)
+    got, _ = _until(lambda: (lambda r: r if r.source == "fresh" else None)(
+        topk.recommend("movies", newbie, k=5)))
+    assert not set(liked) & {i for i, _ in got.items}, "a met item came back"
+
+
+def test_a_flip_mid_stream_loses_nothing_and_the_final_list_is_the_whole_history_fold_in(
+        trained):
+    topk, settings, models = trained["topk"], trained["settings"], trained["models"]
+    user = trained["events"][5]["user"]
+    met = [i for i, _ in topk.recommend("movies", user, k=4).items]
+    for item in met[:2]:
+        _send(trained, user, item)
+    _until(lambda: not set(met[:2]) & {i for i, _ in topk.recommend("movies", user, k=10).items})
+    more = synthetic.rating_events(n_users=200, n_items=120, per_user=3, seed=9)
+    ingest_files([synthetic.write_jsonl(more, trained["path"] / "more.jsonl")], "rating",
+                 settings=settings, progress=False)
+    run = retrain.run("movies", models, settings=settings, redis_url=settings.redis_url)
+    assert run["decision"] == "published", run.get("reason")
+    for item in met[2:]:
+        _send(trained, user, item)        # after the flip
+
+    def settled():
+        rec = topk.recommend("movies", user, k=10)
+        return rec if (rec.version == run["publish"]["version"] and rec.source == "fresh"
+                       and not set(met) & {i for i, _ in rec.items}) else None
+
+    final, _ = _until(settled)
+    # the final list is the fold-in over the user's whole history against this version
+    refresher = trained["refresher"]
+    st = topk.versions.current_state("movies")
+    history = UserHistory()
+    history.load_store(open_store(settings), ["rating"])
+    streamed = refresher.history.streamed.get(str(user), [])
+    events = history.of(str(user)) + [e for _, e in streamed]
+    factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in)
+    V, b = topk.lists.factors(st)
+    scores = V @ factor + (0 if b is None else b)
+    scores[seen] = -np.inf
+    expected = [st.item_ids[i] for i in np.argsort(-scores, kind="stable")[:10]]
+    assert [i for i, _ in final.items] == expected
+
+
+def test_a_lookup_never_sees_a_mixed_answer_while_its_user_is_refreshed(trained):
+    topk, user = trained["topk"], trained["events"][10]["user"]
+    items = [i for i, _ in topk.recommend("movies", user, k=30).items]
+    lists = set()
+    stop = threading.Event()
+    bad = []
+
+    def hammer():
+        while not stop.is_set():
+            time.sleep(0.001)      # the refresher thread shares this process's GIL
+            rec = topk.recommend("movies", user, k=10)
+            ids = tuple(i for i, _ in rec.items)
+            if len(ids) != 10 or len(set(ids)) != 10:
+                bad.append(ids)
+            lists.add((rec.version, rec.source, ids))
+
+    readers = [threading.Thread(target=hammer) for _ in range(2)]
+    for r in readers:
+        r.start()
+    for n, item in enumerate(items[:12]):
+        _send(trained, user, item, rating=5.0 if n % 2 else 1.0)
+        time.sleep(0.05)
+    _until(lambda: not set(items[:12]) & {i for i, _ in
+                                          topk.recommend("movies", user, k=10).items}, 90)
+    stop.set()
+    for r in readers:
+        r.join()
+    assert not bad, bad[:3]
+    fresh = [ids for _, source, ids in lists if source == "fresh"]
+    assert fresh, "no fresh answer was seen"
