@@ -16,7 +16,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("models", nargs="*", metavar="MODEL",
                         help="models to refresh (default: every configured model)")
     parser.add_argument("--batch-ms", type=int, default=200,
-                        help="recompute touched users every this many ms (default 200)")
+                        help="the longest a touched user waits for a recompute while a "
+                             "backlog drains, and how often offsets are committed "
+                             "(default 200 ms)")
     add_redis_arguments(parser)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.serving.layout import key_of
+from solvers.fold_in import sorted_unique
 
 USER_KINDS = ("rating", "interaction", "comparison")
 COLUMNS = {"rating": ["ts", "offset", "user", "item", "rating"],
@@ -72,10 +73,12 @@ class UserHistory:
     def __init__(self):
         self.stored: dict[str, list[Event]] = defaultdict(list)
         self.streamed: dict[str, list[tuple]] = defaultdict(list)   # (source, Event)
+        self.digests: dict[str, Digest] = {}     # user -> digest of their first events
 
     def load_store(self, store, kinds) -> int:
         """Read the model's kinds from the event store (all of it); the number of events."""
         self.stored = defaultdict(list)
+        self.digests = {}
         n = 0
         for kind in kinds:
             if kind not in USER_KINDS:
@@ -98,6 +101,7 @@ class UserHistory:
         """Drop streamed events the store holds now (``stored_until(source)``: the store's
         next offset of that Kafka topic partition, or None); they were read again by
         :meth:`load_store`."""
+        self.digests = {}       # a user's events are in another order now: digest anew
         for user in list(self.streamed):
             kept = [(src, e) for src, e in self.streamed[user]
                     if src is None or e.offset >= (stored_until(src) or 0)]
@@ -112,6 +116,24 @@ class UserHistory:
     def of(self, user: str) -> list[Event]:
         return self.stored.get(user, []) + [e for _, e in self.streamed.get(user, [])]
 
+    def inputs(self, user: str, index_of, spec: dict, token=None) -> FoldInInputs:
+        """:func:`fold_in_inputs` of the user's whole history, from their digest with only
+        the events since added (events are only appended between :meth:`load_store` and
+        :meth:`forget_stored`, which start every digest anew); ``token`` names the version
+        whose ``index_of`` it is, to look each item up once."""
+        bounds = bounds_of(spec)
+        digest = self.digests.get(user)
+        if digest is None or digest.bounds != bounds:
+            digest = self.digests[user] = Digest(bounds)
+        stored = self.stored.get(user, [])
+        streamed = self.streamed.get(user, [])
+        done = digest.consumed
+        if done < len(stored):
+            digest.add(stored[done:])
+            done = len(stored)
+        digest.add([e for _, e in streamed[done - len(stored):]])
+        return inputs_of(digest, index_of, spec, token)
+
 
 @dataclass(frozen=True)
 class FoldInInputs:
@@ -120,38 +142,96 @@ class FoldInInputs:
     pairs: np.ndarray     # (n, 2) winner, loser indices
 
 
-def _latest_ratings(events: list[Event], low: float, high: float) -> dict:
-    """item -> rating (NaN: an interaction) of the latest rating or interaction per item."""
-    latest: dict = {}
-    for e in events:
-        if e.kind == "comparison" or (not math.isnan(e.rating) and not low <= e.rating <= high):
-            continue
-        key = (e.ts, e.offset)
-        if e.item not in latest or key >= latest[e.item][0]:
-            latest[e.item] = (key, e.rating)
-    return {item: rating for item, (_, rating) in latest.items()}
+class Digest:
+    """What a run of a user's events comes to, by the rules of the module: for each item, the
+    latest in-scale rating or interaction (``items[n]``, ``ratings[n]``, NaN for an
+    interaction, at ``(ts, offset)`` ``keys[n]``), and each comparison event id's first
+    (winner, loser) in ``compared``.
+
+    Both are order-free folds (a max by (ts, offset), a first-by-id), so events can be added as
+    they come: the digest of a history and its extension is the digest of the whole. The
+    refresher keeps one per user and adds only the events since, instead of re-reading the
+    whole history every batch; it also keeps the items' indices in the served version
+    (``token`` names the version), looked up once per item."""
+
+    __slots__ = ("bounds", "consumed", "slot", "items", "ratings", "keys", "compared",
+                 "token", "indices", "pair_indices")
+
+    def __init__(self, bounds: tuple[float, float]):
+        self.bounds = bounds
+        self.consumed = 0          # how many of the user's events are in
+        self.slot: dict = {}       # item -> n
+        self.items: list = []
+        self.ratings: list = []
+        self.keys: list = []
+        self.compared: dict = {}
+        self.token = None
+        self.indices: list = []        # the version's index of items[n] (-1: unknown)
+        self.pair_indices: list = []   # of compared's values, in order
+
+    def add(self, events) -> "Digest":
+        low, high = self.bounds
+        slot, compared = self.slot, self.compared
+        for e in events:
+            if e.kind == "comparison":
+                compared.setdefault(e.event_id, (e.item, e.other))
+                continue
+            if not math.isnan(e.rating) and not low <= e.rating <= high:
+                continue
+            key = (e.ts, e.offset)
+            n = slot.get(e.item)
+            if n is None:
+                slot[e.item] = len(self.items)
+                self.items.append(e.item)
+                self.ratings.append(e.rating)
+                self.keys.append(key)
+            elif key >= self.keys[n]:
+                self.ratings[n], self.keys[n] = e.rating, key
+        self.consumed += len(events)
+        return self
+
+    def indexed(self, index_of, token) -> tuple[np.ndarray, list]:
+        """The items' indices (-1: unknown to the version) and the comparisons' index pairs,
+        looking up only what is new since the last call with the same ``token``."""
+        if token is None or token != self.token:
+            self.token, self.indices, self.pair_indices = token, [], []
+        for item in self.items[len(self.indices):]:
+            i = index_of(item)
+            self.indices.append(-1 if i is None else i)
+        for w, lo in list(self.compared.values())[len(self.pair_indices):]:
+            self.pair_indices.append((index_of(w), index_of(lo)))
+        return np.array(self.indices, np.int64), self.pair_indices
+
+
+def bounds_of(spec: dict) -> tuple[float, float]:
+    low, high = spec.get("rating_range") or (-math.inf, math.inf)
+    return float(low), float(high)
+
+
+def inputs_of(digest: Digest, index_of, spec: dict, token=None) -> FoldInInputs:
+    """A digest's :class:`FoldInInputs` in a version's item indices (``index_of(item)``: the
+    index, or None; ``token``: a name of that version, to keep the lookups), by the version's
+    fold-in ``spec`` (``min_rating``, ``comparisons``)."""
+    min_rating = float(spec.get("min_rating", -math.inf))
+    idx, pair_idx = digest.indexed(index_of, token)
+    r = np.array(digest.ratings, np.float64)
+    known = idx >= 0
+    idx, r = idx[known], r[known]
+    winners = sorted_unique(idx[np.isnan(r) | (r >= min_rating)])
+    pairs = np.array([(w, lo) for w, lo in pair_idx
+                      if w is not None and lo is not None and w != lo],
+                     np.int64).reshape(-1, 2)
+    if spec.get("comparisons") in ("explicit", "mixed"):
+        # every rated pair a > b with r_a > r_b, in the order of the items
+        scored = ~np.isnan(r)
+        si, sr = idx[scored], r[scored]
+        a, b = np.nonzero(sr[:, None] > sr[None, :])
+        pairs = np.concatenate([pairs, np.stack([si[a], si[b]], axis=1)])
+    return FoldInInputs(sorted_unique(idx), winners, pairs)
 
 
 def fold_in_inputs(events: list[Event], index_of, spec: dict) -> FoldInInputs:
-    """A user's :class:`FoldInInputs` in a version's item indices (``index_of(item)``: the
-    index, or None), by the version's fold-in ``spec`` (``min_rating``, ``rating_range``,
-    ``comparisons``)."""
-    low, high = spec.get("rating_range") or (-math.inf, math.inf)
-    min_rating = float(spec.get("min_rating", -math.inf))
-    rated = _latest_ratings(events, float(low), float(high))
-    known = {item: (index_of(item), r) for item, r in rated.items()}
-    known = {item: (i, r) for item, (i, r) in known.items() if i is not None}
-    seen = np.array(sorted({i for i, _ in known.values()}), np.int64)
-    winners = np.array(sorted({i for i, r in known.values()
-                               if math.isnan(r) or r >= min_rating}), np.int64)
-    pairs, ids = [], set()
-    for e in events:
-        if e.kind == "comparison" and e.event_id not in ids:
-            ids.add(e.event_id)
-            w, lo = index_of(e.item), index_of(e.other)
-            if w is not None and lo is not None and w != lo:
-                pairs.append((w, lo))
-    if spec.get("comparisons") in ("explicit", "mixed"):
-        scored = [(i, r) for i, r in known.values() if not math.isnan(r)]
-        pairs += [(a, b) for a, ra in scored for b, rb in scored if ra > rb]
-    return FoldInInputs(seen, winners, np.array(pairs, np.int64).reshape(-1, 2))
+    """A user's :class:`FoldInInputs` from their whole history ``events`` in a version's item
+    indices, by the version's fold-in ``spec`` (``min_rating``, ``rating_range``,
+    ``comparisons``): the reference :meth:`UserHistory.inputs` keeps incrementally."""
+    return inputs_of(Digest(bounds_of(spec)).add(events), index_of, spec)

@@ -3,9 +3,16 @@
 model's topics, feeding :class:`~pipeline.refresh.refresher.Refresher`.
 
 Each poll's messages are decoded and validated as ingest does them (a bad message is skipped:
-ingest dead-letters it); every ``batch_ms`` the touched users are recomputed and written, then
-the offsets of what was applied are committed. So a crash replays from the committed offsets,
-and a replayed event recomputes its user from the whole history again, with the same result.
+ingest dead-letters it); the touched users are recomputed and written in batches, and every
+``batch_ms`` the offsets of what was applied are committed.
+
+A batch is what arrived while the last one was being written: as soon as a poll comes back
+short of :data:`MAX_RECORDS` (the consumer has caught up) and :data:`MIN_GAP_SECONDS` have
+passed, the touched users are recomputed; while a backlog drains, every ``batch_ms``. So a
+quiet stream answers within a poll and a write, and a busy one batches more users per write
+(each user once per batch), which is what keeps up with it. A crash replays from the committed
+offsets, and a replayed event recomputes its user from the whole history again, with the same
+result.
 
 Where a partition starts: at its committed offset, but never past the store's end or the
 served version's watermark, so events that the store does not hold yet (ingest lags) are read
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 0.5      # how often ``current`` is checked (a flip, or Redis restarted empty)
 STATS_SECONDS = 2.0
+MIN_GAP_SECONDS = 0.05   # the shortest batch: what arrives meanwhile is recomputed together
+MAX_RECORDS = 20_000     # one poll's most; a full poll means more is waiting
 
 
 def group_of(model: str) -> str:
@@ -45,7 +54,8 @@ class KafkaRefresh:
         self.stop = stop or threading.Event()
         self.kinds = topics or {default_topic(k): k for k in refresher.cfg.kinds}  # topic: kind
         self.buffers: dict = {}
-        self.applied: dict = {}         # TopicPartition -> next offset to commit
+        self.taken: dict = {}           # TopicPartition -> next offset read, not yet written
+        self.applied: dict = {}         # TopicPartition -> next offset to commit (written)
         self.replay_until: dict = {}    # TopicPartition -> committed offset at assignment
         self.consumer = None
         self.to_place: list = []        # partitions assigned, paused until placed
@@ -136,7 +146,7 @@ class KafkaRefresh:
             for tp in parts}
 
     def run(self) -> None:
-        """Until ``stop``: poll, apply, and every ``batch_ms`` recompute, write and commit. A
+        """Until ``stop``: poll, apply, recompute and write in batches, commit. A
         failure of Redis or Kafka is said in one line and the loop starts again a second later
         (from the committed offsets; the history kept in memory stays)."""
         while not self.stop.is_set():
@@ -152,7 +162,7 @@ class KafkaRefresh:
 
     def _close(self) -> None:
         consumer, self.consumer = self.consumer, None
-        self.buffers, self.applied, self.to_place = {}, {}, []
+        self.buffers, self.taken, self.applied, self.to_place = {}, {}, {}, []
         if consumer is not None:
             try:
                 consumer.close(autocommit=False)
@@ -173,26 +183,38 @@ class KafkaRefresh:
     def _run(self, member: str) -> None:
         refresher = self.refresher
         self.consumer = self._consumer(member)
-        last_flush = last_watch = last_stats = time.monotonic()
+        last_flush = last_commit = last_watch = last_stats = time.monotonic()
         while not self.stop.is_set():
-            records = self.consumer.poll(timeout_ms=int(self.batch * 500), max_records=20_000)
-            self.applied.update(self._take(records))
+            records = self.consumer.poll(timeout_ms=int(MIN_GAP_SECONDS * 1000),
+                                         max_records=MAX_RECORDS)
+            self.taken.update(self._take(records))
             if self.to_place:
                 self._place()
             now = time.monotonic()
             if now - last_watch >= WATCH_SECONDS:
                 refresher.watch()
                 last_watch = now
-            if now - last_flush >= self.batch:
-                while refresher.flush() and refresher.replay and not self.stop.is_set():
-                    pass     # a flip's replay, batch by batch
-                self._commit()
+            caught_up = sum(map(len, records.values())) < MAX_RECORDS
+            if (self.taken or refresher.pending or refresher.replay) and (
+                    now - last_flush >= self.batch
+                    or (caught_up and now - last_flush >= MIN_GAP_SECONDS)):
+                self._flush()
                 last_flush = now
+            if now - last_commit >= self.batch:
+                self._commit()
+                last_commit = now
             if now - last_stats >= STATS_SECONDS:
                 self._backlog()
                 refresher.stats.write(self.settings.home)
                 last_stats = now
-        refresher.flush()
+        self._flush()
         self._commit()
         refresher.stats.write(self.settings.home)
         self._close()
+
+    def _flush(self) -> None:
+        """Recompute and write the touched users; what was read is then written, to commit."""
+        while self.refresher.flush() and self.refresher.replay and not self.stop.is_set():
+            pass     # a flip's replay, batch by batch
+        self.applied.update(self.taken)
+        self.taken.clear()

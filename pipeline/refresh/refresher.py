@@ -211,19 +211,51 @@ class Refresher:
 
         factors = self.topk.lists.factors(st)
         stamp = int(time.time() * 1000)
-        made = [(user, user_factor(st, factors, self.history.of(user), st.fold_in))
-                for user in users]
-        made = [(user, m) for user, m in made if m is not None]
-        lists = fresh_lists(st, factors, np.array([u for _, (u, _) in made], np.float32)
-                            .reshape(len(made), st.rank), [seen for _, (_, seen) in made],
-                            st.top_k) if made else []
-        fresh = [FreshUser(user, u, seen.astype(np.int32), pairs, stamp)
-                 for (user, (u, seen)), pairs in zip(made, lists)]
-        if not fresh:
+        made = self._factors(st, factors, users)
+        if not made:
             return 0
+        lists = fresh_lists(st, factors, np.stack([u for _, u, _ in made]),
+                            [seen for _, _, seen in made], st.top_k)
+        fresh = [FreshUser(user, u, seen.astype(np.int32), pairs, stamp)
+                 for (user, u, seen), pairs in zip(made, lists)]
         done = write_fresh(self.topk.transport.client, self.topk.versions.keys(self.model),
                            st.version, st.publish_id, fresh)
         return None if not all(done) else len(fresh)
+
+    def _factors(self, st, factors, users: list[str]) -> list[tuple]:
+        """``(user, factor, seen)`` of each user with an item the version knows, by the
+        version's fold-in, all of them in one batched call (what :func:`user_factor` gives
+        one by one, from each user's digest instead of their whole history re-read)."""
+        from pipeline.serving.item_queries import fold_in_method
+
+        spec = st.fold_in
+        rules = input_rules(spec)
+        index, token = _memo_index(st), (st.version, st.publish_id)
+        inputs = [(user, self.history.inputs(user, index, rules, token)) for user in users]
+        inputs = [(user, x) for user, x in inputs if x.seen.size or x.pairs.size]
+        if not inputs:
+            return []
+        met = [x.seen if rules.get("input") == "met" else x.winners for _, x in inputs]
+        V, b = factors
+        U = fold_in_method(spec.get("method")).user_factors(
+            st, V, b, met, [x.pairs for _, x in inputs], spec)
+        U = np.asarray(U, np.float32).reshape(len(inputs), st.rank)
+        return [(user, U[n], x.seen) for n, (user, x) in enumerate(inputs)]
+
+
+def _memo_index(st):
+    """``st.index_of``, each item looked up once per version (kept in ``st.derived``)."""
+    memo = st.derived.setdefault("index_memo", {})
+
+    def index(item):
+        try:
+            return memo[item]
+        except KeyError:
+            found = memo[item] = st.index_of(item)
+            return found
+        except TypeError:       # unhashable: index_of says None
+            return st.index_of(item)
+    return index
 
 
 def watermark_of(st) -> list | None:

@@ -23,8 +23,9 @@ from pipeline.serving.plugins import add_entry, registered
 from pipeline.serving.version_cache import VersionState
 from solvers.fold_in import (
     implicit_pairs,
-    least_squares_fold_in,
+    least_squares_fold_in_many,
     pairwise_fold_in,
+    sorted_unique,
 )
 from solvers.topk import topk_of_scores
 
@@ -113,6 +114,14 @@ class FoldIn:
     def user_factor(self, st: VersionState, V, b, met, pairs, spec: dict) -> np.ndarray:
         raise NotImplementedError
 
+    def user_factors(self, st: VersionState, V, b, mets: list, pairs: list,
+                     spec: dict) -> np.ndarray:
+        """:meth:`user_factor` of several users (``mets[n]``, ``pairs[n]``), one row each;
+        a method with a batched solve overrides it."""
+        rows = [np.asarray(self.user_factor(st, V, b, m, p, spec), np.float64)
+                for m, p in zip(mets, pairs)]
+        return np.stack(rows) if rows else np.zeros((0, V.shape[1]))
+
 
 class PairwiseFoldIn(FoldIn):
     """AltSVM's own problem with V fixed, on the user's comparisons and implicit ones made
@@ -151,9 +160,14 @@ class LeastSquaresFoldIn(FoldIn):
     keys = ("reg", "alpha")
 
     def user_factor(self, st, V, b, met, pairs, spec):
-        gram = _derived(st, "gram", lambda: V.T.astype(np.float64) @ V.astype(np.float64))
-        return least_squares_fold_in(V, np.union1d(met, pairs[:, 0]), reg=float(spec["reg"]),
-                                     alpha=float(spec["alpha"]), gram=gram)
+        return self.user_factors(st, V, b, [met], [pairs], spec)[0]
+
+    def user_factors(self, st, V, b, mets, pairs, spec):
+        V64 = _derived(st, "V64", lambda: V.astype(np.float64))
+        gram = _derived(st, "gram", lambda: V64.T @ V64)
+        items = [sorted_unique(np.concatenate([m, p[:, 0]])) for m, p in zip(mets, pairs)]
+        return least_squares_fold_in_many(V64, items, reg=float(spec["reg"]),
+                                          alpha=float(spec["alpha"]), gram=gram)
 
 
 class _Part:
@@ -201,6 +215,9 @@ class BlendFoldIn(FoldIn):
             fold_in_method(part["method"]).check(part)
 
     def user_factor(self, st, V, b, met, pairs, spec):
+        return self.user_factors(st, V, b, [met], [pairs], spec)[0]
+
+    def user_factors(self, st, V, b, mets, pairs, spec):
         parts = spec["parts"]
         if parts[-1]["columns"][1] != V.shape[1]:
             raise ValueError(f"blend fold_in parts cover {parts[-1]['columns'][1]} columns, "
@@ -214,9 +231,9 @@ class BlendFoldIn(FoldIn):
             bp = None
             if n == 0 and b is not None and scale != 0.0:
                 bp = _derived(view, "b", lambda s=scale: (b / s).astype(b.dtype))
-            u = fold_in_method(part["method"]).user_factor(view, Vp, bp, met, pairs, part)
-            out.append(scale * np.asarray(u, np.float64))
-        return np.concatenate(out)
+            U = fold_in_method(part["method"]).user_factors(view, Vp, bp, mets, pairs, part)
+            out.append(scale * np.asarray(U, np.float64).reshape(len(mets), hi - lo))
+        return np.concatenate(out, axis=1)
 
 
 class ItemItemFoldIn(FoldIn):

@@ -67,3 +67,49 @@ def test_streamed_events_join_the_stored_ones_and_leave_once_stored():
 ])
 def test_a_blend_counts_events_as_its_first_part(spec, expected):
     assert input_rules(spec)["min_rating"] == expected
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("spec", [{"min_rating": 4.0},
+                                  {"min_rating": 3.0, "rating_range": [1, 5],
+                                   "comparisons": "mixed"}])
+def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec):
+    """``UserHistory.inputs`` adds only the events since its last call: after any run of
+    adds, and after the store is read again, it equals :func:`fold_in_inputs` of the whole
+    history (the reference)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    items = list(ITEMS) + ["zzz"]
+
+    def table(n, offset):
+        return pa.table({"user": rng.choice(["7", "8"], n).tolist(),
+                         "item": rng.choice(items, n).tolist(),
+                         "rating": rng.choice([-2.0, 1.0, 3.0, 4.0, 5.0, 9.0], n).tolist(),
+                         "ts": rng.integers(0, 5, n).tolist(),
+                         "offset": list(range(offset, offset + n))})
+
+    class Store:    # a stored table, as UserHistory.load_store reads it
+        def __init__(self, t):
+            self.t = t
+
+        def read(self, kind, columns):
+            return self.t if kind == "rating" else self.t.slice(0, 0)
+
+    history = UserHistory()
+    history.load_store(Store(table(20, 0)), ["rating"])
+    offset = 100
+    for step in range(8):
+        history.add("rating", table(int(rng.integers(0, 6)), offset), ("t", 0))
+        comparison = pa.table({"user": ["7"], "winner": [rng.choice(items)],
+                               "loser": [rng.choice(items)], "ts": [step], "offset": [offset],
+                               "event_id": [f"c{rng.integers(0, 3)}"]})
+        history.add("comparison", comparison, ("t", 1))
+        offset += 10
+        if step == 5:
+            history.forget_stored(lambda src: 120)
+        for user in ("7", "8"):
+            want = fold_in_inputs(history.of(user), ITEMS.get, spec)
+            got = history.inputs(user, ITEMS.get, spec)
+            for name in ("seen", "winners", "pairs"):
+                assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
