@@ -158,9 +158,25 @@ def holdout_latest(users: np.ndarray, ts: np.ndarray, holdout: int, min_train: i
 
 
 def stable_split(index: np.ndarray, fraction: float, seed: int = 0) -> np.ndarray:
-    """Test mask from a hash of the stable index: an instance stays on its side across runs."""
-    h = (index.astype(np.uint64) + np.uint64(seed)) * np.uint64(0x9E3779B97F4A7C15)
-    return (h >> np.uint64(40)).astype(np.float64) / float(1 << 24) < fraction
+    """Test mask from a hash of the stable index: an instance stays on its side across runs.
+
+    The hash is SplitMix64's finalizer of ``index + seed·φ`` (every bit of the index moves
+    every bit of the result). A bare multiplicative hash ``(index + seed)·φ`` is not enough:
+    for ``index = user·2³¹ + item`` its top bits are ``frac(a_user + b_item)``, so each user
+    holds out a band of items and the split of one seed is the other's shifted; on MovieLens
+    100K a validation split made that way scored 24 ALS settings with a correlation of 0.07
+    to their held-out scores (0.99 with this hash).
+
+    >>> m = stable_split(np.arange(100_000), 0.2, 3)
+    >>> round(float(m.mean()), 2), bool((m == stable_split(np.arange(100_000), 0.2, 3)).all())
+    (0.2, True)
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(index).astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(40)).astype(np.float64) / float(1 << 24) < fraction
 
 
 def event_ids(column) -> np.ndarray:

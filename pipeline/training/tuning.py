@@ -244,10 +244,9 @@ VALIDATION_FRACTION = 0.2   # of the hash range; held out of the training rows f
 
 
 def validation_mask(index: np.ndarray, seed: int) -> np.ndarray:
-    """Validation rows among the training rows, by a stable hash of ``index`` (row or query
-    ids) with ``seed + 1`` (``seed`` makes the holdout). The hash is multiplicative, so this
-    band of the hash range is disjoint from a 0.2 holdout's: a quarter of the training rows
-    then, none of the held-out ones."""
+    """Validation rows among the training rows (a fifth of them), by a stable hash of
+    ``index`` (row or query ids) with ``seed + 1`` (``seed`` makes the holdout, so the two
+    splits are independent)."""
     from pipeline.training.datasets import stable_split
 
     return stable_split(np.asarray(index), VALIDATION_FRACTION, int(seed) + 1)

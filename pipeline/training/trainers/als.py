@@ -213,8 +213,10 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     everything = interactions(arrays, relevant, (TRAIN, VALIDATION, TEST), choice["input"])
     U_all, V_all = fit_als(everything, choice, seed=seed, start=(U, V),
                            iterations=WARM_ITERATIONS)
+    # input and min_rating: which of a new user's items count, as this fit counted them
     spec = {"method": "least_squares", "reg": float(choice["regularization"]),
-            "alpha": float(choice["alpha"])}
+            "alpha": float(choice["alpha"]), "input": choice["input"],
+            "min_rating": float(arrays.get("relevance", cfg.evaluation["relevance"]))}
     artifact = trainer.factor_artifact((U_all, V_all, None), arrays, fold_in=spec)
     state = {"U": U_all, "V": V_all, "n_rows": np.array(n_rows),
              **{f"choice_{k}": np.array(v) for k, v in choice.items()}}

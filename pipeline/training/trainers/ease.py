@@ -160,7 +160,7 @@ def challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     metrics = trainer.evaluate(evaluated, arrays, cfg)
     X_all = met_matrix(arrays, (TRAIN, VALIDATION, TEST))
     served = factors(X_all, ease_weights(X_all, lam * _mean_count(X_all)))
-    spec = {"method": "item_item"}
+    spec = {"method": "item_item", "input": "met"}    # every met item, as X counts them
     artifact = trainer.factor_artifact(served, arrays, fold_in=spec)
     B_val = validated.get(lam)
     return Challenger(name="ease", metrics=metrics, artifact=artifact,
