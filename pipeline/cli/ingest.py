@@ -18,11 +18,22 @@ def add_arguments(parser):
                         help="topic to consume (repeatable; default: rankstream.<kind> for "
                              f"--kind, else the topics of all {len(KIND_NAMES)} kinds: "
                              f"{', '.join(KIND_NAMES)})")
-    source.add_argument("--kind", help="kind of events that carry no 'kind' field")
+    source.add_argument("--kind", help="kind of events that carry no 'kind' field (SVMlight "
+                                       "lines without qid: outcome or ordinal)")
     source.add_argument("--files", nargs="+", metavar="FILE",
-                        help="ingest files instead of Kafka (JSON lines, CSV, Parquet, u.data)")
-    source.add_argument("--format", dest="fmt", choices=["jsonl", "csv", "parquet", "movielens"],
-                        help="file format (default: from the file name)")
+                        help="ingest files instead of Kafka (JSON lines, CSV, Parquet, u.data, "
+                             "SVMlight/LIBSVM/LETOR), into the store, local or s3://")
+    source.add_argument("--format", dest="fmt",
+                        choices=["jsonl", "csv", "parquet", "movielens", "svmlight"],
+                        help="file format (default: from the file name; a name that does not "
+                             "say is read as svmlight if its first line is one)")
+    source.add_argument("--columns", metavar="FIELD=COLUMN,...",
+                        help="CSV/Parquet: the column read as each event field, e.g. "
+                             "user=userId,item=movieId,rating=rating,ts=timestamp (MovieLens's "
+                             "ratings.csv header needs none)")
+    source.add_argument("--time-unit", choices=["s", "ms", "us", "ns", "auto"],
+                        help="CSV/Parquet: unit of a numeric ts, checked against the values "
+                             "(default: auto with --columns, else ms)")
     run_mode = parser.add_argument_group("consumer")
     run_mode.add_argument("--until-end", action="store_true",
                           help="drain to the end offsets seen at start, then exit")
@@ -50,6 +61,7 @@ def run(args) -> int:
     if args.files:
         try:
             summary = ingest_files(args.files, args.kind, settings=settings, fmt=args.fmt,
+                                   columns=args.columns, time_unit=args.time_unit,
                                    progress=args.progress,
                                    max_message_bytes=args.max_message_bytes)
         except (ValueError, OSError) as err:

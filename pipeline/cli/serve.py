@@ -53,7 +53,8 @@ def app_from_environment():
     from pipeline.serving.api import create_app
     from pipeline.serving.http_metrics import ServeMetrics
     from pipeline.serving.lookup import TopK
-    from pipeline.training.config import load_models
+    from pipeline.serving.ui import UiSources
+    from pipeline.training.config import item_titles, load_models
 
     # one server process per core: a BLAS thread pool in each would fight the others for the
     # cores (fold-in's solve and the similar-items product are BLAS calls)
@@ -69,9 +70,11 @@ def app_from_environment():
 
         extra.append(PipelineCollector(settings, models))
         extra.append(RefreshCollector(settings, models))
+    pages = UiSources(titles=item_titles(settings.config) if settings.config else {},
+                      runs_dir=settings.runs_dir)
     return create_app(topk, models=models, token=os.environ.get(options["token_env"]) or None,
                       metrics=ServeMetrics(topk, models, extra),
-                      require=options.get("require") or None)
+                      require=options.get("require") or None, ui_sources=pages)
 
 
 def run(args) -> int:

@@ -1,7 +1,9 @@
 """``rankstream store``: inspect the event store. ``stats`` prints events, segments, bytes and
 time range per kind, and where each partition resumes; ``dead-letters`` lists or exports the
 dead letters (JSON lines, raw bytes in base64); ``copy --to LOCATION`` copies the store's
-flushes, offsets and all, into another store (a directory or ``s3://bucket/prefix``)."""
+flushes, offsets and all, into another store (a directory or ``s3://bucket/prefix``);
+``create-bucket`` creates the bucket of an ``s3://`` store (``--store`` or
+``RANKSTREAM_STORE``) if it does not exist."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pipeline.cli._settings_args import add_settings_arguments, load_settings
 
 
 def add_arguments(parser):
-    parser.add_argument("action", choices=["stats", "dead-letters", "copy"])
+    parser.add_argument("action", choices=["stats", "dead-letters", "copy", "create-bucket"])
     parser.add_argument("--json", action="store_true", help="stats as JSON")
     parser.add_argument("--topic", help="dead letters of this source topic only")
     parser.add_argument("--export", metavar="JSONL", help="write the dead letters to this file")
@@ -35,6 +37,8 @@ def _run(args) -> int:
     from pipeline.ingest.open_store import open_store
 
     settings = load_settings(args)
+    if args.action == "create-bucket":
+        return _create_bucket(settings)
     store = open_store(settings)
     if args.action == "dead-letters":
         return _dead_letters(store, args)
@@ -87,6 +91,23 @@ def _copy(store, args) -> int:
     copied, skipped = copy_store(store, target)
     print(f"copied {copied:,} flushes from {store.root} to {target.root}; {skipped:,} were "
           "there already")
+    return 0
+
+
+def _create_bucket(settings) -> int:
+    from pipeline.storage import object_store_for
+
+    if not settings.remote:
+        raise ValueError(f"create-bucket is for an object store, and the store is the "
+                         f"directory {settings.root}: pass --store s3://BUCKET/PREFIX (or set "
+                         "RANKSTREAM_STORE)")
+    objects = object_store_for(settings)
+    where = objects.endpoint or "AWS"
+    if objects.ensure_bucket():
+        print(f"created bucket {objects.bucket!r} at {where}: the store {objects.url()} is "
+              "ready")
+    else:
+        print(f"bucket {objects.bucket!r} already exists at {where}: nothing to do")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""File ingestion (embedded mode, no Kafka): JSON lines, CSV, Parquet or MovieLens files are
-validated into the same event store as Kafka messages, appended to one log of file records
+"""File ingestion (embedded mode, no Kafka): JSON lines, CSV, Parquet, MovieLens or SVMlight
+files are validated into the same event store as Kafka messages, local or an object store,
+appended to one log of file records
 keyed by content (:mod:`pipeline.ingest.ledger`): ingesting a file again, edited or copied,
 stores only its new and changed records and reports the removed ones.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,15 +33,17 @@ from pipeline.ingest.buffer import (
     PartitionBuffer,
     progress_bar,
 )
-from pipeline.ingest.ledger import FILE_TOPIC, FileLedger, contains, record_key
-from pipeline.ingest.open_store import open_store
-from pipeline.ingest.sources import detect_format, read_chunks
-from pipeline.ingest.store import EventStore, legacy_file_topic
+from pipeline.ingest.columns import Columns
+from pipeline.ingest.ledger import FILE_TOPIC, contains, record_key
+from pipeline.ingest.open_store import open_file_ledger, open_store
+from pipeline.ingest.sources import Plan, plan_source, read_plan
+from pipeline.ingest.store import EventStore, OverlapError, legacy_file_topic
 from pipeline.ingest.validate import Limits
 
 
 def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settings=None,
                  store: EventStore | None = None, fmt: str | None = None,
+                 columns: str | Columns | None = None, time_unit: str | None = None,
                  chunk_size: int = 100_000, progress: bool = True,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> IngestSummary:
     """Validate events from files into the store (embedded mode, no Kafka).
@@ -48,76 +52,106 @@ def ingest_files(paths: Iterable[str | Path], kind: str | None = None, *, settin
     segment group per chunk of records the store does not hold yet (by content): ingesting the
     same file again, a copy of it, or the file after a crash adds only what is not stored;
     after an edit, its changed and appended records. Records stored before and no longer in
-    the file are counted in ``summary.removed`` (they stay in the store).
+    the file are counted in ``summary.removed`` (they stay in the store). The store may be
+    local or an object store (:func:`pipeline.ingest.open_store.open_file_ledger`).
 
     Parameters
     ----------
     paths : iterable of path
-        JSON lines, CSV with a header, Parquet, or MovieLens ``u.data`` files.
+        JSON lines, CSV with a header, Parquet, MovieLens ``u.data``, or SVMlight / LIBSVM /
+        LETOR files.
     kind : str, optional
-        Kind of events that carry no ``kind`` field.
+        Kind of events that carry no ``kind`` field (SVMlight: ``outcome`` or ``ordinal`` for
+        lines without ``qid``; see :mod:`pipeline.ingest.svmlight`).
     settings : Settings, optional
         Where the store is (default ``Settings.load()``); or pass ``store``.
     fmt : str, optional
-        ``"jsonl"``, ``"csv"``, ``"parquet"`` or ``"movielens"``; default from the file name.
+        One of :data:`pipeline.ingest.sources.FORMATS`; default from the file name.
+    columns : str or Columns, optional
+        CSV and Parquet: ``"user=userId,item=movieId,ts=timestamp"``, the column read as each
+        event field (:mod:`pipeline.ingest.columns`).
+    time_unit : str, optional
+        Unit of a numeric ``ts``: ``"s"``, ``"ms"``, ``"us"``, ``"ns"`` or ``"auto"`` (the
+        default with ``columns``; without either, ``ts`` is epoch ms).
     chunk_size : int
         Records per segment group.
     """
     started = time.monotonic()
-    paths = list(paths)
-    for path in paths:      # a mistake about a source is refused before anything is stored
-        check_source(path, fmt, kind)
+    if not isinstance(columns, Columns):
+        columns = Columns.parse(columns, time_unit)
+    # a mistake about a source is refused before anything is stored
+    plans = [check_source(path, fmt, kind, columns) for path in paths]
     settings = settings or _settings()
     store = store or open_store(settings)
-    if store.filesystem is not None:
-        raise ValueError(f"files are ingested into a local store only, and the store is "
-                         f"{store.root}: send them through Kafka (rankstream produce), or "
-                         "unset RANKSTREAM_STORE to ingest them locally")
-    limits = Limits.from_settings(settings)
-    summary = IngestSummary(unit="records")
-    ledger = FileLedger(store.root)
-    with store.lock(f"{FILE_TOPIC}.ingest", 0), progress_bar(progress, unit="rec") as bar:
-        store.recover(FILE_TOPIC, 0)
-        offset = store.next_offset(FILE_TOPIC, 0) or 0
-        held, added = ledger.stored_keys(offset), set()
-        for path in paths:
-            how = f"{fmt or detect_format(path)}|{kind or ''}|".encode()
-            before = ledger.last_seen(path)
-            legacy = _legacy_records(store, path) if before is None else 0
-            keys_now, inherited = [], []
-            for chunk in read_chunks(path, fmt, kind, chunk_size):
-                keys = [record_key(how + content) for content in chunk.contents]
-                keys_now += keys
-                old = [k for k, n in zip(keys, chunk.numbers) if n < legacy]
-                inherited += old
-                added.update(old)
-                new = _new_records(keys, held, added)
-                summary.messages += len(keys)
-                summary.already_stored += len(keys) - len(new)
-                bar.update(len(keys))
-                if not new:
-                    continue
-                chunk = chunk.take(new)
-                offsets = range(offset, offset + len(new))
-                ledger.add(offset, offsets[-1], [keys[i] for i in new])
-                buf = PartitionBuffer(FILE_TOPIC, 0, kind, max_message_bytes, limits)
-                if chunk.lines is not None:
-                    buf.add_messages(chunk.lines, offsets)
-                else:
-                    buf.add_rows(chunk.rows, offsets)
-                summary.add(buf.flush(store))
-                offset += len(new)
-            if inherited:
-                ledger.add_legacy(path, inherited)
-            if before is not None:
-                removed = int((~contains(np.unique(np.asarray(keys_now, np.uint64)),
-                                         before)).sum())
-                if removed:
-                    summary.removed.append(f"{path}: {removed:,}")
-            ledger.remember(path, keys_now)
-    summary.seconds = time.monotonic() - started
-    summary.stopped = "all files read"
-    return summary
+    run = _Run(store, Limits.from_settings(settings), IngestSummary(unit="records"),
+               chunk_size, max_message_bytes)
+    try:
+        with open_file_ledger(store) as run.ledger, progress_bar(progress, unit="rec") as run.bar:
+            store.recover(FILE_TOPIC, 0)
+            run.offset = store.next_offset(FILE_TOPIC, 0) or 0
+            run.held = run.ledger.stored_keys(run.offset)
+            for plan in plans:
+                _ingest_file(run, plan)
+    except OverlapError as err:       # an object store's commits, not a lock, fence writers
+        raise ValueError(f"another ingest wrote files into {store.root} at the same time "
+                         f"({err}): run this again; what either stored is kept, and nothing "
+                         "is stored twice") from None
+    run.summary.seconds = time.monotonic() - started
+    run.summary.stopped = "all files read"
+    return run.summary
+
+
+@dataclass
+class _Run:
+    """One ingestion of files: where it writes, and what the store holds so far."""
+
+    store: EventStore
+    limits: Limits
+    summary: IngestSummary
+    chunk_size: int
+    max_message_bytes: int
+    ledger: object = None             # FileLedger or its object-store sibling
+    bar: object = None
+    offset: int = 0
+    held: np.ndarray | None = None    # keys stored before this run, sorted
+    added: set = field(default_factory=set)   # keys stored by this run
+
+
+def _ingest_file(run: _Run, plan: Plan) -> None:
+    """Store the records of one file that the store does not hold (module docstring)."""
+    path, how, summary = plan.path, plan.key(), run.summary
+    before = run.ledger.last_seen(path)
+    legacy = _legacy_records(run.store, path) if before is None else 0
+    keys_now, inherited = [], []
+    for chunk in read_plan(plan, run.chunk_size):
+        keys = [record_key(how + content) for content in chunk.contents]
+        keys_now += keys
+        old = [k for k, n in zip(keys, chunk.numbers) if n < legacy]
+        inherited += old
+        run.added.update(old)
+        new = _new_records(keys, run.held, run.added)
+        summary.messages += len(keys)
+        summary.already_stored += len(keys) - len(new)
+        run.bar.update(len(keys))
+        if not new:
+            continue
+        chunk = chunk.take(new)
+        offsets = range(run.offset, run.offset + len(new))
+        run.ledger.add(run.offset, offsets[-1], [keys[i] for i in new])
+        buf = PartitionBuffer(FILE_TOPIC, 0, plan.kind, run.max_message_bytes, run.limits)
+        if chunk.lines is not None:
+            buf.add_messages(chunk.lines, offsets)
+        else:
+            buf.add_rows(chunk.rows, offsets)
+        summary.add(buf.flush(run.store))
+        run.offset += len(new)
+    if inherited:
+        run.ledger.add_legacy(path, inherited)
+    if before is not None:
+        removed = int((~contains(np.unique(np.asarray(keys_now, np.uint64)), before)).sum())
+        if removed:
+            summary.removed.append(f"{path}: {removed:,}")
+    run.ledger.remember(path, keys_now)
 
 
 def _legacy_records(store: EventStore, path) -> int:
@@ -138,13 +172,14 @@ def _new_records(keys: list[int], held: np.ndarray, added: set) -> list[int]:
     return new
 
 
-def check_source(path, fmt: str | None, kind: str | None) -> None:
-    """Refuse, before anything is read into the store, a source that cannot give events: a
-    missing file, a format that cannot be told, an unknown ``kind``, or records without a
-    ``kind`` field when no default kind is given (every one would be a dead letter, and the
+def check_source(path, fmt: str | None, kind: str | None,
+                 columns: Columns | None = None) -> Plan:
+    """How to read ``path`` (:func:`pipeline.ingest.sources.plan_source`), after refusing,
+    before anything is read into the store, a source that cannot give events: a missing
+    file, a format that cannot be told, an unknown ``kind``, a column mapping or time unit
+    that does not fit the file, SVMlight labels that do not fit the kind, or records without
+    a ``kind`` field when no default kind is given (every one would be a dead letter, and the
     file would count as consumed)."""
-    import json
-
     from pipeline.ingest.events import KIND_NAMES
 
     kinds = ", ".join(KIND_NAMES)
@@ -153,30 +188,38 @@ def check_source(path, fmt: str | None, kind: str | None) -> None:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    fmt = fmt or detect_format(path)
-    if kind is not None or fmt == "movielens":
-        return
-    has_kind = True
-    if fmt == "csv":
-        import csv
+    plan = plan_source(path, fmt, kind, columns)
+    if plan.kind is None and plan.fmt not in ("movielens", "svmlight") and not _has_kind(plan):
+        raise ValueError(f"{path} has no 'kind' field and no --kind was given: add "
+                         f"--kind KIND (one of {kinds}); nothing was ingested")
+    return plan
 
-        with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-            has_kind = "kind" in next(csv.reader(fh), [])
-    elif fmt == "parquet":
-        import pyarrow.parquet as pq
 
-        has_kind = "kind" in pq.ParquetFile(path).schema_arrow.names
-    elif fmt == "jsonl":
+def _has_kind(plan: Plan) -> bool:
+    """Whether the file's records can name their kind (its first one, for JSON lines)."""
+    import json
+
+    path, fmt = plan.path, plan.fmt
+    if fmt in ("csv", "parquet"):
+        if fmt == "csv":
+            import csv
+
+            with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+                names = next(csv.reader(fh), [])
+        else:
+            import pyarrow.parquet as pq
+
+            names = pq.ParquetFile(path).schema_arrow.names
+        return "kind" in (plan.columns.renamed(names) if plan.columns else names)
+    if fmt == "jsonl":
         with open(path, "rb") as fh:
             first = next((line for line in fh if line.strip()), b"{}")
         try:
             record = json.loads(first)
         except ValueError:
-            return       # a malformed line is a dead letter, as always
-        has_kind = not isinstance(record, dict) or "kind" in record
-    if not has_kind:
-        raise ValueError(f"{path} has no 'kind' field and no --kind was given: add "
-                         f"--kind KIND (one of {kinds}); nothing was ingested")
+            return True       # a malformed line is a dead letter, as always
+        return not isinstance(record, dict) or "kind" in record
+    return True
 
 
 def _settings():

@@ -35,20 +35,32 @@ create-only put for exactly one of any number of writers. So:
 
 A commit is never rewritten, so each process caches the ones it has read: listing the chain
 costs one LIST, and only new commits are fetched.
+
+**Files ingested straight into it** (``rankstream ingest --files`` with an ``s3://`` store) keep
+their record keys (:mod:`pipeline.ingest.ledger`) under ``store/_files/``: a key object is named
+after the flush it describes, writer included, and counts only once a commit of the file log
+names that flush, so a writer that lost the race or died before its commit leaves keys nobody
+counts (deleted an hour later). No lock is needed: two ingests of files at once race for the
+same chain position, and the loser stops with nothing of its flush stored.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.ingest.dead_letters import DEAD_LETTER_KIND
+from pipeline.ingest.ledger import FILE_TOPIC
 from pipeline.ingest.store import (
     EventStore,
     OverlapError,
@@ -62,6 +74,7 @@ COMMITS = "_commits"
 ORPHAN_SECONDS = 3600.0      # uncommitted files older than this are a dead writer's leftovers
 _COMMIT_KEY = re.compile(r"/topic=([^/]+)/partition=(\d+)/(\d{20})\.json$")
 _DATA_KEY = re.compile(r"/topic=([^/]+)/partition=(\d+)/(\d{20})-(\d{20})-[^/]+\.parquet$")
+_KEYS_NAME = re.compile(r"/(\d{20})-(\d{20})-([^/]+)\.npy$")
 
 
 class ObjectEventStore(EventStore):
@@ -218,3 +231,64 @@ def _orphan_segment(key: str, objects: ObjectStore) -> Segment:
     kind = (DEAD_LETTER_KIND if "/kind=" not in key
             else key.split("/kind=", 1)[1].split("/", 1)[0])
     return Segment(objects.fs_path(key), kind, topic, int(partition), int(first), int(last), 0)
+
+
+class ObjectFileLedger:
+    """The file ledger (:class:`pipeline.ingest.ledger.FileLedger`'s interface) of an object
+    store, under ``store/_files/`` (module docstring)."""
+
+    def __init__(self, store: ObjectEventStore):
+        self.store = store
+        self.objects = store.objects
+
+    def _key(self, *parts: str) -> str:
+        return self.objects.key("store", "_files", *parts)
+
+    def stored_keys(self, next_offset: int) -> np.ndarray:
+        """Sorted keys of every record of the file log's committed flushes (``next_offset``
+        is the local sibling's crash rule; here a commit naming the flush decides). Key
+        objects no commit names and older than an hour are deleted."""
+        chain = self.store._chains([FILE_TOPIC]).get((FILE_TOPIC, 0), [])
+        committed = {(c["first"], c["last"], c["writer"]) for c in chain}
+        counted, stale = [o.key for o in self.objects.list(self._key("legacy") + "/")], []
+        cutoff = time.time() - ORPHAN_SECONDS
+        for obj in self.objects.list(self._key("keys") + "/"):
+            match = _KEYS_NAME.search(obj.key)
+            if match and (int(match[1]), int(match[2]), match[3]) in committed:
+                counted.append(obj.key)
+            elif obj.modified < cutoff:
+                stale.append(obj.key)
+        self.objects.delete(stale)
+        parts = [_load(data) for data in self.objects.get_many(counted) if data is not None]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+
+    def add(self, first: int, last: int, keys) -> None:
+        """Record the keys of the flush ``first..last`` that this store's writer commits next
+        (before the flush: they count once its commit exists)."""
+        self.objects.put(self._key("keys", f"{first:020d}-{last:020d}-{self.store.writer}.npy"),
+                         _dump(keys))
+
+    def add_legacy(self, path: str | Path, keys) -> None:
+        self.objects.put(self._key("legacy", self._path_name(path)), _dump(keys))
+
+    def last_seen(self, path: str | Path) -> np.ndarray | None:
+        data = self.objects.get(self._key("paths", self._path_name(path)))
+        return None if data is None else _load(data)
+
+    def remember(self, path: str | Path, keys) -> None:
+        self.objects.put(self._key("paths", self._path_name(path)), _dump(keys))
+
+    @staticmethod
+    def _path_name(path) -> str:
+        resolved = str(Path(path).resolve()).encode()
+        return f"{hashlib.sha256(resolved).hexdigest()[:24]}.npy"
+
+
+def _dump(keys) -> bytes:
+    out = io.BytesIO()
+    np.save(out, np.unique(np.asarray(keys, np.uint64)), allow_pickle=False)
+    return out.getvalue()
+
+
+def _load(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)

@@ -1,6 +1,7 @@
 """The one place that chooses the event store: :func:`open_store` gives the store that
 ``Settings`` name, local directories or an object store. Callers hold the result as an
-:class:`~pipeline.ingest.store.EventStore` and never ask which it is.
+:class:`~pipeline.ingest.store.EventStore` and never ask which it is; the file ledger that goes
+with a store (which file records it holds) comes from :func:`open_file_ledger`.
 
 Examples
 --------
@@ -13,8 +14,11 @@ Examples
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from pipeline.ingest.ledger import FILE_TOPIC, FileLedger
 from pipeline.ingest.local_store import LocalEventStore
-from pipeline.ingest.object_store import ObjectEventStore
+from pipeline.ingest.object_store import ObjectEventStore, ObjectFileLedger
 from pipeline.ingest.store import EventStore
 
 
@@ -34,3 +38,17 @@ def open_store(settings, *, compression: str = "lz4") -> EventStore:
     if settings.remote:
         return ObjectEventStore(settings.store, compression=compression)
     return LocalEventStore(settings.store_dir, settings.dead_letter_dir, compression=compression)
+
+
+@contextmanager
+def open_file_ledger(store: EventStore):
+    """The file ledger of ``store`` (:mod:`pipeline.ingest.ledger`), held for one ingestion of
+    files: a local store's is beside its directories, held under the file log's ``flock`` (one
+    ingestion of files at a time); an object store's is under its prefix
+    (:class:`~pipeline.ingest.object_store.ObjectFileLedger`) and needs no lock: the commits
+    of the file log fence its writers."""
+    if isinstance(store, ObjectEventStore):
+        yield ObjectFileLedger(store)
+        return
+    with store.lock(f"{FILE_TOPIC}.ingest", 0):
+        yield FileLedger(store.root)

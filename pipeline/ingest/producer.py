@@ -139,6 +139,6 @@ def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
                         producer.send(topic, event, kind)
                 else:
                     producer.send_many(topic, chunk.rows, kind)
-                bar.update(len(chunk.offsets))
+                bar.update(len(chunk.numbers))
     return {"events": producer.events, "messages": producer.messages,
             "seconds": time.monotonic() - started}

@@ -1,5 +1,5 @@
-"""Events from files, for runs without Kafka: JSON lines, CSV with a header, Parquet, and
-MovieLens ``u.data``.
+"""Events from files, for runs without Kafka: JSON lines, CSV with a header, Parquet,
+MovieLens ``u.data``, and SVMlight / LIBSVM / LETOR text (:mod:`pipeline.ingest.svmlight`).
 
 Each record comes with its 0-based number in the file (JSON lines: line number; CSV: data row
 after the header; Parquet and MovieLens: row) and its content as bytes (the line, the CSV
@@ -10,10 +10,14 @@ Parquet columns keep their types (a ``map<int, double>`` column holds sparse fea
 text ``features`` column is parsed as JSON). CSV cells are text: the fields of the event's kind
 that hold numbers (``ts``, ``rating``, ``label``) are converted when they parse as numbers
 (otherwise they stay text and validation says why the event is rejected), ``features`` is
-parsed as JSON, empty cells count as missing; a plain ``user,item,rating`` CSV without
-``event_id`` (or ``ts``) gets ids derived from each row's content (:func:`with_derived_ids`).
+parsed as JSON, empty cells count as missing; a plain ``user,item,rating`` CSV (or Parquet)
+without ``event_id`` (or ``ts``) gets ids derived from each row's content
+(:func:`with_derived_ids`).
 Ids stay text. A CSV record the csv module cannot read (a cell over 128 KiB, a broken quote)
-is a :class:`Malformed` record: one dead letter, and the rest of the file is read.
+is a :class:`Malformed` record: one dead letter, and the rest of the file is read. CSV and
+Parquet columns can be mapped onto event fields, with the unit of their times
+(:mod:`pipeline.ingest.columns`; MovieLens's ``ratings.csv`` header is recognised as it is).
+:func:`plan_source` decides, once per file, how it is read (:class:`Plan`).
 
 Examples
 --------
@@ -34,10 +38,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.ingest import svmlight
+from pipeline.ingest.columns import SAMPLE_ROWS, Columns, resolve, to_ms
 from pipeline.ingest.dead_letters import Malformed
 from pipeline.ingest.events import FEATURES, ID, KINDS, TEXT
 
-FORMATS = ("jsonl", "csv", "parquet", "movielens")
+FORMATS = ("jsonl", "csv", "parquet", "movielens", "svmlight")
 
 
 @dataclass
@@ -62,36 +68,88 @@ class Chunk:
 
 
 def detect_format(path: str | Path) -> str:
-    """The format of a file from its name: ``u.data`` / ``*.data`` is MovieLens.
+    """The format of a file from its name (``u.data`` / ``*.data`` is MovieLens), or for a
+    name that does not say (LETOR's ``train.txt``, LIBSVM's ``a9a``) SVMlight if its first
+    record reads as such.
 
     >>> detect_format("events.jsonl"), detect_format("u.data"), detect_format("x.parquet")
     ('jsonl', 'movielens', 'parquet')
     """
     name = Path(path).name.lower()
     for suffix, fmt in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".json", "jsonl"),
-                        (".csv", "csv"), (".parquet", "parquet"), (".data", "movielens")):
+                        (".csv", "csv"), (".parquet", "parquet"), (".data", "movielens"),
+                        (".svm", "svmlight"), (".svmlight", "svmlight"),
+                        (".libsvm", "svmlight")):
         if name.endswith(suffix):
             return fmt
+    if Path(path).is_file() and svmlight.looks_like_svmlight(path):
+        return "svmlight"
     raise ValueError(f"cannot tell the format of {path!s} from its name: pass --format "
                      f"(one of {', '.join(FORMATS)})")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How one file is read: its format, the kind of its records (the default kind; for
+    SVMlight, the kind its labels and ``--kind`` decided) and its column mapping."""
+
+    path: Path
+    fmt: str
+    kind: str | None
+    columns: Columns | None = None
+
+    def key(self) -> bytes:
+        """How its records are read, for the file ledger's keys: the same record read another
+        way is another event."""
+        mapping = f"{self.columns.key()}|" if self.columns is not None else ""
+        return f"{self.fmt}|{self.kind or ''}|{mapping}".encode()
+
+
+def plan_source(path: str | Path, fmt: str | None = None, kind: str | None = None,
+                columns: Columns | None = None) -> Plan:
+    """How to read ``path`` (:class:`Plan`); ``ValueError`` in one line for a format, kind,
+    mapping or time unit that does not fit the file, before anything is read into a store."""
+    path = Path(path)
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown file format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if columns is not None and fmt not in ("csv", "parquet"):
+        raise ValueError(f"{path}: --columns and --time-unit apply to CSV and Parquet files, "
+                         f"and this one is read as {fmt}")
+    if fmt == "svmlight":
+        return Plan(path, fmt, svmlight.file_kind(path, kind))
+    if fmt == "csv":
+        columns, kind = resolve(columns, _csv_header(path), kind, str(path),
+                                lambda name: _csv_sample(path, name))
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        columns, kind = resolve(columns, pq.ParquetFile(path).schema_arrow.names, kind,
+                                str(path), lambda name: _parquet_sample(path, name))
+    return Plan(path, fmt, kind, columns)
+
+
 def read_chunks(path: str | Path, fmt: str | None = None, kind: str | None = None,
-                chunk_size: int = 100_000) -> Iterator[Chunk]:
+                chunk_size: int = 100_000, columns: Columns | None = None) -> Iterator[Chunk]:
     """The records of a file, ``chunk_size`` at a time.
 
-    ``kind`` is the default kind (used to convert CSV cells; MovieLens is always ``rating``).
+    ``kind`` is the default kind (used to convert CSV cells; MovieLens is always ``rating``);
+    ``columns`` maps CSV or Parquet columns onto event fields.
     """
-    fmt = fmt or detect_format(path)
-    readers = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet, "movielens": _movielens}
-    if fmt not in readers:
-        raise ValueError(f"unknown file format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return read_plan(plan_source(path, fmt, kind, columns), chunk_size)
+
+
+def read_plan(plan: Plan, chunk_size: int = 100_000) -> Iterator[Chunk]:
+    """The records of a planned file (:func:`plan_source`), ``chunk_size`` at a time."""
+    fmt = plan.fmt
+    readers = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet, "movielens": _movielens,
+               "svmlight": _svmlight}
 
     def fresh() -> Chunk:
         return Chunk(lines=[] if fmt == "jsonl" else None, rows=None if fmt == "jsonl" else [])
 
     chunk = fresh()
-    for number, content, record in readers[fmt](Path(path), kind):
+    for number, content, record in readers[fmt](plan.path, plan.kind, plan.columns):
         chunk.numbers.append(number)
         chunk.contents.append(content)
         chunk.records().append(record)
@@ -102,7 +160,11 @@ def read_chunks(path: str | Path, fmt: str | None = None, kind: str | None = Non
         yield chunk
 
 
-def _jsonl(path: Path, kind):
+def _svmlight(path: Path, kind, columns):
+    return svmlight.read_records(path, kind)
+
+
+def _jsonl(path: Path, kind, columns):
     with open(path, "rb") as fh:
         for number, line in enumerate(fh):
             if line.strip():
@@ -110,7 +172,37 @@ def _jsonl(path: Path, kind):
                 yield number, line, line
 
 
-def _csv(path: Path, kind):
+def _csv_header(path: Path) -> list[str]:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+        try:
+            return next(csv.reader(fh), [])
+        except csv.Error:
+            return []
+
+
+def _csv_sample(path: Path, column: str) -> list:
+    """The first values of a CSV column, numbers converted."""
+    values = []
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+        reader = csv.DictReader(fh)
+        try:
+            for _, row in zip(range(SAMPLE_ROWS), reader):
+                if row.get(column) not in ("", None):
+                    values.append(_number(row[column]))
+        except csv.Error:
+            pass                     # what the sample saw so far; the record is a dead letter
+    return values
+
+
+def _parquet_sample(path: Path, column: str) -> list:
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=SAMPLE_ROWS, columns=[column]):
+        return [v for v in batch.column(0).to_pylist() if v is not None]
+    return []
+
+
+def _csv(path: Path, kind, columns):
     """Records after the header; a record the csv module cannot read (a cell over its 128 KiB
     field limit, a broken quote) is a :class:`Malformed` record, and reading goes on."""
     default_ts = int(path.stat().st_mtime * 1000)
@@ -132,28 +224,39 @@ def _csv(path: Path, kind):
                 continue
             if cells:
                 content = json.dumps(sorted(zip(header, cells))).encode()   # ASCII escapes
-                yield number, content, with_derived_ids(
-                    coerce_text_row(dict(zip(header, cells)), kind), default_ts)
+                row = dict(zip(header, cells))
+                if columns is None:
+                    row = coerce_text_row(row, kind)
+                else:           # names mapped first, so that cells convert for their field
+                    row = columns.times(coerce_text_row(columns.rename(row), kind))
+                yield number, content, with_derived_ids(row, default_ts)
             number += bool(cells)
 
 
-def _parquet(path: Path, kind):
+def _parquet(path: Path, kind, columns):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     source = pq.ParquetFile(path)
     maps = {f.name for f in source.schema_arrow if pa.types.is_map(f.type)}
-    number = 0
+    if columns is not None:
+        maps = columns.renamed(maps)
+    number, default_ts = 0, int(path.stat().st_mtime * 1000)
     for batch in source.iter_batches(batch_size=65_536):
         for row in batch.to_pylist():
             content = json.dumps(row, sort_keys=True, default=str).encode()
-            yield number, content, _parquet_row(row, maps)
+            if columns is not None:
+                row = columns.apply(row)
+            yield number, content, with_derived_ids(_parquet_row(row, maps), default_ts)
             number += 1
 
 
 def _parquet_row(row: dict, maps: set) -> dict:
-    """Nulls dropped, Arrow maps (lists of pairs) as dicts, JSON text features parsed."""
+    """Nulls dropped, Arrow maps (lists of pairs) as dicts, JSON text features parsed, a
+    timestamp ``ts`` in epoch ms."""
     out = {k: v for k, v in row.items() if v is not None}
+    if "ts" in out and not isinstance(out["ts"], (int, float, str)):
+        out["ts"] = to_ms(out["ts"], None)
     for name in maps & out.keys():
         out[name] = dict(out[name])
     if type(out.get("features")) is str:
@@ -164,7 +267,7 @@ def _parquet_row(row: dict, maps: set) -> dict:
     return out
 
 
-def _movielens(path: Path, kind):
+def _movielens(path: Path, kind, columns):
     """MovieLens ``u.data``: ``user item rating timestamp`` (tab separated, seconds)."""
     with open(path, encoding="latin-1") as fh:
         for number, line in enumerate(fh):

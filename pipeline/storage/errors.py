@@ -44,7 +44,9 @@ def request(what: str, fn, *, bucket: str, where: str, endpoint: str | None, **k
         code = error_code(err)
         if code == "NoSuchBucket":
             raise StorageError(f"bucket {bucket!r} does not exist at {endpoint or 'AWS'}: "
-                               "create it, or point RANKSTREAM_STORE at one that does") from None
+                               f"create it with `rankstream store create-bucket --store "
+                               f"s3://{bucket}`, or point RANKSTREAM_STORE at one that "
+                               "does") from None
         if code in _CREDENTIAL_CODES:
             raise StorageError(f"the object store refused {what} in {where} ({code}): "
                                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY") from None

@@ -10,6 +10,7 @@ Examples
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 OBJECT_SCHEME = "s3://"
@@ -36,6 +37,19 @@ def split_url(url: str) -> tuple[str, str]:
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (expected s3://bucket/prefix)")
     return bucket, prefix.strip("/")
+
+
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def check_bucket_name(bucket: str) -> None:
+    """``ValueError`` for a name S3 refuses for a new bucket, saying what it takes.
+
+    >>> check_bucket_name("rankstream-events")
+    """
+    if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(f"bucket name {bucket!r}: S3 takes 3 to 63 lowercase letters, digits, "
+                         "dots and hyphens, starting and ending with a letter or digit")
 
 
 @dataclass(frozen=True)

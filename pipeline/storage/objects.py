@@ -20,8 +20,15 @@ from pathlib import Path
 
 from pipeline.storage import sync
 from pipeline.storage.connection import Connection, arrow_filesystem, boto3_client
-from pipeline.storage.errors import is_missing, lost_create_race, request
-from pipeline.storage.location import ObjectLocation, is_object_url
+from pipeline.storage.errors import (
+    StorageError,
+    error_code,
+    http_status,
+    is_missing,
+    lost_create_race,
+    request,
+)
+from pipeline.storage.location import ObjectLocation, check_bucket_name, is_object_url
 
 
 @dataclass(frozen=True)
@@ -153,14 +160,35 @@ class ObjectStore:
                 self._call("a delete", "delete_objects",
                            Delete={"Objects": batch, "Quiet": True})
 
-    def ensure_bucket(self) -> None:
-        """Create the bucket if it does not exist (for tests and local servers)."""
-        from botocore.exceptions import ClientError
+    def ensure_bucket(self) -> bool:
+        """Create the bucket if it does not exist; whether it was created. In a region other
+        than us-east-1 AWS wants the region named in the request, so it is."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
+        check_bucket_name(self.bucket)
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except ClientError:
-            self._call("creating the bucket", "create_bucket")
+            return False
+        except BotoCoreError:
+            self._call("a listing", "list_objects_v2", MaxKeys=1)   # says why, in one line
+        except ClientError as err:
+            if http_status(err) != 404 and error_code(err) not in ("404", "NoSuchBucket"):
+                raise StorageError(f"bucket {self.bucket!r} at {self.endpoint or 'AWS'} "
+                                   f"refused a check (HTTP {http_status(err)}): it is someone "
+                                   "else's, or check AWS_ACCESS_KEY_ID / "
+                                   "AWS_SECRET_ACCESS_KEY") from None
+        where = self.connection.region
+        extra = ({} if where == "us-east-1" else
+                 {"CreateBucketConfiguration": {"LocationConstraint": where}})
+        try:
+            self._call("creating the bucket", "create_bucket", **extra)
+        except ClientError as err:
+            if error_code(err) == "BucketAlreadyOwnedByYou":
+                return False                        # created since the check: by us
+            raise StorageError(f"cannot create bucket {self.bucket!r} at "
+                               f"{self.endpoint or 'AWS'} ({error_code(err)}): bucket names "
+                               "are global on AWS; choose another name") from None
+        return True
 
     # ------------------------------------------------------------------ directories
 

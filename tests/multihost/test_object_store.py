@@ -172,9 +172,6 @@ def test_a_retrain_on_another_host_warm_starts_from_the_first_hosts_checkpoint(
         "gate": {"if_trivial": "publish_trivial", "tolerance": 1.0}}, "test")}
     events = synthetic.rating_events(n_users=300, n_items=150, per_user=30, seed=1)
     local = Settings(home=tmp_path / "local")
-    with pytest.raises(ValueError, match="files are ingested into a local store only"):
-        ingest_files([synthetic.write_jsonl(events[:10], tmp_path / "x.jsonl")], "rating",
-                     settings=Settings(home=tmp_path / "x", store=store_url), progress=False)
     namespace = f"s3{tmp_path.name[-10:]}"
     host_a = Settings(home=tmp_path / "hostA", store=store_url, namespace=namespace)
     host_b = Settings(home=tmp_path / "hostB", store=store_url, namespace=namespace)
