@@ -4,7 +4,7 @@
 JSON in and out; every route and its parameters are in ``/openapi.json`` (:mod:`.openapi`),
 readable at ``/docs``; the handlers are :mod:`.api_handlers`, what they read of a request
 :mod:`.api_requests`. A request the API cannot answer gets a 4xx with ``{"error": reason}``
-(an unknown model, item or route 404, a bad parameter or body 400, a body over
+(an unknown model, user, item or route 404, a bad parameter or body 400, a body over
 ``MAX_BODY`` 413, a missing or wrong token 401); Redis unavailable is a 503; nothing answers
 with a traceback.
 
@@ -32,9 +32,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pipeline.serving import openapi
+from pipeline.serving import openapi, ui
 from pipeline.serving.api_handlers import HANDLERS, MAX_BATCH, MAX_K
 from pipeline.serving.api_requests import MAX_BODY, BadBody, authorized, unknown_model_reason
+from pipeline.serving.explain import UnknownUserError
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.layout import UnknownModelError
@@ -49,21 +50,26 @@ log = logging.getLogger(__name__)
 
 
 def create_app(topk, *, models: list[str] | None = None, token: str | None = None,
-               max_k: int = MAX_K, metrics=None, require: list[str] | None = None) -> Starlette:
+               max_k: int = MAX_K, metrics=None, require: list[str] | None = None,
+               ui_sources: ui.UiSources | None = None) -> Starlette:
     """The application over ``topk`` (a :class:`~pipeline.serving.lookup.TopK`). ``models``:
     the configured model names (``/readyz`` and ``/v1/models`` cover them); ``require``: the
     models ``/readyz`` needs served (None: every configured model that has a served version);
     ``metrics``: a :class:`~pipeline.serving.http_metrics.ServeMetrics` (None: no
-    ``/metrics`` route)."""
+    ``/metrics`` route); ``ui_sources``: what the ``/ui`` pages read besides Redis (item
+    titles, the runs directory; :class:`~pipeline.serving.ui.UiSources`)."""
     names = {name for name in HANDLERS if metrics is not None or name != "metrics"}
     routes = [Route(path, endpoint(name, HANDLERS[name], open_route=name == "healthz"),
                     methods=methods)
               for name, path, methods in openapi.ROUTES if name in names]
+    routes += [Route(path, endpoint(name, handler), methods=["GET"])   # HTML, not in the spec
+               for name, path, handler in ui.ROUTES]
     app = Starlette(routes=routes, exception_handlers={
         HTTPException: _http_error, 404: _http_error, 405: _http_error})
     app.state.topk, app.state.models, app.state.token = topk, list(models or []), token
     app.state.max_k, app.state.metrics = max_k, metrics
     app.state.required = list(require or [])
+    app.state.ui = ui_sources or ui.UiSources()
     return app
 
 
@@ -138,7 +144,7 @@ def _failure(err: Exception, request: Request) -> tuple[int, str]:
         log.info("%s %s: %s", request.method, request.url.path[:200], err)
         return 404, unknown_model_reason(request.path_params.get("model", ""),
                                          request.app.state.models)
-    if isinstance(err, UnknownItemError):
+    if isinstance(err, (UnknownItemError, UnknownUserError)):
         return 404, str(err)
     if isinstance(err, ValueError):
         return 400, str(err)

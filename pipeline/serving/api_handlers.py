@@ -121,6 +121,19 @@ async def similar(request: Request) -> dict:
     return {"model": model, **out, "_answers": (rec,)}
 
 
+async def explain(request: Request) -> dict:
+    """Why a user gets an item: the terms of their history (:mod:`.explain`)."""
+    model, query = request.path_params["model"], request.query_params
+    only(query, {"user", "item", "k"})
+    user, item = query.get("user"), query.get("item")
+    if user is None or not user.strip():
+        raise ValueError("user is missing: give the user whose item to explain")
+    if not item:
+        raise ValueError("item is missing: give the item to explain")
+    k = check_k(query.get("k", "10"), request.app.state.max_k)
+    return {**request.app.state.topk.explain(model, user, item, k=k).to_dict(), "model": model}
+
+
 async def fold_in(request: Request) -> dict:
     model = request.path_params["model"]
     args = fields(await json_body(request), {"items", "comparisons", "k", "exclude", "allow"})
@@ -177,5 +190,6 @@ async def scrape(request: Request) -> Response:
 
 # route name (openapi.ROUTES) -> handler
 HANDLERS = {"healthz": healthz, "readyz": readyz, "models": list_models, "model": one_model,
-            "recommend": recommend, "similar": similar, "fold_in": fold_in, "rank": rank,
+            "recommend": recommend, "similar": similar, "explain": explain,
+            "fold_in": fold_in, "rank": rank,
             "rate": rate, "openapi": spec, "docs": docs, "metrics": scrape}

@@ -148,11 +148,13 @@ class Guard:
             raise
 
     def went_down(self, err, again: bool) -> str:
-        """Start the retry interval (on a new failure) and say what happened."""
+        """Start the retry interval (on a new failure) and say what happened and what to do.
+        No promise of a retry: a one-shot command (``rankstream recommend``) exits after it,
+        and a long-lived client touches Redis again only when asked after the interval."""
         if again:
             self.outage.begin(err)
-        return (f"Redis at {self.where} is unavailable ({type(err).__name__}: {err}); next "
-                f"attempt in up to {self.outage.retry_interval:g} s")
+        return (f"Redis at {self.where} is unavailable ({type(err).__name__}: {err}); check "
+                "that it is running and reachable at that address, then try again")
 
     def answers(self, model: str, users: list, k: int, err, again: bool = True) -> list:
         """The policy's answers for ``users`` (last-known ones, or RedisUnavailable)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.serving import answer_builders as build
+from pipeline.serving import explain as explained
 from pipeline.serving import item_queries as queries
 from pipeline.serving.answers import AnswerCounts, ModelInfo, Prediction, Recommendation
 from pipeline.serving.fallback import Guard, Outage, RedisUnavailable, failure_policy
@@ -191,6 +192,20 @@ class TopK:
         rec = self.guard.run(model, attempt, self.guard.no_answer)
         self.counts.add(model, rec)
         return rec
+
+    def explain(self, model: str, user, item, k: int = 10) -> explained.Explanation:
+        """Why ``user`` gets ``item``: the served score split into one term per item they met
+        (or comparison), the ``k`` largest listed, exactly (terms + bias + residual = score;
+        :mod:`~pipeline.serving.explain` has the math per shape). Unknown user:
+        :class:`~pipeline.serving.explain.UnknownUserError`; a version without per-user state
+        answers with a ``note`` instead of terms."""
+        build.check_k(k)
+
+        def attempt():
+            st = self.versions.current_state(model)
+            return explained.explain(self.lists, st, user, item, k)
+
+        return self.guard.run(model, attempt, self.guard.no_answer)
 
     def rank(self, model: str, candidates, k: int = 10, query=None) -> Recommendation:
         """The top ``k`` of ``candidates`` (``(id, x)`` pairs; ``x`` a features list or

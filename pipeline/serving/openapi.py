@@ -12,6 +12,7 @@ import html as _html
 ROUTES = [
     ("recommend", "/v1/models/{model}/recommend", ["GET", "POST"]),
     ("similar", "/v1/models/{model}/similar", ["GET"]),
+    ("explain", "/v1/models/{model}/explain", ["GET"]),
     ("fold_in", "/v1/models/{model}/fold_in", ["POST"]),
     ("rank", "/v1/models/{model}/rank", ["POST"]),
     ("rate", "/v1/models/{model}/rate", ["POST"]),
@@ -53,6 +54,27 @@ SIMILAR = {"type": "object", "properties": {
     **{k: v for k, v in ANSWER["properties"].items() if k != "user"},
     "item": {"type": "string", "description": "the item asked about, as given"}}}
 ERROR = {"type": "object", "properties": {"error": {"type": "string"}}}
+_NUMBER = {"type": "number"}
+_TERM = {"type": "object", "properties": {
+    "item": _ID, "winner": _ID, "loser": _ID, "term": _NUMBER,
+    "share": {"type": ["number", "null"], "description": "term / score"},
+    "comparisons": {"type": "integer", "description": "implicit comparisons (the item against "
+                    "sampled unmet items) summed into the term"},
+    "part": {"type": "integer"}, "method": {"type": "string"}}}
+EXPLANATION = {"type": "object", "properties": {
+    "model": {"type": "string"}, "user": {}, "item": {}, "version": {"type": "integer"},
+    "score": {"type": ["number", "null"], "description": "the served score, v·u + b"},
+    "method": {"type": "string", "description": "pairwise | least_squares | item_item | "
+               "blend | none"},
+    "computed": {"type": "string", "description": "how the terms were computed"},
+    "factor": {"type": "string", "description": "published | fresh (the refresher's)"},
+    "contributions": {"type": "array", "items": _TERM, "description": "the k largest terms"},
+    "n_terms": {"type": "integer"}, "rest": {**_NUMBER, "description": "the other terms"},
+    "bias": _NUMBER, "residual": {**_NUMBER, "description": "score − bias − every term: what "
+                                  "the served factor holds beyond the user's history"},
+    "history": {"type": "array", "items": _ID, "description": "the user's met items"},
+    "note": {"type": ["string", "null"], "description": "why nothing is split (a global "
+             "list, a version without fold-in)"}}}
 
 
 def _body(properties: dict, required: list) -> dict:
@@ -66,7 +88,7 @@ def _json(schema: dict, description: str) -> dict:
 
 
 _ERRORS = {"400": _json(ERROR, "a bad parameter or body"), "401": _json(ERROR, "no token"),
-           "404": _json(ERROR, "unknown model, item or route"),
+           "404": _json(ERROR, "unknown model, user, item or route"),
            "413": _json(ERROR, "a body over 1 MiB"), "503": _json(ERROR, "Redis unavailable")}
 _MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -97,6 +119,13 @@ OPERATIONS = {
                          "parameters": [_q("item", "item id", _ID, True),
                                         _q("k", "items to answer", _K), *_FILTERS],
                          "answer": SIMILAR},
+    ("explain", "GET"): {"summary": "why a user gets an item: the served score split into one "
+                         "term per item they met (or comparison), exactly: the terms, the "
+                         "item's bias and the residual add up to the score",
+                         "parameters": [_q("user", "user id", {"type": "string"}, True),
+                                        _q("item", "item id", _ID, True),
+                                        _q("k", "terms to list (the largest)", _K)],
+                         "answer": EXPLANATION},
     ("fold_in", "POST"): {"summary": "recommendations for a new user from items they met "
                           "and/or comparisons, by solving their factor against the served "
                           "item factors",

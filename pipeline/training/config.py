@@ -15,6 +15,8 @@ the shipped, tested version)::
                    metric = "ndcg@10", seed = 0 }
     gate = { tolerance = 0.01 }       # publish unless metric is worse than served by more
     publish = { top_k = 100, keep_versions = 3 }
+    item_titles = "ml-100k/u.item"   # optional, for the server's /ui pages only: item id ->
+                                     # title (u.item, movies.dat, or a CSV with a title column)
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 # challenger_settings: the settings a challenger's search (ALS) may score at 100k rows, the
 # count of a plain 24-point grid; ease_max_items: EASE (an items x items model) is skipped,
 # with the reason, above this many items
+# keys the server's /ui pages read and training does not: kept out of ModelConfig, so that
+# they are no part of a model's config digest (naming a titles file retrains nothing)
+UI_KEYS = ("item_titles",)
 TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12, "tolerance": 0.005,
              "challenger_settings": 24, "ease_max_items": 5000}
 
@@ -86,7 +91,7 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
         check_name("model name", name)
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-    known = set(ModelConfig.__dataclass_fields__) - {"name"}
+    known = set(ModelConfig.__dataclass_fields__) - {"name"} | set(UI_KEYS)
     unknown = set(raw) - known
     if unknown:
         raise ValueError(f"{where}: model {name!r} has unknown keys {sorted(unknown)}; "
@@ -146,6 +151,10 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
         raise ValueError(f"{where}: model {name!r} gate.challenger_mode is "
                          f"{gate['challenger_mode']!r}, expected 'replace' or 'blend'")
     publish = {**PUBLISH_KEYS, **_table(where, name, "publish", raw, PUBLISH_KEYS)}
+    titles = raw.get("item_titles")
+    if titles is not None and not (isinstance(titles, str) and titles.strip()):
+        raise ValueError(f"{where}: model {name!r} item_titles is {titles!r}, expected the "
+                         "path of an item metadata file (an id and a title per line)")
     tune = _tune(where, name, raw, fam)
     schedule = raw.get("schedule", "@hourly")
     if not valid_schedule(schedule):
@@ -208,6 +217,11 @@ def _tune(where: str, name: str, raw: dict, fam: Family) -> dict:
 def load_models(path) -> dict[str, ModelConfig]:
     """All models of a TOML config file, validated; errors name the model, key and value."""
     path = Path(path)
+    return {name: parse_model(name, spec, str(path)) for name, spec in load_raw(path).items()}
+
+
+def load_raw(path: Path) -> dict:
+    """The ``[models.NAME]`` tables of a config file, as TOML has them."""
     with open(path, "rb") as fh:
         try:
             raw = tomllib.load(fh)
@@ -216,4 +230,17 @@ def load_models(path) -> dict[str, ModelConfig]:
     models = raw.get("models", {})
     if not models:
         raise ValueError(f"{path}: no [models.NAME] tables found")
-    return {name: parse_model(name, spec, str(path)) for name, spec in models.items()}
+    return models
+
+
+def item_titles(path) -> dict[str, str]:
+    """``{model: item metadata file}`` of the models of a config file that name one
+    (``item_titles``; a relative path is relative to the config file). Validated as
+    :func:`load_models` validates it."""
+    path = Path(path)
+    out = {}
+    for name, spec in load_raw(path).items():
+        titles = spec.get("item_titles") if isinstance(spec, dict) else None
+        if isinstance(titles, str) and titles.strip():
+            out[name] = str(path.parent / Path(titles).expanduser())
+    return out
