@@ -28,9 +28,10 @@ def add_arguments(parser) -> None:
 
 
 def format_summary(s: dict) -> str:
-    """A few readable lines from :func:`pipeline.training.retrain.run`'s summary."""
-    lines = [f"model {s['model']} ({s['algorithm']}): {s['decision']}"
-             + (f" - {s['reason']}" if s.get("reason") else "")]
+    """A few readable lines from :func:`pipeline.training.retrain.run`'s summary: first what
+    users get now and why (:mod:`pipeline.training.report_wording`), then the data, the fit,
+    every candidate and the publish."""
+    lines = _head(s)
     ds = s.get("dataset", {})
     if ds.get("stats"):
         stats = ", ".join(f"{k} {v:,}" for k, v in ds["stats"].items()
@@ -46,40 +47,8 @@ def format_summary(s: dict) -> str:
             lines.append(f"  WARNING  {ds['stats']['warning']}")
     tr = s.get("train")
     if tr:
-        start = "warm start" if tr["warm_start"] else "cold start"
-        lines.append(f"  fit      {start}, {tr['n_iter']} iterations, {tr['fit_seconds']:.2f} s")
-        if "reg" in tr:
-            path = tr.get("path")
-            chosen = (f" chosen on a path of {len(path)} points: "
-                      + ", ".join(f"{p['ratio']:.3g}→{p['score']:.4f}" for p in path)
-                      if path else "")
-            how = {"path": f" = {tr.get('reg_ratio', 0):.3g} x reg_max{chosen}",
-                   "last path": " (the last path's λ per comparison: the data grew little)"
-                   }.get(tr.get("reg_source"), " (from the config)")
-            lines.append(f"  reg      {tr['reg']:.4g}{how}")
-        tuning = tr.get("tuning")
-        if tuning:
-            chosen = ", ".join(f"{k}={v}" for k, v in tuning["choice"].items())
-            how = (f"{len(tuning['tried'])} settings scored on validation in "
-                   f"{tuning['seconds']:.1f} s" if tuning["source"] == "tuned"
-                   else "the last run's choice (the data grew less than 25%)")
-            lines.append(f"  tuned    {chosen}, reg_ratio {tuning['reg_ratio']:.3g}: {how}")
-        if "refit_seconds" in tr:
-            lines.append(f"  refit    on every event, the holdout too: {tr['refit_iterations']} "
-                         f"iterations, {tr['refit_seconds']:.2f} s")
-        for said in tr.get("warnings", []):
-            lines.append(f"  WARNING  {said}")
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in tr["metrics"].items())
-        lines.append(f"  metrics  {metrics}")
-        ch = tr.get("challenger")
-        if ch:
-            metric = (s.get("gate") or {}).get("metric") or next(iter(ch["metrics"]), "")
-            value = ch["metrics"].get(metric)
-            blend = (ch.get("blend") or {}).get("metrics", {}).get(metric)
-            lines.append(f"  rival    {ch['name']} {metric} {_num(value)} (tuned: "
-                         f"{sum(1 for t in ch['tried'] if 'params' in t)} settings, "
-                         f"{ch['fit_seconds']:.2f} s)"
-                         + (f"; blend {_num(blend)}" if blend is not None else ""))
+        lines += _fit_lines(tr)
+        lines += _candidate_lines(s)
     gate = s.get("gate")
     if gate and gate.get("trivial"):
         lifts = ", ".join(f"{name} {value:.4f} (lift {gate['lift_over_trivial'][name]:+.4f})"
@@ -87,10 +56,94 @@ def format_summary(s: dict) -> str:
         lines.append(f"  trivial  {gate['metric']}: {lifts}")
     pub = s.get("publish")
     if pub and pub.get("published"):
-        serves = {"model": "the model"}.get(gate["publishes"], gate["publishes"])
-        lines.append(f"  publish  version {pub['version']} serves {serves} "
+        from pipeline.training.report_wording import Candidate
+
+        lines.append(f"  publish  version {pub['version']} serves "
+                     f"{Candidate(gate.get('publishes') or 'model', None).label} "
                      f"({pub['publish_seconds']:.2f} s)")
     return "\n".join(lines)
+
+
+TRAINED = ("published", "rejected", "trained", "fenced")
+
+
+def _head(s: dict) -> list[str]:
+    """``model NAME (ALGORITHM): what users get now``, then ``why``, wrapped; a run that
+    trained nothing says its decision and reason."""
+    import textwrap
+
+    from pipeline.training.report_wording import served_sentences
+
+    first = f"model {s['model']} ({s['algorithm']}): "
+    if not s.get("train") or str(s.get("decision")) not in TRAINED:
+        return [first + str(s.get("decision", ""))
+                + (f" - {s['reason']}" if s.get("reason") else "")]
+    what, why = served_sentences(s["train"], s.get("gate"), s.get("publish"),
+                                 algorithm=s.get("algorithm"))
+    return [first + what, textwrap.fill(why, width=100, initial_indent="  why      ",
+                                        subsequent_indent=" " * 11)]
+
+
+def _fit_lines(tr: dict) -> list[str]:
+    """The model's fit: warm or cold, its λ, its tuning, its refit, its metrics."""
+    start = "warm start" if tr["warm_start"] else "cold start"
+    lines = [f"  fit      {start}, {tr['n_iter']} iterations, {tr['fit_seconds']:.2f} s"]
+    if "reg" in tr:
+        path = tr.get("path")
+        chosen = (f" chosen on a path of {len(path)} points: "
+                  + ", ".join(f"{p['ratio']:.3g}→{p['score']:.4f}" for p in path)
+                  if path else "")
+        how = {"path": f" = {tr.get('reg_ratio', 0):.3g} x reg_max{chosen}",
+               "last path": " (the last path's λ per comparison: the data grew little)"
+               }.get(tr.get("reg_source"), " (from the config)")
+        lines.append(f"  reg      {tr['reg']:.4g}{how}")
+    tuning = tr.get("tuning")
+    if tuning:
+        chosen = ", ".join(f"{k}={v}" for k, v in tuning["choice"].items())
+        how = (f"{len(tuning['tried'])} settings scored on validation in "
+               f"{tuning['seconds']:.1f} s" if tuning["source"] == "tuned"
+               else "the last run's choice (the data grew less than 25%)")
+        lines.append(f"  tuned    {chosen}, reg_ratio {tuning['reg_ratio']:.3g}: {how}")
+    if "refit_seconds" in tr:
+        lines.append(f"  refit    on every event, the holdout too: {tr['refit_iterations']} "
+                     f"iterations, {tr['refit_seconds']:.2f} s")
+    for said in tr.get("warnings", []):
+        lines.append(f"  WARNING  {said}")
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in tr["metrics"].items())
+    lines.append(f"  metrics  the model: {metrics}")
+    return lines
+
+
+def _candidate_lines(s: dict) -> list[str]:
+    """One line per challenger (all of them) and one for the blend: the gate's metric on the
+    holdout, with its interval when the run has one, and what their search cost."""
+    from pipeline.training.report_wording import candidates, number, run_metric
+
+    tr = s["train"]
+    ch = tr.get("challenger")
+    metric = run_metric(tr, s.get("gate"), s.get("algorithm"))
+    if not ch or metric is None:
+        return []
+    found = {c.choice: c for c in candidates(tr, metric)}
+    lines, fitted = [], [ch, *ch.get("others", [])]
+    width = max(len(str(c["name"])) for c in fitted)
+    for c in fitted:
+        mine = found[f"challenger-{c['name']}"]
+        settings = sum(1 for t in c.get("tried", [])
+                       if "params" in t and "blend_weight" not in t["params"])
+        cost = (f"not fitted: {c['skipped']}" if c.get("skipped") else
+                f"tuned: {settings} settings, {c['fit_seconds']:.2f} s")
+        lines.append(f"  challenger {c['name']:<{width}}  {metric} "
+                     f"{number(mine.value, mine.interval)} "
+                     f"({cost})")
+        if c.get("warning"):
+            lines.append(f"  WARNING  {c['warning']}")
+    blend = ch.get("blend")
+    if blend:
+        mine = found[f"blend-{blend.get('name', ch['name'])}"]
+        lines.append(f"  blend    {mine.short.removeprefix('blend ')} (weight "
+                     f"{blend.get('weight')}): {metric} {number(mine.value, mine.interval)}")
+    return lines
 
 
 def check_redis(url: str) -> None:
@@ -106,10 +159,6 @@ def check_redis(url: str) -> None:
         raise ValueError(f"Redis at {redact(url)} does not answer ({type(err).__name__}: "
                          f"{err}): start it, fix --redis-url, or train with --no-publish"
                          ) from None
-
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.4f}"
 
 
 def run(args) -> int:

@@ -1,28 +1,28 @@
 """The run report: one self-contained HTML page per run directory, ``RUN_DIR/report.html``.
 
-A person deciding whether to trust a retrain looks for four things, and the page shows each as
-a figure (matplotlib, inlined as base64 PNG: no external URL, no JavaScript, so the file can be
+Its header says first what users get after the run (the served candidate, its holdout metric
+with a bootstrap interval over users, its lift over the best trivial model), then every other
+candidate scored, and why the gate chose (:mod:`pipeline.training.report_wording`). Then four
+figures (matplotlib, inlined as base64 PNG: no external URL, no JavaScript, so the file can be
 mailed or attached to a ticket and still opens):
 
-1. the **validation curve** of what the run tried: the λ path, the tuner's settings and the
-   challenger's, each setting's validation score with the chosen one marked;
-2. the run's holdout **metric against every trivial model and the challenger** (and their
-   blend), in words too when the model is no better than the best trivial model;
+1. the **validation curves** of what the run tried (the λ path, the tuner, each challenger's
+   search, the blend's weight): per parameter, the validation metric over the values tried
+   (a log axis when they span a decade), the chosen value starred
+   (:mod:`pipeline.training.report_curves`);
+2. the holdout **metric of every candidate** (served one on top, intervals as error bars)
+   against the trivial models, in words too when the model is no better than the best one;
 3. **warm vs cold** fit time and quality across the model's kept runs (``runs/{model}/*``,
    ordered by ``trained_at``), the evidence that warm starts pay;
 4. the window's **dropped share**: of the events stored, how many the dataset left out and
    why (outside the window, out of range, replaced by a later event for the same key).
 
-A header says which run it is and what the gate decided, with its reason. A piece the run does
-not have (no challenger, no tuner, no gate yet) is a one-line note instead of a figure. Every
-text put into the page is escaped and URLs in it are redacted; the run's JSON files hold no
-Redis URL, and none is read here.
-
-What the page shows is read from the run directory and derived in
-:mod:`pipeline.training.report_data`; this module only writes it as HTML and figures. The
-retrain's :func:`~pipeline.training.steps.report_step` writes it after its last step (it never
-fails a run); ``rankstream report MODEL`` opens the latest run's page
-(:func:`~pipeline.training.report_data.latest_run`).
+A piece the run does not have (no challenger, no tuner, no gate yet) is a one-line note
+instead of a figure. Every text put into the page is escaped and URLs in it are redacted.
+What the page shows is read from the run directory (:mod:`pipeline.training.report_data`);
+this module only writes it as HTML and figures. The retrain's
+:func:`~pipeline.training.steps.report_step` writes it (it never fails a run); ``rankstream
+report MODEL`` opens the latest run's page.
 
 Examples
 --------
@@ -53,21 +53,28 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.settings import redact
+from pipeline.training.report_curves import Curve, parameter_plots, validation_curves
 from pipeline.training.report_data import (
-    Curve,
     Run,
     decision,
     dropped_events,
-    finite_number,
     gate_metric,
     higher_is_better,
     load_run,
     metric_bars,
     other_drops,
     sibling_runs,
-    validation_curves,
     verdict,
     warm_cold_points,
+)
+from pipeline.training.report_plots import plot_parameter
+from pipeline.training.report_wording import (
+    candidates,
+    interval_method,
+    number,
+    ranked,
+    served_rows,
+    served_sentences,
 )
 
 REPORT_NAME = "report.html"
@@ -144,51 +151,35 @@ def _iso_ms(ms) -> str:
 
 # ---------------------------------------------------------------------------------- header
 
-def _header(run: Run, metric: str | None) -> str:
-    tr, ds, gate = run.train, run.dataset, run.gate or {}
+def _header(run: Run, metric: str | None, higher: bool) -> str:
+    tr, ds = run.train, run.dataset
     verdict, reason = decision(run)
+    what, why = served_sentences(tr, run.gate, run.published, algorithm=run.algorithm)
     window = ds.get("window") or {}
     warm_from = ds.get("warm_from")
-    rows = [("model", run.model), ("algorithm", run.algorithm or "?"),
-            ("run", run.path.name), ("trained at", tr.get("trained_at", "?")),
-            ("start", f"warm, from checkpoint {Path(warm_from).name}" if tr.get("warm_start")
-             and warm_from else ("warm" if tr.get("warm_start") else "cold")),
-            ("decision", verdict)]
-    if gate.get("publishes"):
-        rows.append(("serves", gate["publishes"]))
-    if metric is not None:
-        value = finite_number(tr.get("metrics", {}).get(metric))
-        rows.append((f"holdout {metric}", _fmt(value)))
+    rows = (served_rows(tr, run.gate, run.published, metric, higher)
+            if metric is not None else [])
+    rows += [("decision", verdict), ("model", run.model), ("algorithm", run.algorithm or "?"),
+             ("run", run.path.name), ("trained at", tr.get("trained_at", "?")),
+             ("start", f"warm, from checkpoint {Path(warm_from).name}" if tr.get("warm_start")
+              and warm_from else ("warm" if tr.get("warm_start") else "cold"))]
     if window:
         rows.append(("window", f"{window.get('n_events', 0):,} events, "
                                f"{_iso_ms(window.get('min_ts'))} .. "
                                f"{_iso_ms(window.get('max_ts'))}"))
     if tr.get("warm_start_failed"):
         rows.append(("warm start failed", tr["warm_start_failed"]))
-    rows.append(("gate reason", reason or "(no gate yet)"))
+    if interval_method(tr):
+        rows.append(("intervals", interval_method(tr)))
     body = "".join(f"<tr><th>{_text(k)}</th><td>{_text(v)}</td></tr>" for k, v in rows)
+    notes = (f"<details><summary>the gate's notes, step by step</summary>{_note(reason)}"
+             "</details>\n" if reason else "")
     return (f"<header>\n<h1>{_text(run.model)}: run report</h1>\n"
-            f'<table class="summary">{body}</table>\n</header>')
+            f'<p class="lead">{_text(what[:1].upper() + what[1:])}</p>\n{_note(why)}\n'
+            f'<table class="summary">{body}</table>\n{notes}</header>')
 
 
 # ------------------------------------------------------------------ 1. validation curves
-
-def _plot_curve(ax, curve: Curve, metric: str) -> None:
-    x = list(range(len(curve.values)))
-    ax.plot(x, curve.values, "-o", color=COLORS["curve"], markersize=5, linewidth=1.5)
-    if curve.chosen is not None:
-        c = curve.chosen
-        ax.plot([c], [curve.values[c]], "*", color=COLORS["chosen"], markersize=18,
-                label="chosen", zorder=3)
-        ax.annotate("chosen", (c, curve.values[c]), textcoords="offset points",
-                    xytext=(0, -18), ha="center", color=COLORS["chosen"], fontsize=9)
-    ax.set_xticks(x, curve.ticks or [str(i + 1) for i in x], fontsize=8)
-    ax.set_title(curve.title, fontsize=10)
-    ax.set_xlabel(curve.xlabel, fontsize=9)
-    ax.set_ylabel(f"validation {metric}", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.margins(x=0.06, y=0.2)
-
 
 def _settings_table(curve: Curve) -> str:
     """What each numbered point of a curve was (only what varies: the rest is constant)."""
@@ -212,52 +203,66 @@ def _validation_section(run: Run, metric: str | None, higher: bool) -> str:
         if curve.skipped:
             body.append(_note(f"{curve.title}: {len(curve.skipped)} settings not scored "
                               f"({'; '.join(sorted(set(curve.skipped)))})"))
-    if not curves:
+    plots = [plot for curve in curves for plot in parameter_plots(curve)]
+    if not plots:
         body.insert(0, _note("skipped: this run tried no settings (no λ path, tuner or "
                              "challenger search)"))
         return _section("validation-curve", "Validation curve", "\n".join(body))
-    ncols = 1 if len(curves) == 1 else 2
-    nrows = math.ceil(len(curves) / ncols)
-    fig, axes = _new_figure(3.0 * nrows, ncols=ncols, nrows=nrows)
-    for ax, curve in zip(axes, curves):
-        _plot_curve(ax, curve, metric)
-    for ax in axes[len(curves):]:
+    ncols = 1 if len(plots) == 1 else 2 if len(plots) <= 4 else 3
+    nrows = math.ceil(len(plots) / ncols)
+    fig, axes = _new_figure((3.0 if ncols < 3 else 2.5) * nrows, ncols=ncols, nrows=nrows)
+    for ax, plot in zip(axes, plots):
+        plot_parameter(ax, plot, metric, higher, color=COLORS["curve"],
+                       chosen_color=COLORS["chosen"])
+    for ax in axes[len(plots):]:
         ax.set_visible(False)
     direction = "higher" if higher else "lower"
-    body.insert(0, _img(fig, f"validation {metric} of every setting tried"))
-    body.insert(1, _note(f"Each point is a setting fitted without the validation rows and "
-                         f"scored on them ({direction} is better); the star is the one the "
-                         f"run chose."))
-    body += [_settings_table(c) for c in curves if c.ticks is None]
+    body.insert(0, _img(fig, f"validation {metric} over the values tried of each parameter"))
+    body.insert(1, _note(f"Each plot is one parameter of one search: the validation {metric} "
+                         f"({direction} is better) of each value tried, fitted without the "
+                         "validation rows and scored on them; where the search varied other "
+                         "parameters too, the dots are every setting and the line the best "
+                         "at each value. The star is the value the run chose."))
+    body += [_settings_table(c) for c in curves if c.table]
     return _section("validation-curve", "Validation curve", "\n".join(body))
 
 
 # ----------------------------------------------------------- 2. metric vs trivial models
 
 def _bars_section(run: Run, metric: str | None, higher: bool) -> str:
-    title = "Metric against the trivial models and the challenger"
+    title = "Metric against the trivial models and the challengers"
     if metric is None:
         return _section("metric-bars", title, _note("skipped: the run's gate metric is unknown"))
-    bars = metric_bars(run, metric)
-    if not bars:
+    served = (run.gate or {}).get("publishes")
+    found = [c for c in ranked(candidates(run.train, metric), higher) if c.value is not None]
+    found.sort(key=lambda c: c.choice != served)      # what is served on top, then the best
+    if not found:
         return _section("metric-bars", title,
                         _note(f"skipped: no model has a holdout {metric} in this run"))
-    fig, (ax,) = _new_figure(0.9 + 0.45 * len(bars))
-    y = list(range(len(bars)))[::-1]       # the model on top
-    ax.barh(y, [v for _, v, _ in bars], color=[COLORS[role] for _, _, role in bars],
-            edgecolor=["black" if role == "model" else "none" for _, _, role in bars],
+    fig, (ax,) = _new_figure(0.9 + 0.45 * len(found))
+    y = list(range(len(found)))[::-1]
+    spans = [c.interval for c in found]
+    ax.barh(y, [c.value for c in found], color=[COLORS[c.role] for c in found],
+            edgecolor=["black" if c.choice == served else "none" for c in found],
             linewidth=1.5, height=0.7)
-    ax.set_yticks(y, [label for label, _, _ in bars], fontsize=9)
-    for tick, (_, _, role) in zip(ax.get_yticklabels(), bars):
-        tick.set_fontweight("bold" if role == "model" else "normal")
-    for yi, (_, v, _) in zip(y, bars):
-        ax.annotate(f"{v:.4f}", (v, yi), textcoords="offset points", xytext=(4, 0),
-                    va="center", fontsize=8)
-    ax.set_xlabel(f"holdout {metric} ({'higher' if higher else 'lower'} is better)")
-    ax.margins(x=0.12)
+    if any(spans):
+        lo = [c.value - s[0] if s else 0.0 for c, s in zip(found, spans)]
+        hi = [s[1] - c.value if s else 0.0 for c, s in zip(found, spans)]
+        ax.errorbar([c.value for c in found], y, xerr=[lo, hi], fmt="none", ecolor="black",
+                    elinewidth=1, capsize=3)
+    labels = [c.short + (" (served)" if c.choice == served else "") for c in found]
+    ax.set_yticks(y, labels, fontsize=9)
+    for tick, c in zip(ax.get_yticklabels(), found):
+        tick.set_fontweight("bold" if c.choice == served else "normal")
+    for yi, c in zip(y, found):
+        ax.annotate(number(c.value, c.interval), (c.interval[1] if c.interval else c.value, yi),
+                    textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
+    ax.set_xlabel(f"holdout {metric} ({'higher' if higher else 'lower'} is better)"
+                  + ("; bars: 95% bootstrap interval over users" if any(spans) else ""))
+    ax.margins(x=0.2)
     ax.grid(axis="x", alpha=0.3)
-    words, warning = verdict(bars, metric, higher)
-    body = [_img(fig, f"holdout {metric} of the model, its challenger and the trivial models"),
+    words, warning = verdict(metric_bars(run, metric), metric, higher)
+    body = [_img(fig, f"holdout {metric} of the model, its challengers and the trivial models"),
             _note(words, "warning" if warning else "note")]
     if not (run.train.get("challenger")):
         body.append(_note("The run has no challenger (gate.challenger = \"none\")."))
@@ -368,6 +373,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 table.summary th { background: #f3f3f3; width: 150px; }
 img { display: block; max-width: 100%; }
 p { margin: 4px 0; font-size: 14px; } p.note { color: #444; }
+p.lead { font-size: 16px; font-weight: 600; }
 p.warning { background: #fff1d6; border-left: 4px solid #e0a000; padding: 4px 8px; }
 details { font-size: 13px; margin: 4px 0; }
 """
@@ -378,7 +384,7 @@ def render(run: Run, runs_root: Path) -> str:
     siblings = sibling_runs(run, runs_root)
     metric = gate_metric(run, siblings)
     higher = higher_is_better(run.algorithm, metric) if metric else True
-    sections = [_header(run, metric),
+    sections = [_header(run, metric, higher),
                 _validation_section(run, metric, higher),
                 _bars_section(run, metric, higher),
                 _warm_cold_section(run, siblings, metric),

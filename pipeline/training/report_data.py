@@ -9,9 +9,11 @@ has no report; any other file may be missing (a trial run is never gated), and e
 here answers ``None``, ``{}`` or an empty list for it instead of failing.
 
 The report (:mod:`pipeline.training.report`) turns these values into the page's text and
-figures. Kept apart from it, what the page claims (the gate's metric and decision, the best
-trivial model, the chosen setting, the dropped share) is plain values that a test or
-``rankstream report`` (which finds a model's latest run here) can use without an HTML page.
+figures; what the run's searches tried is read in :mod:`pipeline.training.report_curves`, what
+it serves and why is worded in :mod:`pipeline.training.report_wording`. Kept apart from it,
+what the page claims (the gate's metric and decision, the best trivial model, the chosen
+setting, the dropped share) is plain values that a test or ``rankstream report`` (which finds
+a model's latest run here) can use without an HTML page.
 
 Examples
 --------
@@ -173,133 +175,10 @@ def decision(run: Run) -> tuple[str, str]:
     return "trained, not gated (a trial run, or the gate has not run yet)", ""
 
 
-# ------------------------------------------------------------------ 1. validation curves
-
-@dataclass
-class Curve:
-    """Validation scores of the settings one search tried, in the order tried."""
-
-    title: str
-    settings: list           # dict of params per point
-    values: list             # float per point (unscored settings are left out)
-    chosen: int | None       # index of the chosen point
-    xlabel: str = "setting tried (in order)"
-    ticks: list | None = None   # tick labels; None: the setting's number
-    skipped: list = field(default_factory=list)   # reasons of settings never scored
-
-
-def _scored(tried: list) -> tuple[list, list, list]:
-    """(params, values, skip reasons) of ``tried`` entries; a setting without a score (not
-    fitted, or its metric undefined) cannot be plotted, and is counted with its reason."""
-    params, values, skipped = [], [], []
-    for t in tried:
-        value = finite_number(t.get("validation"))
-        if value is None:
-            skipped.append(t.get("skipped") or "no validation score")
-        else:
-            params.append(t.get("params", {}))
-            values.append(value)
-    return params, values, skipped
-
-
-def _best(values: list, higher: bool) -> int | None:
-    best = None
-    for i, v in enumerate(values):
-        if best is None or _better(v, values[best], higher):
-            best = i
-    return best
-
-
-def _path_curve(train: dict) -> Curve | None:
-    """The λ path: validation score per ratio of reg_max; the chosen ratio is the run's."""
-    path = [p for p in train.get("path") or [] if finite_number(p.get("score")) is not None]
-    if not path:
-        return None
-    ratios = [float(p["ratio"]) for p in path]
-    chosen_ratio = finite_number(train.get("reg_ratio"))
-    chosen = None if chosen_ratio is None or chosen_ratio <= 0 else min(
-        range(len(ratios)), key=lambda i: abs(math.log(ratios[i] / chosen_ratio)))
-    return Curve("model: λ path", [{"reg_ratio": r} for r in ratios],
-                 [float(p["score"]) for p in path], chosen, xlabel="λ / λ_max",
-                 ticks=[f"{r:.3g}" for r in ratios])
-
-
-def _tuner_curve(tuning: dict) -> Curve | None:
-    """The model's tuner: the chosen point is the tried setting of the choice (its reg_ratio
-    the nearest to the chosen ratio: the tuner records it rounded)."""
-    params, values, skipped = _scored(tuning.get("tried") or [])
-    if not params:
-        return None
-    choice, ratio = tuning.get("choice") or {}, finite_number(tuning.get("reg_ratio"))
-    matching = [i for i, p in enumerate(params) if all(p.get(k) == v for k, v in choice.items())]
-    if ratio is not None and ratio > 0:
-        matching.sort(key=lambda i: abs(math.log(max(params[i].get("reg_ratio", ratio), 1e-12)
-                                                 / ratio)))
-    return Curve("model: tuner", params, values, matching[0] if matching else None,
-                 skipped=skipped)
-
-
-def _challenger_curves(ch: dict, higher: bool) -> list[Curve]:
-    """One curve per kind of setting the challenger's search tried (ALS: its settings, then
-    the blend weight); the chosen one is the recorded choice, else the best score (the rule
-    the grid search chooses by)."""
-    groups: dict = {}
-    chosen_params = None
-    for t in ch.get("tried") or []:
-        if "chosen" in t:
-            chosen_params = t["chosen"]
-            continue
-        groups.setdefault(tuple(sorted(t.get("params", {}))), []).append(t)
-    blend_weight = (ch.get("blend") or {}).get("weight")
-    curves = []
-    for keys, tried in groups.items():
-        params, values, skipped = _scored(tried)
-        if not params:
-            continue
-        if keys == ("blend_weight",):
-            title = f"challenger {ch.get('name')}: blend weight"
-            pick = [i for i, p in enumerate(params) if p["blend_weight"] == blend_weight]
-        else:
-            title = f"challenger {ch.get('name')}: tuner"
-            pick = [i for i, p in enumerate(params) if p == chosen_params]
-        chosen = pick[0] if pick else _best(values, higher)
-        curves.append(Curve(title, params, values, chosen, skipped=skipped))
-    return curves
-
-
-def validation_curves(run: Run, higher: bool) -> tuple[list[Curve], list[str]]:
-    """Every search the run made, and a note for each it did not make and why."""
-    tr, curves, notes = run.train, [], []
-    path = _path_curve(tr)
-    tuning = tr.get("tuning") if isinstance(tr.get("tuning"), dict) else None
-    if path is not None:
-        curves.append(path)
-    elif tr.get("reg_source") == "last path":
-        notes.append("λ was kept from the last run's path (the data grew little): no path "
-                     "this run")
-    elif tuning is None:
-        notes.append("the model was fitted with its config's settings (no λ path, no tuner)")
-    if tuning is not None:
-        curve = _tuner_curve(tuning)
-        if curve is not None:
-            curves.append(curve)
-        else:
-            notes.append(f"the model's settings came from the {tuning.get('source', 'last')} "
-                         f"choice ({tuning.get('choice')}): nothing was tried this run")
-    ch = tr.get("challenger")
-    if ch is not None:
-        found = _challenger_curves(ch, higher)
-        curves += found
-        if not found:
-            notes.append(f"the challenger {ch.get('name')} tried no setting this run (it "
-                         "reused its last tuning, or has nothing to tune)")
-    return curves, notes
-
-
 # ----------------------------------------------------------- 2. metric vs trivial models
 
 def metric_bars(run: Run, metric: str) -> list[tuple[str, float, str]]:
-    """``(label, value, role)`` for the model, its challenger (and blend) and every trivial
+    """``(label, value, role)`` for the model, every challenger, the blend and every trivial
     model that has the metric."""
     tr = run.train
     bars = []
@@ -307,12 +186,15 @@ def metric_bars(run: Run, metric: str) -> list[tuple[str, float, str]]:
     if own is not None:
         bars.append(("model", own, "model"))
     ch = tr.get("challenger") or {}
-    value = finite_number((ch.get("metrics") or {}).get(metric))
+    for c in [ch, *ch.get("others", [])] if ch else []:
+        value = finite_number((c.get("metrics") or {}).get(metric))
+        if value is not None:
+            bars.append((f"challenger {c.get('name')}", value, "challenger"))
+    blend = ch.get("blend") or {}
+    value = finite_number((blend.get("metrics") or {}).get(metric))
     if value is not None:
-        bars.append((f"challenger {ch.get('name')}", value, "challenger"))
-    value = finite_number(((ch.get("blend") or {}).get("metrics") or {}).get(metric))
-    if value is not None:
-        bars.append((f"blend with {ch.get('name')}", value, "blend"))
+        pair = "+".join(blend.get("pair") or ["model", str(ch.get("name"))])
+        bars.append((f"blend {pair}", value, "blend"))
     for name, metrics in sorted((tr.get("baselines") or {}).items()):
         value = finite_number((metrics or {}).get(metric))
         if value is not None:

@@ -192,8 +192,8 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
     watermark = ds["window"]["end_offsets"]     # what every candidate learned from
     artifact.watermark = watermark
     artifact.save(run_dir / "artifact")
-    baselines = {}
-    for name, (scores_metrics, scores) in trainer.baselines(arrays, cfg).items():
+    baselines, found = {}, trainer.baselines(arrays, cfg)
+    for name, (scores_metrics, scores) in found.items():
         baselines[name] = scores_metrics
         trivial = trainer.trivial_artifact(scores, arrays, algorithm=f"{cfg.algorithm}:{name}",
                                            params={"trivial": name}, metrics=scores_metrics,
@@ -202,11 +202,16 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
         trivial.save(run_dir / f"trivial-{name}")
     checkpoint_arrays = trainer.checkpoint(fitted, arrays)
     challenger = _challenger(ctx, trainer, fitted, arrays, last_arrays, trained_at, watermark)
+    fitted_challenger = None
     if challenger is not None:
         from pipeline.training.trainers import CHALLENGER_PREFIX
 
-        challenger, warm_arrays = challenger
+        challenger, warm_arrays, fitted_challenger = challenger
         checkpoint_arrays.update({CHALLENGER_PREFIX + k: v for k, v in warm_arrays.items()})
+    from pipeline.training.report_intervals import holdout_intervals
+
+    intervals = holdout_intervals(trainer, arrays, cfg, model=fitted.model, metrics=metrics,
+                                  baselines=found, challenger=fitted_challenger)
     fit_info = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in fit_info.items()}
     write_checkpoint(run_dir / "checkpoint", arrays=checkpoint_arrays,
                      manifest={"model": model, "algorithm": cfg.algorithm,
@@ -218,13 +223,15 @@ def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
         "model": model, "run_dir": str(run_dir), "warm_start": warm, **fit_info,
         "metrics": metrics, "baselines": baselines, "trained_at": trained_at,
         **({"challenger": challenger} if challenger else {}),
+        **({"holdout_intervals": intervals} if intervals else {}),
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
 def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_at: str,
                 watermark: dict):
     """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
-    its artifact (and its blend's) in the run directory; ``(summary, warm arrays)`` or None."""
+    its artifact (and its blend's) in the run directory; ``(summary, warm arrays, the fitted
+    challenger)`` or None."""
     cfg = ctx.cfg
     from pipeline.training.run_types import Served
     from pipeline.training.trainers import CHALLENGER_PREFIX, challenger_names, warm_state
@@ -256,7 +263,7 @@ def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_a
         blend_metrics, blend_artifact, info = ch.blend
         save(blend_artifact, Choice(Served.BLEND, info.get("name", ch.name)), blend_metrics)
         summary["blend"] = {"metrics": blend_metrics, **info}
-    return summary, ch.warm
+    return summary, ch.warm, ch
 
 
 def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
@@ -289,8 +296,8 @@ def gate_step(ctx: RunContext) -> dict:
     if done:
         return done
     scores = _scores(read_json(ctx.run_dir / "train.json"), ctx)
-    verdict = gate.decide(scores, gate.Rule.of(ctx.cfg.gate),
-                          _current(served_versions(ctx), scores.metric))
+    rule, current = gate.Rule.of(ctx.cfg.gate), _current(served_versions(ctx), scores.metric)
+    verdict = gate.decide(scores, rule, current)
     rival, rival_value = scores.best_rival()
     challenger = ({} if rival is None else {
         "challenger": rival, "challenger_value": rival_value,
@@ -302,7 +309,9 @@ def gate_step(ctx: RunContext) -> dict:
         "lift_over_trivial": verdict.lift_over_trivial, **challenger,
         "publish": verdict.publishes is not None,
         "publishes": None if verdict.publishes is None else str(verdict.publishes),
-        "reason": verdict.reason})
+        "candidate": str(verdict.candidate), "higher_is_better": scores.higher_is_better,
+        "served_before": {"version": current.version, "value": current.value},
+        "rule": vars(rule), "reason": verdict.reason})
 
 
 def _publish(ctx: RunContext, artifact_dir: Path):

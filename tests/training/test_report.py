@@ -123,7 +123,7 @@ def test_a_tuned_run_with_a_challenger_has_every_figure(tuned_report):
     assert len(images) == 4 and all(im.width >= 600 and im.height >= 100 for im in images)
     # the tuner's and the challenger's searches, each with its chosen setting named
     assert "model: tuner" in page and "challenger als: tuner" in page
-    assert "challenger als: blend weight" in page
+    assert "blend model+als: weight" in page
     assert page.count("<td>chosen</td>") == 3
     assert "published as version 1" in page
     # the window left the oldest ratings out, and the page says how many

@@ -268,7 +268,9 @@ def test_a_badly_configured_model_loses_to_als_which_is_served(settings, redis_u
     assert _current(settings, redis_url).served_as == "challenger-als"
     answer = _served(settings, redis_url, events[0]["user"])
     assert answer.source == "challenger-als" and len(answer.items) == 5
-    assert "rival    als" in format_summary(run)
+    text = format_summary(run)
+    assert "users now get als, holdout" in text.splitlines()[0], text
+    assert "  challenger als  " in text and "rival" not in text
 
 
 def test_within_the_challenger_tolerance_the_model_is_served(settings, redis_url):

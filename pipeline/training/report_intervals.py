@@ -1,0 +1,186 @@
+"""How sure a run's holdout metrics are: each candidate's metric with a bootstrap interval over
+users, and each candidate's lift over the best trivial model with its (paired) interval.
+
+The train step computes them where it computes the holdout metrics, from the same fits (the
+evaluated model, each challenger's and the blend's evaluated factors, the trivial models'
+item scores), and keeps them in ``train.json`` as ``holdout_intervals``::
+
+    {"metric": "topk_ndcg@10", "users": 943, "resamples": 1000, "level": LEVEL, "seed": 0,
+     "method": "percentile bootstrap over users", "seconds": 0.41,
+     "candidates": {"model": {"value": 0.1856, "interval": [0.171, 0.2]}, "challenger-als":
+                    ..., "blend-als+ease": ..., "trivial-popularity": ...},
+     "lift_over": "popularity",
+     "lift": {"model": {"value": -0.0241, "interval": [-0.035, -0.013]}, ...}}
+
+Candidates are named as the gate's choices are (``str`` of a
+:class:`~pipeline.training.run_types.Choice`), so the summary and the report look the served
+one up by what the gate ``publishes``; a lift is in the metric's direction (positive: better
+than the trivial model). Per-user values exist for the per-user top-K metrics
+(``topk_precision@k``, ``topk_recall@k``, ``topk_ndcg@k`` of a family whose trainer scores
+users' top-K lists); another metric gets no interval (``None``), and a candidate whose
+per-user mean does not reproduce its recorded metric is left out rather than shown with an
+interval around another number. The resampling is :mod:`pipeline.training.bootstrap`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from pipeline.training.bootstrap import (
+    LEVEL,
+    N_RESAMPLES,
+    percentile_interval,
+    resampled_means,
+)
+
+log = logging.getLogger(__name__)
+TOPK_METRICS = ("precision", "recall", "ndcg")
+METHOD = "percentile bootstrap over users"
+
+
+def per_user_topk(ranked: np.ndarray, indptr, indices, k: int) -> dict:
+    """Per-user precision, recall and NDCG at ``k`` of ranked lists against held-out
+    positives, for the users with at least one positive: the values whose means
+    :func:`solvers.metrics.topk_hit_metrics` reports (same definitions, same users, in
+    user order).
+
+    >>> out = per_user_topk(np.array([[3, 1, 2], [0, 4, 5]]), np.array([0, 2, 2]),
+    ...                     np.array([1, 7]), k=3)
+    >>> [np.round(out[m], 4).tolist() for m in ("precision", "recall", "ndcg")]
+    [[0.3333], [0.5], [0.3869]]
+    """
+    ranked = np.asarray(ranked)[:, :k]
+    indptr = np.asarray(indptr)
+    counts = np.diff(indptr)
+    users = np.flatnonzero(counts > 0)
+    width = int(max(np.max(indices, initial=0), np.max(ranked, initial=0))) + 1
+    owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    positive = owner * width + np.asarray(indices, dtype=np.int64)
+    rows = ranked[users].astype(np.int64)
+    hit = (np.isin(users[:, None].astype(np.int64) * width + rows, positive)
+           & (rows >= 0)).astype(np.float64)
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    best = np.minimum(counts[users], k)
+    ideal = np.cumsum(discount)[best - 1] if users.size else np.zeros(0)
+    return {"users": users, "precision": hit.sum(1) / k, "recall": hit.sum(1) / best,
+            "ndcg": (hit * discount[:hit.shape[1]]).sum(1) / ideal}
+
+
+def topk_kind(metric: str, k) -> str | None:
+    """``"ndcg"`` of ``"topk_ndcg@10"`` when k is the run's; None for any other metric."""
+    name, _, at = metric.partition("@")
+    kind = name.removeprefix("topk_")
+    return kind if name.startswith("topk_") and kind in TOPK_METRICS and at == str(k) else None
+
+
+def per_user_holdout(trainer, scorer, arrays: dict, cfg, kind: str) -> np.ndarray:
+    """The per-user ``kind`` values of ``scorer`` on the holdout (TEST), ranked over the items
+    each user did not meet outside it: how the trainer's ``topk_metrics`` scores the holdout
+    (the same lists, from the same top-K), one value per user instead of their mean."""
+    from scipy.sparse import csr_matrix
+
+    from pipeline.training.datasets import TEST
+    from pipeline.training.trainers.altsvm import factors_of
+    from solvers.topk import user_topk
+
+    k = int(cfg.evaluation["k"])
+    u, i, p = arrays["met_user"], arrays["met_item"], arrays["met_part"]
+    shape = (len(arrays["user_ids"]), len(arrays["item_ids"]))
+    held = (p == TEST) & trainer._relevant(arrays, cfg)
+    users = np.unique(u[held])
+    if users.size == 0:
+        return np.zeros(0)
+    U, V, b = factors_of(scorer)
+    U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
+    seen = p != TEST
+    exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
+    ranked, _ = user_topk(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
+                          seen_indices=exclude.indices)
+    positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
+    return per_user_topk(ranked, positives.indptr, positives.indices, k)[kind]
+
+
+def candidate_scorers(model, metrics: dict, baselines: dict, challenger, seed: int) -> dict:
+    """``{choice: (scorer, recorded metrics)}`` of a run's candidates: the evaluated model,
+    each fitted challenger and the blend (their evaluated factors: TRAIN + VALIDATION, what
+    the holdout scored), and each trivial model (``baselines``: the trainer's ``{name:
+    (metrics, item scores)}``)."""
+    from pipeline.training.trainers.altsvm import factors_of
+
+    out = {"model": (model, metrics)}
+    fitted = {"model": model}
+    if challenger is not None:
+        for c in [challenger, *challenger.others]:
+            if c.skipped is None and c.evaluated is not None:
+                out[f"challenger-{c.name}"] = (c.evaluated, c.metrics)
+                fitted[c.name] = c.evaluated
+        if challenger.blend is not None:
+            from pipeline.training.trainers.als import blend
+
+            blend_metrics, _, info = challenger.blend
+            a, b = (fitted.get(n) for n in info.get("pair") or ())
+            if a is not None and b is not None:
+                out[f"blend-{info['name']}"] = (
+                    blend(factors_of(a), factors_of(b), float(info["weight"]), seed),
+                    blend_metrics)
+    for name, (trivial_metrics, scores) in baselines.items():
+        out[f"trivial-{name}"] = (np.asarray(scores, np.float32), trivial_metrics)
+    return out
+
+
+def intervals(columns: dict, metric: str, higher_is_better: bool, *,
+              n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
+    """The ``holdout_intervals`` entry (see the module) of per-user ``columns`` (``{choice:
+    values}``, the same users in the same order in each)."""
+    names = list(columns)
+    table = np.column_stack([columns[n] for n in names])
+    means = resampled_means(table, n_resamples=n_resamples, seed=seed)
+    values = table.mean(axis=0)
+    sign = 1.0 if higher_is_better else -1.0
+    out = {"metric": metric, "users": int(table.shape[0]), "resamples": int(n_resamples),
+           "level": LEVEL, "seed": int(seed), "method": METHOD,
+           "candidates": {n: {"value": round(float(values[j]), 5),
+                              "interval": [round(x, 5) for x in percentile_interval(means[:, j])]}
+                          for j, n in enumerate(names)}}
+    trivial = [j for j, n in enumerate(names) if n.startswith("trivial-")]
+    if trivial:
+        t = max(trivial, key=lambda j: sign * values[j])
+        out["lift_over"] = names[t].removeprefix("trivial-")
+        out["lift"] = {n: {"value": round(float(sign * (values[j] - values[t])), 5),
+                           "interval": [round(x, 5) for x in percentile_interval(
+                               sign * (means[:, j] - means[:, t]))]}
+                       for j, n in enumerate(names) if j not in trivial}
+    return out
+
+
+def holdout_intervals(trainer, arrays: dict, cfg, *, model, metrics: dict, baselines: dict,
+                      challenger=None, n_resamples: int = N_RESAMPLES) -> dict | None:
+    """The run's ``holdout_intervals`` (see the module), or None when its gate metric has no
+    per-user form. Never fails a run: an error is logged and gives None."""
+    kind = topk_kind(cfg.metric, cfg.evaluation.get("k"))
+    if kind is None or not hasattr(trainer, "_relevant") or "met_part" not in arrays:
+        return None
+    started = time.perf_counter()
+    seed = int(cfg.evaluation.get("seed", 0))
+    try:
+        columns = {}
+        for choice, (scorer, recorded) in candidate_scorers(
+                model, metrics, baselines, challenger, seed).items():
+            values = per_user_holdout(trainer, scorer, arrays, cfg, kind)
+            want = recorded.get(cfg.metric)
+            if values.size and want is not None and abs(values.mean() - want) <= 1e-6:
+                columns[choice] = values
+            else:
+                log.warning("%s: no interval (per-user mean %s, recorded %s %s)", choice,
+                            values.mean() if values.size else None, cfg.metric, want)
+        if not columns:
+            return None
+        out = intervals(columns, cfg.metric, cfg.family.higher_is_better(cfg.metric),
+                        n_resamples=n_resamples, seed=seed)
+    except Exception as err:    # noqa: BLE001 - an interval is for people: never fail a run
+        log.warning("no holdout intervals (%s: %s); the run goes on", type(err).__name__, err)
+        return None
+    return {**out, "seconds": round(time.perf_counter() - started, 3)}
