@@ -1,5 +1,6 @@
 """splitmix64 (Steele, Lea & Flood 2014) for numba kernels: the state is a uint64 passed in
-and returned, so a kernel's random numbers depend only on the seed it was given."""
+and returned, so a kernel's random numbers depend only on the seed it was given; and its
+finalizer over numpy arrays (:func:`mix64`), a counter-based generator and a stable hash."""
 
 from __future__ import annotations
 
@@ -22,3 +23,13 @@ def next_u64(state):
     z = (z ^ (z >> _S30)) * MIX1
     z = (z ^ (z >> _S27)) * MIX2
     return state, z ^ (z >> _S31)
+
+
+def mix64(z) -> np.ndarray:
+    """splitmix64's finalizer of ``z + golden`` over a uint64 array: every input bit moves every
+    output bit, so consecutive counters or keys give independent-looking 64-bit values."""
+    with np.errstate(over="ignore"):
+        z = np.asarray(z, dtype=np.uint64) + GOLDEN
+        z = (z ^ (z >> _S30)) * MIX1
+        z = (z ^ (z >> _S27)) * MIX2
+        return z ^ (z >> _S31)

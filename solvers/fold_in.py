@@ -28,35 +28,48 @@ import zlib
 
 import numpy as np
 
+from solvers._random import mix64
+
 
 def implicit_pairs(items, n_items: int, per_item: int) -> np.ndarray:
     """(winner, loser) rows: each met item against ``per_item`` items drawn uniformly (with
     replacement) from those not met; the draw is seeded by the items, so the same request gets
-    the same pairs. O(per_item · |items| · log |items|), whatever the number of items.
+    the same pairs. A counter-based draw (splitmix64 of the items' CRC and a counter; no
+    generator object to seed: a refresher draws for thousands of users a second), in
+    O(per_item · |items| · log |items|), whatever the number of items.
 
     >>> implicit_pairs([0, 1], 4, 2).tolist()   # items 2 and 3 are the ones not met
-    [[0, 3], [0, 3], [1, 3], [1, 2]]
+    [[0, 3], [0, 2], [1, 2], [1, 3]]
     """
-    met = np.unique(np.asarray(items, dtype=np.int64))
+    met = sorted_unique(items)
     n_others = n_items - len(met)
     if not len(met) or n_others <= 0 or per_item < 1:
         return np.zeros((0, 2), np.int64)
-    rng = np.random.default_rng(zlib.crc32(met.tobytes()))
+    count = len(met) * per_item
+    seed = np.uint64(zlib.crc32(met.tobytes())) << np.uint64(32)
+    with np.errstate(over="ignore"):
+        bits = mix64(seed + np.arange(count, dtype=np.uint64))
+    # uniform on [0, n_others): a modulo of 64 random bits (bias below n_others / 2⁶⁴)
+    r = (bits % np.uint64(n_others)).astype(np.int64).reshape(len(met), per_item)
     # the r-th item not met is r plus the number of met items m_j with m_j - j <= r
-    r = rng.integers(0, n_others, size=(len(met), per_item))
     losers = r + np.searchsorted(met - np.arange(len(met)), r, side="right")
     return np.column_stack([np.repeat(met, per_item), losers.ravel()])
 
 
 def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: int = 200,
-                     gap_tol: float = 1e-6) -> np.ndarray:
+                     gap_tol: float = 1e-6, start=None) -> np.ndarray:
     """The user factor minimizing the pairwise problem above with ``V``, ``b`` fixed.
     ``comparisons``: (winner, loser) item indices; ``b`` may be None (no item bias).
 
     The squared hinge (AltSVM's default) is solved in the primal by Newton's method: one
     user's problem is ``rank`` unknowns, and its generalized Newton steps reach the optimum in a
     few iterations (a third of the dual's time at a 20-item fold-in). The hinge keeps AltSVM's
-    own dual coordinate descent (``max_epochs``, ``gap_tol``: its duality gap)."""
+    own dual coordinate descent (``max_epochs``, ``gap_tol``: its duality gap).
+
+    ``start``: where Newton's method starts (the user's last factor; the problem is strongly
+    convex, so the optimum is the same and the stopping rule, an absolute gradient norm, does
+    not depend on it); a refreshed user whose history grew by an event is then a step or two
+    away. The hinge's dual descent starts from zero duals whatever it is given."""
     V = np.ascontiguousarray(V, dtype=np.float64)
     c = np.asarray(comparisons, dtype=np.int64).reshape(-1, 2)
     if not len(c):
@@ -67,7 +80,7 @@ def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: in
     bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
     if loss == "squared_hinge":
         return _squared_hinge_newton(V[c[:, 0]] - V[c[:, 1]], bias[c[:, 0]] - bias[c[:, 1]],
-                                     float(reg))
+                                     float(reg), start=start)
     from solvers._altsvm_solver import solve_users
 
     rows = np.column_stack([np.zeros(len(c), np.int64), c])
@@ -75,12 +88,45 @@ def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: in
     return u[0]
 
 
+def pairwise_fold_in_many(V, b, comparisons_of_users: list, *, reg: float, loss: str,
+                          starts=None, max_epochs: int = 200, gap_tol: float = 1e-6
+                          ) -> np.ndarray:
+    """:func:`pairwise_fold_in` of several users, one row each (``starts``: each user's start
+    or None). The squared hinge runs in one jitted call over every user
+    (:func:`solvers._fold_in_kernels.squared_hinge_newton_many`, the same Newton steps)."""
+    V = np.ascontiguousarray(V, dtype=np.float64)
+    rows = [np.asarray(c, dtype=np.int64).reshape(-1, 2) for c in comparisons_of_users]
+    if loss != "squared_hinge":
+        out = [pairwise_fold_in(V, b, c, reg=reg, loss=loss, max_epochs=max_epochs,
+                                gap_tol=gap_tol) for c in rows]
+        return np.stack(out) if out else np.zeros((0, V.shape[1]))
+    from solvers._fold_in_kernels import squared_hinge_newton_many
+
+    pairs = np.concatenate(rows) if rows else np.zeros((0, 2), np.int64)
+    if len(pairs) and (pairs.min() < 0 or pairs.max() >= len(V)):
+        raise ValueError(f"comparisons name item {int(pairs.max())}, the factors have "
+                         f"{len(V)} items")
+    indptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(c) for c in rows], out=indptr[1:])
+    begin = np.zeros((len(rows), V.shape[1]))
+    has = np.zeros(len(rows), np.bool_)
+    for n, x in enumerate(starts if starts is not None else ()):
+        if x is not None and np.shape(x) == (V.shape[1],) and np.isfinite(x).all():
+            begin[n], has[n] = x, True
+    bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
+    return squared_hinge_newton_many(V, bias, np.ascontiguousarray(pairs[:, 0]),
+                                     np.ascontiguousarray(pairs[:, 1]), indptr, float(reg),
+                                     begin, has, 50, 1e-12)
+
+
 def _squared_hinge_newton(D, offset, reg: float, max_iter: int = 50,
-                          tol: float = 1e-12) -> np.ndarray:
+                          tol: float = 1e-12, start=None) -> np.ndarray:
     """argmin_u reg/2 ‖u‖² + Σ_c max(0, 1 − d_cᵀu − o_c)² by generalized Newton steps
     (Hessian reg I + 2 D_Aᵀ D_A over the active comparisons A) with backtracking, until
     ‖∇‖² ≤ tol · max(1, reg)."""
     u = np.zeros(D.shape[1])
+    if start is not None and np.shape(start) == u.shape and np.isfinite(start).all():
+        u = np.array(start, dtype=np.float64)
     eye = reg * np.eye(D.shape[1])
 
     def objective(x):

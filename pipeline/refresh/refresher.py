@@ -70,6 +70,7 @@ class Refresher:
         self.state = None                  # the VersionState refreshed now
         self.pending: dict[str, list] = {}  # user key -> timestamps (ms) of live events
         self.replay: set[str] = set()       # users to recompute with no lag to count
+        self.last: dict[str, np.ndarray] = {}   # user -> factor last written (this version)
 
     # ------------------------------------------------------------------ events in
     def apply(self, tables: dict, source=None, *, live: bool = True) -> int:
@@ -119,6 +120,7 @@ class Refresher:
         its watermark, and every user whose streamed events the store does not hold yet."""
         first = self.state is None
         self.state, self.stats.version = st, st.version
+        self.last = {}
         if not first:
             self.stats.flips += 1
         if not st.per_key or not st.rank or not st.fold_in:
@@ -237,9 +239,14 @@ class Refresher:
             return []
         met = [x.seen if rules.get("input") == "met" else x.winners for _, x in inputs]
         V, b = factors
+        # an iterative fold-in (AltSVM's Newton) starts from the user's last factor: the
+        # same optimum, in a step or two instead of four or five
         U = fold_in_method(spec.get("method")).user_factors(
-            st, V, b, met, [x.pairs for _, x in inputs], spec)
+            st, V, b, met, [x.pairs for _, x in inputs], spec,
+            starts=[self.last.get(user) for user, _ in inputs])
         U = np.asarray(U, np.float32).reshape(len(inputs), st.rank)
+        for n, (user, _) in enumerate(inputs):
+            self.last[user] = U[n]
         return [(user, U[n], x.seen) for n, (user, x) in enumerate(inputs)]
 
 

@@ -25,6 +25,7 @@ from solvers.fold_in import (
     implicit_pairs,
     least_squares_fold_in_many,
     pairwise_fold_in,
+    pairwise_fold_in_many,
     sorted_unique,
 )
 from solvers.topk import topk_of_scores
@@ -114,10 +115,12 @@ class FoldIn:
     def user_factor(self, st: VersionState, V, b, met, pairs, spec: dict) -> np.ndarray:
         raise NotImplementedError
 
-    def user_factors(self, st: VersionState, V, b, mets: list, pairs: list,
-                     spec: dict) -> np.ndarray:
+    def user_factors(self, st: VersionState, V, b, mets: list, pairs: list, spec: dict,
+                     starts=None) -> np.ndarray:
         """:meth:`user_factor` of several users (``mets[n]``, ``pairs[n]``), one row each;
-        a method with a batched solve overrides it."""
+        a method with a batched solve overrides it. ``starts``: each user's last factor (a
+        row each, or None), where an iterative method may start: the answer is the same
+        optimum, reached in fewer steps."""
         rows = [np.asarray(self.user_factor(st, V, b, m, p, spec), np.float64)
                 for m, p in zip(mets, pairs)]
         return np.stack(rows) if rows else np.zeros((0, V.shape[1]))
@@ -144,13 +147,23 @@ class PairwiseFoldIn(FoldIn):
             return -(-per_user // max(n_met, 1))
         return int(spec.get("per_item", 10))
 
-    def user_factor(self, st, V, b, met, pairs, spec):
+    def user_factor(self, st, V, b, met, pairs, spec, start=None):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
-        per_item = self.per_item(spec, len(np.unique(met)))
+        per_item = self.per_item(spec, len(sorted_unique(met)))
         rows = np.concatenate([pairs, implicit_pairs(met, st.n_items, per_item)])
         return pairwise_fold_in(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
-                                max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
+                                max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP, start=start)
+
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
+        V64 = _derived(st, "V64", lambda: V.astype(np.float64))
+        b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
+        rows = [np.concatenate([p, implicit_pairs(m, st.n_items,
+                                                  self.per_item(spec, len(sorted_unique(m))))])
+                for m, p in zip(mets, pairs)]
+        return pairwise_fold_in_many(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
+                                     starts=starts, max_epochs=FOLD_IN_EPOCHS,
+                                     gap_tol=FOLD_IN_GAP)
 
 
 class LeastSquaresFoldIn(FoldIn):
@@ -162,7 +175,7 @@ class LeastSquaresFoldIn(FoldIn):
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         gram = _derived(st, "gram", lambda: V64.T @ V64)
         items = [sorted_unique(np.concatenate([m, p[:, 0]])) for m, p in zip(mets, pairs)]
@@ -217,7 +230,7 @@ class BlendFoldIn(FoldIn):
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
         parts = spec["parts"]
         if parts[-1]["columns"][1] != V.shape[1]:
             raise ValueError(f"blend fold_in parts cover {parts[-1]['columns'][1]} columns, "
@@ -231,7 +244,12 @@ class BlendFoldIn(FoldIn):
             bp = None
             if n == 0 and b is not None and scale != 0.0:
                 bp = _derived(view, "b", lambda s=scale: (b / s).astype(b.dtype))
-            U = fold_in_method(part["method"]).user_factors(view, Vp, bp, mets, pairs, part)
+            begin = None   # the part's own last factor: its columns of the blend's, unscaled
+            if starts is not None and scale != 0.0:
+                begin = [None if x is None else np.asarray(x, np.float64)[lo:hi] / scale
+                         for x in starts]
+            U = fold_in_method(part["method"]).user_factors(view, Vp, bp, mets, pairs, part,
+                                                            starts=begin)
             out.append(scale * np.asarray(U, np.float64).reshape(len(mets), hi - lo))
         return np.concatenate(out, axis=1)
 

@@ -171,11 +171,10 @@ def stable_split(index: np.ndarray, fraction: float, seed: int = 0) -> np.ndarra
     >>> round(float(m.mean()), 2), bool((m == stable_split(np.arange(100_000), 0.2, 3)).all())
     (0.2, True)
     """
+    from solvers._random import GOLDEN, mix64
+
     with np.errstate(over="ignore"):
-        z = np.asarray(index).astype(np.uint64) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
+        z = mix64(np.asarray(index).astype(np.uint64) + np.uint64(seed) * GOLDEN - GOLDEN)
     return (z >> np.uint64(40)).astype(np.float64) / float(1 << 24) < fraction
 
 

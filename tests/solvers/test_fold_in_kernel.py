@@ -1,0 +1,39 @@
+"""The jitted many-user pairwise fold-in against its numpy reference, one user at a time: the
+same optimum (cold and from a start), to the Newton stopping rule's precision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solvers.fold_in import _squared_hinge_newton, implicit_pairs, pairwise_fold_in_many
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_many_users_equal_the_reference_one_by_one(seed):
+    rng = np.random.default_rng(seed)
+    n_items, rank, reg = 60, 5, float(rng.uniform(0.1, 5.0))
+    V = rng.normal(size=(n_items, rank))
+    b = rng.normal(size=n_items) if seed % 2 else None
+    users = [implicit_pairs(rng.choice(n_items, size=int(rng.integers(1, 12)), replace=False),
+                            n_items, int(rng.integers(1, 30))) for _ in range(7)]
+    users.append(np.zeros((0, 2), np.int64))            # nothing to fold in: a zero factor
+    starts = [None if n % 3 == 0 else rng.normal(size=rank) for n in range(len(users))]
+    for given in (None, starts):
+        got = pairwise_fold_in_many(V, b, users, reg=reg, loss="squared_hinge", starts=given)
+        bias = np.zeros(n_items) if b is None else b
+        for n, c in enumerate(users):
+            if not len(c):
+                assert not got[n].any()
+                continue
+            want = _squared_hinge_newton(V[c[:, 0]] - V[c[:, 1]], bias[c[:, 0]] - bias[c[:, 1]],
+                                         reg)
+            np.testing.assert_allclose(got[n], want, rtol=1e-6, atol=1e-7)
+
+
+def test_the_hinge_and_bad_indices():
+    V = np.eye(3)
+    got = pairwise_fold_in_many(V, None, [[[0, 2]], [[1, 0]]], reg=1.0, loss="hinge")
+    assert got[0] @ V[0] > got[0] @ V[2] and got[1] @ V[1] > got[1] @ V[0]
+    with pytest.raises(ValueError, match="name item 5, the factors have 3"):
+        pairwise_fold_in_many(V, None, [[[0, 5]]], reg=1.0, loss="squared_hinge")
