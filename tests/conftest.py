@@ -31,6 +31,19 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")     # session: set up before any redis-server a test starts
+def chromium() -> str:
+    """Debian's headless Chromium (``infra/test-tools.sh``): its path; skips (fails under CI)
+    when there is none."""
+    import shutil
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        unavailable("no chromium on PATH (infra/test-tools.sh installs it): this check needs "
+                    "a real browser")
+    return found
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         for fixture, marker in SERVER_MARKERS.items():

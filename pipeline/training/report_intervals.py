@@ -80,26 +80,13 @@ def per_user_holdout(trainer, scorer, arrays: dict, cfg, kind: str) -> np.ndarra
     """The per-user ``kind`` values of ``scorer`` on the holdout (TEST), ranked over the items
     each user did not meet outside it: how the trainer's ``topk_metrics`` scores the holdout
     (the same lists, from the same top-K), one value per user instead of their mean."""
-    from scipy.sparse import csr_matrix
-
     from pipeline.training.datasets import TEST
-    from pipeline.training.trainers.altsvm import factors_of
-    from solvers.topk import user_topk
 
-    k = int(cfg.evaluation["k"])
-    u, i, p = arrays["met_user"], arrays["met_item"], arrays["met_part"]
-    shape = (len(arrays["user_ids"]), len(arrays["item_ids"]))
-    held = (p == TEST) & trainer._relevant(arrays, cfg)
-    users = np.unique(u[held])
-    if users.size == 0:
+    make = getattr(trainer, "topk_lists", None)     # a family whose trainer ranks top-K
+    lists = None if make is None else make(scorer, arrays, cfg, TEST)
+    if lists is None:
         return np.zeros(0)
-    U, V, b = factors_of(scorer)
-    U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
-    seen = p != TEST
-    exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
-    ranked, _ = user_topk(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
-                          seen_indices=exclude.indices)
-    positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
+    ranked, positives, k = lists
     return per_user_topk(ranked, positives.indptr, positives.indices, k)[kind]
 
 

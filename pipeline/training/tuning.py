@@ -124,10 +124,9 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
     """A compass search over grids, coarse steps then fine, with joint moves along ``ridges``:
     the chosen setting, every tried one, and a warning when the wall-clock cap ended it.
 
-    ``design``: settings scored after ``start`` and before any move (they count against
-    ``max_settings``); the search moves from the best of them. A coarse design over the axes
-    that trade off keeps one start's basin from deciding the answer: from ALS's middle start
-    a compass search settles on the nearest ridge, which on MovieLens was below a plain grid.
+    ``design``: settings scored after ``start``, before any move (they count against
+    ``max_settings``); the search moves from the best of them, so one start's basin does not
+    decide the answer.
 
     Every ordered axis moves by ``step`` grid positions (``first_step``, halved after a pass
     without improvement, down to 1), each pair in ``ridges`` moves together (two settings
@@ -138,9 +137,6 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
 
     >>> axes = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [1, 2, 3, 4, 5, 6, 7]}
     >>> ridge = lambda p: -abs(p["a"] - p["b"]) * 10 - abs(p["a"] - 6)   # best at (6, 6)
-    >>> coordinate_search(axes, {"a": 2, "b": 2}, ridge, max_settings=30,
-    ...                   budget_seconds=60)[0]["params"]
-    {'a': 2, 'b': 2}
     >>> best, tried, warning = pattern_search(axes, {"a": 2, "b": 2}, ridge, max_settings=30,
     ...                                       budget_seconds=60, ridges=(("a", "b"),))
     >>> best["params"], warning
@@ -177,9 +173,7 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
 
     best_params, best_value = dict(start), run(start)
     for params in design:
-        if out_of_budget():
-            break
-        value = run(params)
+        value = None if out_of_budget() else run(params)
         if value is not None and (best_value is None or sign * value > sign * best_value):
             best_params, best_value = dict(params), value
     step = max(int(first_step), 1)
@@ -201,12 +195,14 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
     best = next(t for t in tried if t["params"] == best_params)
     if cost is not None:
         best = cheapest_near_best(tried, tolerance, cost, higher_is_better) or best
-    warning = None
-    if stopped["clock"]:
-        warning = (f"tuning stopped by the wall-clock cap (budget_seconds {budget_seconds:g}) "
-                   f"after {len(tried)} of {max_settings} settings: the machine was slower "
-                   "than the count assumes, so this choice depends on its load")
-    return best, tried, warning
+    return best, tried, (_clock_warning(budget_seconds, len(tried), max_settings)
+                         if stopped["clock"] else None)
+
+
+def _clock_warning(budget_seconds: float, n_tried: int, max_settings: int) -> str:
+    return (f"tuning stopped by the wall-clock cap (budget_seconds {budget_seconds:g}) after "
+            f"{n_tried} of {max_settings} settings: the machine was slower than the count "
+            "assumes, so this choice depends on its load")
 
 
 def _moved(axes: dict, params: dict, deltas: dict) -> dict | None:

@@ -22,7 +22,6 @@ from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from pipeline.serving.ui import UiSources, read_titles
-from tests.conftest import unavailable
 from tests.serving.test_explain import serve_app
 
 GENRES = [
@@ -168,15 +167,6 @@ def test_item_titles_files_and_the_config_key(tmp_path):
     config.write_text('[models.movies]\nalgorithm = "altsvm"\nitem_titles = 3\n')
     with pytest.raises(ValueError, match="item_titles is 3"):
         load_models(config)
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        unavailable("no chromium on PATH (infra/test-tools.sh installs it): the /ui page "
-                    "check needs a real browser")
-    return found
 
 
 def _browser(chromium: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

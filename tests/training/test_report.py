@@ -31,7 +31,6 @@ from pipeline.training.report_data import dropped_events
 from pipeline.training.run_types import DATASET_FORMAT, RunContext
 from pipeline.training.steps import report_step
 from solvers.persist import write_bundle
-from tests.conftest import unavailable
 
 SECTIONS = ("validation-curve", "metric-bars", "warm-cold", "dropped-share")
 PNG_SRC = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
@@ -235,16 +234,6 @@ def _colour_rows(shot: np.ndarray, colour: str) -> np.ndarray:
     compositing may round)."""
     rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
     return np.nonzero(np.abs(shot - rgb).max(axis=2) <= 2)[0]
-
-
-@pytest.fixture(scope="session")     # session: set up before the redis-server it skips
-def chromium() -> str:
-    """The browser's path; skips (before the real runs are made) when there is none."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        unavailable("no chromium on PATH (infra/test-tools.sh installs it): the screenshot "
-                    "check needs a real browser")
-    return found
 
 
 def test_a_real_chromium_renders_every_figure(chromium, tuned_report, tmp_path):

@@ -203,9 +203,20 @@ class AltSVMTrainer(Trainer):
         validation part, the test part's items are excluded too). ``scorer`` is a fitted
         AltSVM, factors ``(U, V, b or None)`` (scores ``U V^T + b``) or one score per item
         for everyone. The lists come from the same top-K as the published ones."""
+        from solvers.metrics import topk_hit_metrics
+
+        lists = self.topk_lists(scorer, arrays, cfg, part)
+        if lists is None:
+            return {}
+        ranked, positives, k = lists
+        hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
+        return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
+
+    def topk_lists(self, scorer, arrays, cfg, part):
+        """``(ranked top-k item indices, positives as CSR rows, k)`` of the users with a
+        relevant row in ``part`` (see :meth:`topk_metrics`), or None when there is none."""
         from scipy.sparse import csr_matrix
 
-        from solvers.metrics import topk_hit_metrics
         from solvers.topk import user_topk
 
         k = int(cfg.evaluation["k"])
@@ -214,7 +225,7 @@ class AltSVMTrainer(Trainer):
         held = (p == part) & self._relevant(arrays, cfg)
         users = np.unique(u[held])
         if users.size == 0:
-            return {}
+            return None
         U, V, b = factors_of(scorer)
         U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
         seen = p != part
@@ -222,8 +233,7 @@ class AltSVMTrainer(Trainer):
         ranked, _ = user_topk(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
                               seen_indices=exclude.indices)
         positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
-        hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
-        return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
+        return ranked, positives, k
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
         """On TEST, with everything the user met in training excluded: the ``topk_*`` metrics
