@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from solvers._random import next_u64
+
 
 @njit(cache=True)
 def _objective(D, offset, u, reg):
@@ -61,3 +63,29 @@ def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has
             u, value, residual = trial, new_value, new_residual
         U[n] = u
     return U
+
+
+@njit(cache=True)
+def implicit_pairs_many(met, met_indptr, seeds, per_item, n_items):
+    """:func:`solvers.fold_in.implicit_pairs` of many users (``met[met_indptr[n]:...]``, each
+    sorted and unique; ``seeds[n]``: the CRC-32 of those items' int64 bytes, shifted left 32;
+    ``per_item[n]``), draw for draw: ``(winners, losers, indptr)``."""
+    n_users = len(met_indptr) - 1
+    indptr = np.zeros(n_users + 1, np.int64)
+    for n in range(n_users):
+        m = met_indptr[n + 1] - met_indptr[n]
+        count = m * per_item[n] if 0 < m < n_items and per_item[n] >= 1 else 0
+        indptr[n + 1] = indptr[n] + count
+    winners = np.empty(indptr[-1], np.int64)
+    losers = np.empty(indptr[-1], np.int64)
+    for n in range(n_users):
+        items = met[met_indptr[n]:met_indptr[n + 1]]
+        n_others = n_items - len(items)
+        gaps = items - np.arange(len(items))     # the r-th item not met is r + #{gaps <= r}
+        out = indptr[n]
+        for k in range(indptr[n + 1] - indptr[n]):
+            _, bits = next_u64(seeds[n] + np.uint64(k))
+            r = np.int64(bits % np.uint64(n_others))
+            winners[out + k] = items[k // per_item[n]]
+            losers[out + k] = r + np.searchsorted(gaps, r, side="right")
+    return winners, losers, indptr

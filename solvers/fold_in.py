@@ -56,6 +56,22 @@ def implicit_pairs(items, n_items: int, per_item: int) -> np.ndarray:
     return np.column_stack([np.repeat(met, per_item), losers.ravel()])
 
 
+def implicit_pairs_many(items_of_users: list, n_items: int, per_item: list) -> list:
+    """:func:`implicit_pairs` of several users (``per_item[n]`` each), draw for draw, in one
+    jitted call: a list of (winner, loser) row arrays."""
+    from solvers._fold_in_kernels import implicit_pairs_many as draw
+
+    met = [sorted_unique(x) for x in items_of_users]
+    indptr = np.zeros(len(met) + 1, np.int64)
+    np.cumsum([len(x) for x in met], out=indptr[1:])
+    seeds = np.array([zlib.crc32(x.tobytes()) << 32 for x in met], np.uint64)
+    winners, losers, at = draw(np.concatenate(met) if met else np.zeros(0, np.int64), indptr,
+                               seeds, np.asarray(per_item, np.int64).reshape(len(met)),
+                               int(n_items))
+    pairs = np.column_stack([winners, losers])
+    return [pairs[at[n]:at[n + 1]] for n in range(len(met))]
+
+
 def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: int = 200,
                      gap_tol: float = 1e-6, start=None) -> np.ndarray:
     """The user factor minimizing the pairwise problem above with ``V``, ``b`` fixed.

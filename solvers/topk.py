@@ -92,13 +92,14 @@ def _blas_single_thread():
 def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,
                      item_bias: np.ndarray | None = None, seen_indptr: np.ndarray | None = None,
                      seen_indices: np.ndarray | None = None, block: int = 256,
-                     workers: int | None = None) -> Iterator[TopKBlock]:
+                     workers: int | None = None, jit: bool = False) -> Iterator[TopKBlock]:
     """Exact top-``k`` items of every user (score ``U @ V.T + b``, seen items excluded), in
     blocks of ``block`` users, in order.
 
     Work is split over ``workers`` threads (default: the CPU count); each computes its block's
     scores into a reused buffer with a single-threaded BLAS call and selects the top ``k`` in
-    cache with a jitted kernel that releases the GIL.
+    cache with a jitted kernel that releases the GIL (a small problem selects in numpy, unless
+    ``jit``: a long-running caller has loaded the kernel once and saves the per-user loop).
 
     Examples
     --------
@@ -120,7 +121,7 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
     indptr = np.ascontiguousarray(seen_indptr, dtype=np.int64)
     indices = np.ascontiguousarray(seen_indices, dtype=np.int32)
     workers = max(1, workers or os.cpu_count() or 1)
-    if n_users * n_items <= SMALL:  # not worth loading the jitted kernel (about 1 s)
+    if n_users * n_items <= SMALL and not jit:  # not worth loading the jitted kernel (1 s)
         block_topk = _block_topk_numpy
         workers = 1
     else:

@@ -101,7 +101,7 @@ def fresh_lists(st, factors, user_factors, seen: list, top_k: int) -> list[bytes
         if derived is not None:
             derived["VT"] = VT
     out = []
-    for blk in user_topk_blocks(U, VT.T, int(top_k), item_bias=b, workers=1,
+    for blk in user_topk_blocks(U, VT.T, int(top_k), item_bias=b, workers=1, jit=True,
                                 seen_indptr=indptr, seen_indices=indices):
         out += [pack_pairs(blk.indices[r, :n], blk.scores[r, :n])
                 for r, n in enumerate(blk.counts.tolist())]

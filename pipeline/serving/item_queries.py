@@ -23,6 +23,7 @@ from pipeline.serving.plugins import add_entry, registered
 from pipeline.serving.version_cache import VersionState
 from solvers.fold_in import (
     implicit_pairs,
+    implicit_pairs_many,
     least_squares_fold_in_many,
     pairwise_fold_in,
     pairwise_fold_in_many,
@@ -158,9 +159,9 @@ class PairwiseFoldIn(FoldIn):
     def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
-        rows = [np.concatenate([p, implicit_pairs(m, st.n_items,
-                                                  self.per_item(spec, len(sorted_unique(m))))])
-                for m, p in zip(mets, pairs)]
+        drawn = implicit_pairs_many(mets, st.n_items,
+                                    [self.per_item(spec, len(sorted_unique(m))) for m in mets])
+        rows = [np.concatenate([p, d]) if len(p) else d for p, d in zip(pairs, drawn)]
         return pairwise_fold_in_many(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
                                      starts=starts, max_epochs=FOLD_IN_EPOCHS,
                                      gap_tol=FOLD_IN_GAP)

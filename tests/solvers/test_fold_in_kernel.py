@@ -37,3 +37,14 @@ def test_the_hinge_and_bad_indices():
     assert got[0] @ V[0] > got[0] @ V[2] and got[1] @ V[1] > got[1] @ V[0]
     with pytest.raises(ValueError, match="name item 5, the factors have 3"):
         pairwise_fold_in_many(V, None, [[[0, 5]]], reg=1.0, loss="squared_hinge")
+
+
+def test_the_batched_draw_is_the_one_by_one_draw():
+    from solvers.fold_in import implicit_pairs_many
+
+    rng = np.random.default_rng(5)
+    users = [rng.choice(40, size=int(rng.integers(0, 15)), replace=False) for _ in range(25)]
+    users += [np.arange(40), np.array([3, 3, 1])]       # every item met; repeated items
+    per = [int(rng.integers(0, 6)) for _ in users]
+    for n, got in enumerate(implicit_pairs_many(users, 40, per)):
+        assert (got == implicit_pairs(users[n], 40, per[n])).all() and got.shape[1] == 2
