@@ -57,6 +57,9 @@ class Scores:
     blend_weight: float | None = None
     challengers: dict = field(default_factory=dict)  # name -> value, for several
     blend_name: str | None = None
+    # one standard error of the paired per-user difference between the blend and the best
+    # single candidate on the holdout: the blend, twice the lookup cost, must beat that by more
+    blend_margin: float = 0.0
 
     @property
     def sign(self) -> float:
@@ -122,13 +125,19 @@ def _candidate(s: Scores, rule: Rule) -> tuple[Choice, float | None, list[str]]:
                      f"{name}'s {ch:.4f} by {_fmt(lost_by)} (tolerance "
                      f"{rule.challenger_tolerance}): serving {name}")
     known = [v for v in (s.model, *s.rivals.values()) if v is not None]
-    if (rule.challenger_mode == "blend" and s.blend_value is not None and known
-            and s.sign * (s.blend_value - max(known, key=lambda v: s.sign * v)) > 0):
+    if rule.challenger_mode != "blend" or s.blend_value is None or not known:
+        return choice, value, notes
+    by = s.sign * (s.blend_value - max(known, key=lambda v: s.sign * v))
+    if by > s.blend_margin:
         choice = Choice(Served.BLEND, s.blend_name or s.challenger or name)
         value = s.blend_value
         notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} beats "
                      f"{'both' if len(known) <= 2 else 'every candidate'}: serving it "
                      f"({choice})")
+    elif by > 0:
+        notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} is ahead by "
+                     f"{by:.4f}, within one standard error of that difference "
+                     f"({s.blend_margin:.4f}): serving the single model")
     return choice, value, notes
 
 

@@ -279,7 +279,7 @@ def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
                  if m.get(metric) is not None},
         challengers={c["name"]: c.get("metrics", {}).get(metric) for c in fitted},
         blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"),
-        blend_name=blend.get("name"))
+        blend_name=blend.get("name"), blend_margin=float(blend.get("margin") or 0.0))
 
 
 def _current(versions: list, metric: str) -> gate.Current:

@@ -311,6 +311,7 @@ def test_blend_mode_publishes_and_serves_what_the_gate_chose(settings, redis_url
         blend = train["challenger"]["blend"]
         assert blend["weight"] in als.BLEND_WEIGHTS and metric in blend["metrics"]
         assert blend["weight"] in [t["params"]["blend_weight"] for t in weights]
+        assert blend["margin"] > 0      # a standard error over the holdout's users
         scored["blend-als"] = blend["metrics"][metric]
     else:
         blend = None
