@@ -217,8 +217,10 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
                    iterations=WARM_ITERATIONS if start is not None else ITERATIONS)
     metrics = trainer.evaluate((U, V, None), arrays, cfg)
     everything = interactions(arrays, relevant, (TRAIN, VALIDATION, TEST), choice["input"])
-    U_all, V_all = fit_als(everything, choice, seed=seed, start=(U, V),
-                           iterations=WARM_ITERATIONS)
+    # what is published is what a user fits on all of it: from the last run's factors when
+    # there are some, else a plain fit (continuing the holdout's fit instead scored 0.5% lower)
+    U_all, V_all = fit_als(everything, choice, seed=seed, start=start,
+                           iterations=WARM_ITERATIONS if start is not None else ITERATIONS)
     # input and min_rating: which of a new user's items count, as this fit counted them
     spec = {"method": "least_squares", "reg": float(choice["regularization"]),
             "alpha": float(choice["alpha"]), "input": choice["input"],
