@@ -137,8 +137,9 @@ def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
                             producer.send_raw(topic, line)
                             continue
                         producer.send(topic, event, kind)
-                else:
-                    producer.send_many(topic, chunk.rows, kind)
+                else:       # a file's rows carry --kind, so any topic's consumer knows it
+                    producer.send_many(topic, ([{**r, "kind": kind} if kind and "kind" not in r
+                                                else r for r in chunk.rows]), kind)
                 bar.update(len(chunk.numbers))
     return {"events": producer.events, "messages": producer.messages,
             "seconds": time.monotonic() - started}
