@@ -230,8 +230,10 @@ def _what(gate: dict, published: dict | None, served: Candidate | None, metric: 
     if gate.get("publish"):
         if published is None:
             return f"not published yet: the gate chose {served.label}{holdout}."
-        return (f"not published ({published.get('reason', 'the publish failed')}): what users "
-                f"get did not change; the gate had chosen {served.label}{holdout}.")
+        why = published.get("reason", "the publish failed")
+        lost = "fenced: " if published.get("fenced") else ""     # another run holds the model
+        return (f"not published ({lost}{why}): what users get did not change; the gate had "
+                f"chosen {served.label}{holdout}.")
     if before.get("version") is not None:
         return (f"nothing published: version {before['version']} stays served (holdout {metric} "
                 f"{number(before.get('value'))} when it was published).")

@@ -126,6 +126,14 @@ def test_summary_of_a_rejection_a_trivial_list_and_a_challenger(gate, first, why
     assert why in " ".join(text.split())
 
 
+def test_a_run_that_lost_its_lease_says_it_was_fenced():
+    published = {"published": False, "version": None, "fenced": True,
+                 "reason": "the retrain lease (token 1) is no longer held"}
+    text = format_summary(_summary(_gate("challenger-als"), published, "fenced"))
+    assert text.splitlines()[0].startswith("model movies (altsvm): not published (fenced: the "
+                                           "retrain lease (token 1) is no longer held)")
+
+
 def test_a_trial_run_says_nothing_changed_and_lists_every_candidate():
     text = format_summary({"model": "movies", "algorithm": "altsvm", "train": TRAIN,
                            "decision": "trained"})
