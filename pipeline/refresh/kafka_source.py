@@ -48,8 +48,10 @@ class KafkaRefresh:
     """Consume the model's topics into ``refresher`` until ``stop`` is set."""
 
     def __init__(self, refresher, settings, *, batch_ms: int = 200,
-                 stop: threading.Event | None = None, topics: dict | None = None):
+                 stop: threading.Event | None = None, topics: dict | None = None,
+                 group: str | None = None):
         self.refresher, self.settings = refresher, settings
+        self.group = group or group_of(refresher.model)   # another: a test's own, say
         self.batch = batch_ms / 1000.0
         self.stop = stop or threading.Event()
         self.kinds = topics or {default_topic(k): k for k in refresher.cfg.kinds}  # topic: kind
@@ -78,7 +80,7 @@ class KafkaRefresh:
 
         consumer = KafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
-            group_id=group_of(self.refresher.model),
+            group_id=self.group,
             client_id=f"rankstream-refresh-{os.getpid()}", enable_auto_commit=False,
             auto_offset_reset="earliest", group_instance_id=member, **GROUP_CONFIG,
             **self.settings.kafka_security)
@@ -175,7 +177,7 @@ class KafkaRefresh:
             self.stop.wait(1.0)     # nothing served yet: nothing to refresh against
         # a static member id per process slot, as ingest's: a refresher restarted after a crash
         # takes the dead one's partitions at once, not after its 45 s session timeout
-        group = group_of(refresher.model)
+        group = self.group
         with member_slot(group) as member:
             self._run(member)
             leave_group(self.settings, group, member)   # a clean stop hands them over now

@@ -54,7 +54,10 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
     refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
                           redis_url=redis_url)
     topic = f"rs.refresh.{uuid.uuid4().hex[:8]}"
-    loop = KafkaRefresh(refresher, settings, batch_ms=100, topics={topic: "rating"})
+    # a consumer group of this test's own: no member another test left behind can hold up
+    # the assignment (a dead member keeps its place until its session times out)
+    loop = KafkaRefresh(refresher, settings, batch_ms=100, topics={topic: "rating"},
+                        group=f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}")
     thread = threading.Thread(target=loop.run, daemon=True)
     thread.start()
     producer = EventProducer(kafka_bootstrap)
