@@ -37,7 +37,7 @@ from pipeline.serving.lookup import TopK
 from pipeline.serving.redis_client import as_client
 from pipeline.settings import Settings
 from pipeline.training import retrain
-from pipeline.training.config import parse_model
+from tests.refresh import models
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 30.0
@@ -45,15 +45,6 @@ K = 10
 MISMATCH: list = []
 
 
-def models():
-    spec = {"algorithm": "altsvm", "kinds": ["rating"],
-            "params": {"rank": 8, "reg_ratio": 0.3, "item_bias": True, "max_iter": 30,
-                       "tol": 1e-4, "random_state": 0, "n_threads": 1,
-                       "comparisons": "implicit", "implicit_per_user": 200,
-                       "implicit_min_rating": "relevance"},
-            "evaluation": {"holdout": 4},
-            "gate": {"tolerance": 1.0, "if_trivial": "publish_trivial"}}
-    return {"movies": parse_model("movies", spec, "test")}
 
 
 def child(argv: list[str]) -> None:

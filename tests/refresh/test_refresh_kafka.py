@@ -22,20 +22,11 @@ from pipeline.serving.lookup import TopK
 from pipeline.serving.redis_client import as_client
 from pipeline.settings import Settings
 from pipeline.training import retrain
-from pipeline.training.config import parse_model
+from tests.refresh import models as refresh_models
 
 DEADLINE = 30.0
 
 
-def _models():
-    spec = {"algorithm": "altsvm", "kinds": ["rating"],
-            "params": {"rank": 8, "reg_ratio": 0.3, "item_bias": True, "max_iter": 30,
-                       "tol": 1e-4, "random_state": 0, "n_threads": 1,
-                       "comparisons": "implicit", "implicit_per_user": 200,
-                       "implicit_min_rating": "relevance"},
-            "evaluation": {"holdout": 4},
-            "gate": {"tolerance": 1.0, "if_trivial": "publish_trivial"}}
-    return {"movies": parse_model("movies", spec, "test")}
 
 
 @pytest.fixture
@@ -47,7 +38,7 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
     events = synthetic.rating_events(n_users=200, n_items=120, per_user=25, seed=3)
     path = synthetic.write_jsonl(events, tmp_path / "ratings.jsonl")
     ingest_files([path], "rating", settings=settings, progress=False)
-    models = _models()
+    models = refresh_models()
     run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
     assert run["decision"] == "published", run.get("reason")
     topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
