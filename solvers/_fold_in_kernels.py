@@ -21,13 +21,17 @@ from solvers._random import next_u64
 
 
 @njit(cache=True)
-def _objective(D, offset, u, reg):
-    residual = 1.0 - D @ u - offset
+def _objective(D, offset, m, u, reg, residual):
+    """``reg/2 ‖u‖² + Σ max(0, r_c)²`` with ``r_c = 1 − d_cᵀu − o_c`` written to ``residual``."""
     value = 0.5 * reg * np.dot(u, u)
-    for c in range(residual.shape[0]):
-        if residual[c] > 0.0:
-            value += residual[c] * residual[c]
-    return value, residual
+    for c in range(m):
+        r = 1.0 - offset[c]
+        for k in range(u.shape[0]):
+            r -= D[c, k] * u[k]
+        residual[c] = r
+        if r > 0.0:
+            value += r * r
+    return value
 
 
 @njit(cache=True)
@@ -35,32 +39,59 @@ def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has
                               max_iter, tol):
     n_users, rank = len(indptr) - 1, V.shape[1]
     U = np.zeros((n_users, rank))
-    eye = reg * np.eye(rank)
+    longest = 0
     for n in range(n_users):
-        lo, hi = indptr[n], indptr[n + 1]
-        if hi == lo:
+        longest = max(longest, indptr[n + 1] - indptr[n])
+    # one set of buffers for every user: a user's problem is a few µs of arithmetic, and
+    # allocating its D, residuals and active rows each step cost more than the arithmetic
+    D = np.empty((longest, rank))
+    offset = np.empty(longest)
+    residual = np.empty(longest)
+    trial_residual = np.empty(longest)
+    active = np.empty((longest, rank))
+    g = np.empty(rank)
+    for n in range(n_users):
+        lo, m = indptr[n], indptr[n + 1] - indptr[n]
+        if m == 0:
             continue
-        w, x = winners[lo:hi], losers[lo:hi]
-        D = np.ascontiguousarray(V[w] - V[x])
-        offset = bias[w] - bias[x]
+        for c in range(m):
+            w, x = winners[lo + c], losers[lo + c]
+            offset[c] = bias[w] - bias[x]
+            for k in range(rank):
+                D[c, k] = V[w, k] - V[x, k]
         u = starts[n].copy() if has_start[n] else np.zeros(rank)
-        value, residual = _objective(D, offset, u, reg)
+        value = _objective(D, offset, m, u, reg, residual)
         for _ in range(max_iter):
-            active = np.flatnonzero(residual > 0.0)
-            A = np.ascontiguousarray(D[active])
-            g = reg * u - 2.0 * (A.T @ residual[active])
+            # gradient reg u − 2 Σ_active r_c d_c and Hessian reg I + 2 Σ_active d_c d_cᵀ
+            for k in range(rank):
+                g[k] = reg * u[k]
+            for c in range(m):
+                if residual[c] > 0.0:
+                    r2 = 2.0 * residual[c]
+                    for k in range(rank):
+                        g[k] -= r2 * D[c, k]
             if np.dot(g, g) <= tol * max(1.0, reg):
                 break
-            step = np.linalg.solve(eye + 2.0 * (A.T @ A), -g)
+            na = 0
+            for c in range(m):
+                if residual[c] > 0.0:
+                    active[na] = D[c]
+                    na += 1
+            A = active[:na]
+            H = 2.0 * (A.T @ A)       # a BLAS call: the one O(m rank²) part
+            for k in range(rank):
+                H[k, k] += reg
+            step = np.linalg.solve(H, -g)
             slope = np.dot(g, step)
             t = 1.0
             while True:     # the generalized Hessian can overshoot past a kink: backtrack
                 trial = u + t * step
-                new_value, new_residual = _objective(D, offset, trial, reg)
+                new_value = _objective(D, offset, m, trial, reg, trial_residual)
                 if new_value <= value + 1e-4 * t * slope or t < 1e-10:
                     break
                 t *= 0.5
-            u, value, residual = trial, new_value, new_residual
+            u, value = trial, new_value
+            residual, trial_residual = trial_residual, residual
         U[n] = u
     return U
 
@@ -78,14 +109,26 @@ def implicit_pairs_many(met, met_indptr, seeds, per_item, n_items):
         indptr[n + 1] = indptr[n] + count
     winners = np.empty(indptr[-1], np.int64)
     losers = np.empty(indptr[-1], np.int64)
+    others = np.empty(n_items, np.int64)
     for n in range(n_users):
         items = met[met_indptr[n]:met_indptr[n + 1]]
         n_others = n_items - len(items)
-        gaps = items - np.arange(len(items))     # the r-th item not met is r + #{gaps <= r}
-        out = indptr[n]
-        for k in range(indptr[n + 1] - indptr[n]):
+        out, count = indptr[n], indptr[n + 1] - indptr[n]
+        # the r-th item not met: read from a list of them when the draws outnumber the
+        # items (one pass over the items), else r + #{m_j − j ≤ r} by a binary search
+        listed = 4 * count >= n_items
+        if listed:
+            j, at = 0, 0
+            for i in range(n_items):
+                if j < len(items) and items[j] == i:
+                    j += 1
+                else:
+                    others[at] = i
+                    at += 1
+        gaps = items - np.arange(len(items))
+        for k in range(count):
             _, bits = next_u64(seeds[n] + np.uint64(k))
             r = np.int64(bits % np.uint64(n_others))
             winners[out + k] = items[k // per_item[n]]
-            losers[out + k] = r + np.searchsorted(gaps, r, side="right")
+            losers[out + k] = others[r] if listed else r + np.searchsorted(gaps, r, side="right")
     return winners, losers, indptr

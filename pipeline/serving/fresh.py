@@ -35,6 +35,7 @@ from pipeline.serving.layout import (
     pack_pairs,
 )
 from pipeline.serving.shards import NodeBatch
+from solvers.fold_in import sorted_unique
 from solvers.topk import user_topk_blocks
 
 USERS_PER_SCRIPT = 200   # users one script call writes (bounds the time a script holds Redis)
@@ -86,7 +87,7 @@ def fresh_lists(st, factors, user_factors, seen: list, top_k: int) -> list[bytes
     if U.shape[1] != st.rank:
         raise ValueError(f"user factors have {U.shape[1]} values, the version has rank "
                          f"{st.rank}")
-    rows = [np.unique(np.asarray(x, dtype=np.int64).reshape(-1)) for x in seen]
+    rows = [sorted_unique(x) for x in seen]
     for x in rows:
         if len(x) and (x[0] < 0 or x[-1] >= st.n_items):
             raise ValueError(f"seen indices name item {int(x[-1])} or {int(x[0])}, the "

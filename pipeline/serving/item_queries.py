@@ -265,12 +265,17 @@ class ItemItemFoldIn(FoldIn):
     keys = ()
 
     def user_factor(self, st, V, b, met, pairs, spec):
+        return self.user_factors(st, V, b, [met], [pairs], spec)[0]
+
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
         if V.shape[0] != V.shape[1]:
             raise ValueError(f"item_item fold_in needs square item factors (items x items), "
                              f"the version's are {V.shape[0]} x {V.shape[1]}")
-        u = np.zeros(V.shape[1], np.float32)
-        u[np.union1d(met, pairs[:, 0]).astype(np.int64)] = 1.0
-        return u
+        U = np.zeros((len(mets), V.shape[1]), np.float32)
+        for n, (m, p) in enumerate(zip(mets, pairs)):
+            U[n, np.asarray(m, np.int64)] = 1.0
+            U[n, np.asarray(p, np.int64).reshape(-1, 2)[:, 0]] = 1.0
+        return U
 
 
 FOLD_INS: dict[str, FoldIn] = {}

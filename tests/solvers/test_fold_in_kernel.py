@@ -43,8 +43,13 @@ def test_the_batched_draw_is_the_one_by_one_draw():
     from solvers.fold_in import implicit_pairs_many
 
     rng = np.random.default_rng(5)
-    users = [rng.choice(40, size=int(rng.integers(0, 15)), replace=False) for _ in range(25)]
-    users += [np.arange(40), np.array([3, 3, 1])]       # every item met; repeated items
-    per = [int(rng.integers(0, 6)) for _ in users]
-    for n, got in enumerate(implicit_pairs_many(users, 40, per)):
-        assert (got == implicit_pairs(users[n], 40, per[n])).all() and got.shape[1] == 2
+    # 40 items: most users' draws outnumber the items (read from the list of items not met);
+    # 1,000: few draws (found by a binary search)
+    for n_items in (40, 1000):
+        users = [rng.choice(n_items, size=int(rng.integers(0, 15)), replace=False)
+                 for _ in range(25)]
+        users += [np.arange(n_items), np.array([3, 3, 1])]   # every item met; repeated items
+        per = [int(rng.integers(0, 6)) for _ in users]
+        for n, got in enumerate(implicit_pairs_many(users, n_items, per)):
+            want = implicit_pairs(users[n], n_items, per[n])
+            assert (got == want).all() and got.shape[1] == 2
