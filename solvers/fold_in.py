@@ -195,3 +195,11 @@ def least_squares_fold_in_many(V, items_of_users, *, reg: float, alpha: float,
         np.add(base, (alpha - 1.0) * (Y.T @ Y), out=A[n])
         rhs[n, :, 0] = alpha * Y.sum(axis=0)
     return np.linalg.solve(A, rhs)[:, :, 0] if len(A) else np.zeros((0, V.shape[1]))
+
+
+def load_kernels() -> None:
+    """Load the jitted fold-in kernels (from numba's cache, or compiled) with a tiny problem,
+    so a server worker's first fold-in does not pay for it (a few hundred ms, once)."""
+    V = np.eye(3)
+    pairwise_fold_in_many(V, None, implicit_pairs_many([np.array([0])], 3, [2]), reg=1.0,
+                          loss="squared_hinge")
