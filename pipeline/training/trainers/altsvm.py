@@ -241,11 +241,8 @@ class AltSVMTrainer(Trainer):
         items; the pairwise accuracy of their pairs."""
         out = self.topk_metrics(model, arrays, cfg, TEST)
         U, V, b = factors_of(model)
-
-        def predict(users, items):
-            s = np.einsum("ij,ij->i", U[users], V[items])
-            return s if b is None else s + b[items]
-        return {**out, **self.rated_metrics(predict, arrays, cfg)}
+        return {**out, **self.rated_metrics(
+            lambda users, items: pair_scores(U, V, b, users, items), arrays, cfg)}
 
     @staticmethod
     def rated_metrics(predict, arrays: dict, cfg) -> dict:
@@ -350,3 +347,27 @@ class AltSVMTrainer(Trainer):
             if k != "reg_source":
                 out[WARM_PREFIX + k] = np.array(v)
         return out
+
+
+def pair_scores(U, V, b, users, items, block: int = 1 << 22) -> np.ndarray:
+    """``U[u]·V[i] (+ b[i])`` of each (user, item) pair, by whichever way moves fewer numbers:
+    gathering both factors of every pair (pairs x rank), or the users' whole score rows by
+    BLAS, ``block`` scores at a time (users x items). An item-item model's factors are as wide
+    as the catalogue: gathering them for 100k rated pairs moves gigabytes, while MovieLens's
+    943 x 1,682 score rows are 1.6M numbers."""
+    users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
+    wanted = np.unique(users)
+    if len(users) * U.shape[1] <= len(wanted) * V.shape[0]:
+        s = np.einsum("ij,ij->i", U[users], V[items])
+        return s if b is None else s + b[items]
+    out = np.empty(len(users), np.result_type(U, V))
+    order = np.argsort(users, kind="stable")
+    ends = np.searchsorted(users[order], wanted, side="right")
+    step = max(1, block // max(V.shape[0], 1))
+    for lo in range(0, len(wanted), step):
+        rows = U[wanted[lo:lo + step]] @ V.T         # (users in the block) x items
+        first = 0 if lo == 0 else ends[lo - 1]
+        at = order[first:ends[min(lo + step, len(wanted)) - 1]]
+        out[at] = rows[np.searchsorted(wanted[lo:lo + step], users[at]), items[at]]
+    return out if b is None else out + b[items]
+

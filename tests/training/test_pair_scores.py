@@ -1,0 +1,28 @@
+"""Scores of (user, item) pairs for the rated metrics, by either path, against the direct
+per-pair dot product."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.training.trainers.altsvm import pair_scores
+
+
+@pytest.mark.parametrize("rank, block", [(3, 1 << 22), (400, 1 << 22), (400, 700)])
+def test_pair_scores_are_the_pairs_dot_products(rank, block):
+    # rank 3: gathering each pair's factors moves less; rank 400 (an item-item model's width):
+    # whole score rows, in one block or in blocks of a few users
+    rng = np.random.default_rng(rank + block)
+    n_users, n_items = 40, 300
+    U = rng.standard_normal((n_users, rank))
+    V = rng.standard_normal((n_items, rank))
+    users = rng.integers(0, n_users, 5000)
+    items = rng.integers(0, n_items, 5000)
+    want = np.array([U[u] @ V[i] for u, i in zip(users, items)])
+    np.testing.assert_allclose(pair_scores(U, V, None, users, items, block=block), want,
+                               rtol=1e-10, atol=1e-10)
+    b = rng.standard_normal(n_items)
+    np.testing.assert_allclose(pair_scores(U, V, b, users, items, block=block), want + b[items],
+                               rtol=1e-10, atol=1e-10)
+    assert pair_scores(U, V, b, users[:0], items[:0]).shape == (0,)
