@@ -370,4 +370,3 @@ def pair_scores(U, V, b, users, items, block: int = 1 << 22) -> np.ndarray:
         at = order[first:ends[min(lo + step, len(wanted)) - 1]]
         out[at] = rows[np.searchsorted(wanted[lo:lo + step], users[at]), items[at]]
     return out if b is None else out + b[items]
-
