@@ -84,6 +84,11 @@ class KafkaRefresh:
             client_id=f"rankstream-refresh-{os.getpid()}", enable_auto_commit=False,
             auto_offset_reset="earliest", group_instance_id=member, **GROUP_CONFIG,
             **self.settings.kafka_security)
+        # the group leader's first assignment covers only the topics its metadata knows: fetch
+        # them first, or they are assigned in a second rebalance, which kafka-python was seen
+        # not to finish (a refresher with no partitions, ever; twice in the Kafka tests)
+        for topic in sorted(self.kinds):
+            consumer.partitions_for_topic(topic)
         consumer.subscribe(sorted(self.kinds), listener=Listener())
         return consumer
 

@@ -37,6 +37,7 @@ from pipeline.serving.lookup import TopK
 from pipeline.serving.redis_client import as_client
 from pipeline.settings import Settings
 from pipeline.training import retrain
+from tests.ingest.factory import new_topic
 from tests.refresh import models
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ def published(tmp_path, redis_client, redis_url, kafka_bootstrap):
     topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=2)
     t = {"settings": settings, "topk": topk, "events": events, "path": tmp_path,
-         "topic": f"rs.crash.{uuid.uuid4().hex[:8]}", "producer": producer,
+         "topic": new_topic(kafka_bootstrap, prefix="rs.crash"), "producer": producer,
          "sent": {}, "redis": redis_client}
     yield t
     producer.close(timeout=10)

@@ -22,6 +22,7 @@ from pipeline.serving.lookup import TopK
 from pipeline.serving.redis_client import as_client
 from pipeline.settings import Settings
 from pipeline.training import retrain
+from tests.ingest.factory import new_topic
 from tests.refresh import models as refresh_models
 
 DEADLINE = 30.0
@@ -44,7 +45,9 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
     topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
     refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
                           redis_url=redis_url)
-    topic = f"rs.refresh.{uuid.uuid4().hex[:8]}"
+    # made before the refresher subscribes: a topic that appears after the first join needs a
+    # second rebalance, and kafka-python once never finished that one (a CI run, 90 s waited)
+    topic = new_topic(kafka_bootstrap, prefix="rs.refresh")
     # a consumer group of this test's own: no member another test left behind can hold up
     # the assignment (a dead member keeps its place until its session times out)
     loop = KafkaRefresh(refresher, settings, batch_ms=100, topics={topic: "rating"},
