@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pipeline.training.report_data import Run, finite_number
 
 # How a plot's axis names a parameter; any other is named as the config names it.
-PARAM_LABELS = {"reg_ratio": "λ / λ_max", "lambda": "λ (EASE's ridge, per mean count)",
+PARAM_LABELS = {"reg_ratio": "λ / λ_max", "lambda": "λ (EASE's ridge)",
                 "blend_weight": "blend weight w (of the first model)",
                 "regularization": "regularization λ", "alpha": "alpha (confidence)"}
 
@@ -167,16 +167,18 @@ def _challenger_curves(ch: dict, higher: bool, blend: dict | None) -> list[Curve
         if "chosen" in t:
             chosen_params = t["chosen"]
             continue
-        groups.setdefault(tuple(sorted(t.get("params", {}))), []).append(t)
+        # a blend's weights, one curve per pair tried ("pair": its name)
+        groups.setdefault((tuple(sorted(t.get("params", {}))), t.get("pair")), []).append(t)
+    served_pair = "+".join((blend or {}).get("pair") or ["model", str(ch.get("name"))])
     curves = []
-    for keys, tried in groups.items():
+    for (keys, name), tried in groups.items():
         params, values, skipped = _scored(tried)
         if not params:
             continue
         if keys == ("blend_weight",):
-            pair = "+".join((blend or {}).get("pair") or ["model", str(ch.get("name"))])
+            pair = served_pair if name is None else name if "+" in name else f"model+{name}"
             title = f"blend {pair}: weight"
-            weight = (blend or {}).get("weight")
+            weight = (blend or {}).get("weight") if name in (None, _short(served_pair)) else None
             pick = [i for i, p in enumerate(params) if p["blend_weight"] == weight]
         else:
             title = f"challenger {ch.get('name')}: tuner"
@@ -184,6 +186,11 @@ def _challenger_curves(ch: dict, higher: bool, blend: dict | None) -> list[Curve
         chosen = pick[0] if pick else _best(values, higher)
         curves.append(Curve(title, params, values, chosen, skipped=skipped))
     return curves
+
+
+def _short(pair: str) -> str:
+    """A pair's name as its blend is named: the model left out (``model+ease`` is ``ease``)."""
+    return "+".join(n for n in pair.split("+") if n != "model")
 
 
 def validation_curves(run: Run, higher: bool) -> tuple[list[Curve], list[str]]:

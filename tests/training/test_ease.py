@@ -86,7 +86,10 @@ def test_config_takes_a_list_of_challengers():
 
 @pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
 def test_ease_is_tuned_gated_published_looked_up_and_folded_in(tmp_path, redis_url,
-                                                              redis_client):
+                                                              redis_client, monkeypatch):
+    ridges = []    # λ of every fit, in order: the search's on TRAIN, then the final two
+    real = ease.ease_weights
+    monkeypatch.setattr(ease, "ease_weights", lambda X, lam: ridges.append(lam) or real(X, lam))
     settings = Settings(home=tmp_path / "home", namespace=f"e{tmp_path.name[-12:]}")
     events = synthetic.rating_events(n_users=300, n_items=150, per_user=30, seed=1,
                                      choice=3.0)
@@ -104,7 +107,11 @@ def test_ease_is_tuned_gated_published_looked_up_and_folded_in(tmp_path, redis_u
     assert ch["name"] == "ease" and gate["metric"] in ch["metrics"], ch
     searched = [t for t in ch["tried"] if "params" in t]
     assert 2 <= len(searched) <= ease.MAX_LAMBDAS
-    assert ch["tried"][-1]["chosen"]["lambda"] in ease.LAMBDAS
+    chosen = ch["tried"][-1]["chosen"]["lambda"]
+    assert chosen in {t["params"]["lambda"] for t in searched}
+    # the λ chosen on TRAIN fits the holdout's and the published fit as it is: the best λ
+    # does not grow with the rows, so it is not rescaled by their larger mean count
+    assert ridges[-2:] == [chosen, chosen], (ridges, chosen)
     assert run["decision"] == "published" and gate["publishes"] == "challenger-ease", gate
     with TopK(redis_url, namespace=settings.namespace) as topk:
         answer = topk.recommend("movies", events[0]["user"], k=5)

@@ -38,6 +38,7 @@ way (``blend_fold_in``: each model's own fold-in on its columns, scaled).
 from __future__ import annotations
 
 import time
+from itertools import combinations
 
 import numpy as np
 
@@ -243,9 +244,11 @@ def _blend_name(pair: tuple) -> str:
 
 
 def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict):
-    """``(blend or None, tried, pair, weight)``: the two candidates best on validation
-    blended with the weight best on validation (a warm run that reused its choices: the last
-    pair and weight), scored on the holdout, and its publishable artifact."""
+    """``(blend or None, tried, pair, weight)``: of every two candidates and every weight,
+    the blend best on validation (a warm run that reused its choices: the last pair and
+    weight), scored on the holdout, and its publishable artifact. Every pair, not the best two
+    alone: on MovieLens 100K the best two on validation, AltSVM and EASE, blended to 0.2559
+    P@10 on held-out data, and ALS and EASE to 0.2646."""
     seed, metric = int(cfg.evaluation["seed"]), cfg.metric
     sign = 1.0 if trainer.family.higher_is_better(metric) else -1.0
     by_name = {c.name: c for c in [model, *fits] if c.skipped is None and c.served is not None}
@@ -258,14 +261,21 @@ def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict):
                                                     VALIDATION).get(metric)
         ranked = sorted(scorable, key=lambda n: (scorable[n].validation is None,
                                                  -sign * (scorable[n].validation or 0.0)))
-        pair = tuple(ranked[:2]) if "model" not in ranked[:2] else (
-            "model", next(n for n in ranked[:2] if n != "model"))
-        weight, tried = _blend_weight(trainer, by_name[pair[0]].validated,
-                                      by_name[pair[1]].validated, arrays, cfg, seed)
-        best = max((t["validation"] for t in tried if t["validation"] is not None),
-                   key=lambda v: sign * v, default=None)
-        parts = [scorable[n].validation for n in pair if scorable[n].validation is not None]
-        if best is None or any(sign * (best - v) <= 0 for v in parts):
+        best = None    # (value, pair, weight) of the best blend of any two, on validation
+        for pair in combinations(ranked, 2):
+            pair = ("model", next(n for n in pair if n != "model")) if "model" in pair else pair
+            w, curve = _blend_weight(trainer, by_name[pair[0]].validated,
+                                     by_name[pair[1]].validated, arrays, cfg, seed)
+            tried += [{**t, "pair": _blend_name(pair)} for t in curve]
+            value = next((t["validation"] for t in curve
+                          if t["params"]["blend_weight"] == w), None)
+            if value is not None and (best is None or sign * value > sign * best[0]):
+                best = (value, pair, w)
+        if best is None:
+            return None, tried, None, None
+        value, pair, weight = best
+        if any(sign * (value - scorable[n].validation) <= 0 for n in pair
+               if scorable[n].validation is not None):
             # no mix beats both its parts where the weight was chosen: a blend would only
             # be a coin flip on the holdout (seen on MovieLens: ALS+EASE served at 0.97x ALS)
             return None, tried, None, None

@@ -8,9 +8,17 @@ The problem, with X the binary users x items matrix of met rows and λ > 0::
 has the closed form ``B = I − P · diag(1 / diag P)`` with ``P = (XᵀX + λI)⁻¹`` (Steck, eq. 8):
 ``B_ij = −P_ij / P_jj`` off the diagonal, 0 on it. A user's scores are ``x · B``. P is computed
 in float32 by a Cholesky factorization and inverse (LAPACK ``spotrf``/``spotri``), about
-``n³`` operations and two ``n x n`` float32 arrays; λ is chosen on the validation split from
-``LAMBDAS`` (a search from the middle, coarse steps then fine), scaled by the mean item count
-so one grid fits data sets of any density.
+``n³`` operations and two ``n x n`` float32 arrays.
+
+**λ** is chosen on the validation split (fits on TRAIN) from ``LAMBDAS`` times TRAIN's mean
+item count (so one grid fits catalogues of any density), by a search from ``LAMBDA_START`` in
+steps of 2x, then √2. The chosen λ is then used **as it is** for the fits on more rows (the
+holdout's, the published one), not rescaled by their larger mean count: the best λ does not
+grow with the rows. On MovieLens 100K (NDCG@10 of relevant held-out items) it was 1,000,
+700 and 500 when fitted on 40%, 64% and 80% of the bench's training rows (mean counts 19, 31
+and 39), and 520 on all of them (47.5) against the bench's held-out 20%; rescaling the
+validation's choice by the mean count doubled it for the published fit and cost 6% P@10
+(0.2516 at λ ≈ 1,540 against 0.2686 at 520).
 
 **Published as a factor model, exactly.** ``x · B = U Vᵀ`` with ``U = X`` (each user's met
 items as a 0/1 row, rank = the item count) and ``V = Bᵀ``: a ``user_item`` artifact whose
@@ -23,8 +31,8 @@ above ``tune.ease_max_items`` items (default 5,000: 100 MB of B) or when ``2 n²
 (and the users' rows) would take more than half of the memory available. The refresher folds
 a user in like any other ``user_item`` model.
 
-A warm run reuses the last λ (per mean item count) until the rows grew by
-``REUSE_GROWTH``; the fit itself has no warm start (it is one closed form).
+A warm run reuses the last λ until the rows grew by ``REUSE_GROWTH``, then searches next to
+it; the fit itself has no warm start (it is one closed form).
 """
 
 from __future__ import annotations
@@ -39,11 +47,11 @@ from pipeline.training.trainers import Challenger
 from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
 from pipeline.training.tuning import pattern_search, skipped
 
-# λ per mean item count (the mean of diag XᵀX), in steps of 2: top-10 of unmet items on
-# MovieLens 100K peaks near 64 (λ ≈ 2,000 at a mean of ~30 users per item); sparser
-# catalogues want less
-LAMBDAS = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]
-LAMBDA_START = 32.0
+# λ per TRAIN's mean item count (the mean of diag XᵀX), in steps of √2 from 1 to 512: on
+# MovieLens 100K the validation peaks near 23 (λ ≈ 700 at a mean of 31 users per item);
+# sparser catalogues want less
+LAMBDAS = [round(2.0 ** (k / 2), 3) for k in range(19)]
+LAMBDA_START = 16.0
 MAX_LAMBDAS = 6        # λ values scored at most (each is one n³ inverse)
 
 
@@ -134,38 +142,38 @@ def challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
                           tried=[skipped({"n_items": n_items}, reason)])
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
-    last = float(np.asarray(warm["lambda"])) if warm and "lambda" in warm else None
+    last = float(np.asarray(warm["ridge"])) if warm and "ridge" in warm else None
     tried, validated, warning, value = [], {}, None, None
     X_train = met_matrix(arrays, (TRAIN,))
     if last is not None and n_rows <= REUSE_GROWTH * float(np.asarray(warm["n_rows"])):
         lam, source = last, "last tuning"
     else:
-        scale = _mean_count(X_train)
+        grid = [round(per * _mean_count(X_train), 1) for per in LAMBDAS]   # λ itself
 
         def score(params: dict):
-            B = ease_weights(X_train, params["lambda"] * scale)
+            B = ease_weights(X_train, params["lambda"])
             validated[params["lambda"]] = B
             return trainer.topk_metrics(factors(X_train, B), arrays, cfg, VALIDATION).get(metric)
 
-        start = LAMBDA_START if last is None else min(LAMBDAS, key=lambda v: abs(np.log(v / last)))
+        near = LAMBDA_START * _mean_count(X_train) if last is None else last
         best, tried, warning = pattern_search(
-            {"lambda": LAMBDAS}, {"lambda": start}, score,
+            {"lambda": grid}, {"lambda": min(grid, key=lambda v: abs(np.log(v / near)))}, score,
             higher_is_better=trainer.family.higher_is_better(metric),
             max_settings=MAX_LAMBDAS if last is None else 3,
             budget_seconds=float(cfg.tune.get("budget_seconds", TUNE_KEYS["budget_seconds"])),
             first_step=2 if last is None else 1)
         lam, source, value = best["params"]["lambda"], "tuned", best["validation"]
     X = met_matrix(arrays, (TRAIN, VALIDATION))
-    evaluated = factors(X, ease_weights(X, lam * _mean_count(X)))
+    evaluated = factors(X, ease_weights(X, lam))
     metrics = trainer.evaluate(evaluated, arrays, cfg)
     X_all = met_matrix(arrays, (TRAIN, VALIDATION, TEST))
-    served = factors(X_all, ease_weights(X_all, lam * _mean_count(X_all)))
+    served = factors(X_all, ease_weights(X_all, lam))
     spec = {"method": "item_item", "input": "met"}    # every met item, as X counts them
     artifact = trainer.factor_artifact(served, arrays, fold_in=spec)
     B_val = validated.get(lam)
     return Challenger(name="ease", metrics=metrics, artifact=artifact,
                       tried=tried + [{"chosen": {"lambda": lam}, "source": source}],
                       fit_seconds=time.perf_counter() - started, warning=warning,
-                      warm={"lambda": np.array(lam), "n_rows": np.array(n_rows)},
+                      warm={"ridge": np.array(lam), "n_rows": np.array(n_rows)},
                       validated=None if B_val is None else factors(X_train, B_val),
                       evaluated=evaluated, served=served, validation=value, fold_in=spec)
