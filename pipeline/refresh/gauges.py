@@ -9,6 +9,7 @@
 ``rankstream_refresh_events_total{model}``      events applied
 ``rankstream_refresh_heals_total{model}``       republished after Redis lost the model
 ``rankstream_refresh_flips_total{model}``       served versions re-applied to
+``rankstream_refresh_rejoins_total{model}``     rebalances that did not finish, given up on
 ``rankstream_refresh_backlog{model,partition}``  messages behind the partition's end
 ``rankstream_refresh_stats_age_seconds{model}``  since the refresher last wrote its stats (a
                                                 stopped refresher's numbers grow old)
@@ -42,7 +43,8 @@ class RefreshCollector:
                     for name, help_ in (("users", "users refreshed"),
                                         ("events", "events applied"),
                                         ("heals", "republished after Redis lost the model"),
-                                        ("flips", "served versions re-applied to"))}
+                                        ("flips", "served versions re-applied to"),
+                                        ("rejoins", "rebalances given up on, joined again"))}
         backlog = GaugeMetricFamily("rankstream_refresh_backlog", "messages behind the end",
                                     labels=["model", "partition"])
         age = GaugeMetricFamily("rankstream_refresh_stats_age_seconds",
@@ -57,7 +59,7 @@ class RefreshCollector:
                 buckets.append((str(bound), cumulative))
             lag.add_metric([model], buckets, s["lag_sum"])
             for name, key in (("users", "users_refreshed"), ("events", "events"),
-                              ("heals", "heals"), ("flips", "flips")):
+                              ("heals", "heals"), ("flips", "flips"), ("rejoins", "rejoins")):
                 counters[name].add_metric([model], s.get(key, 0))
             for partition, behind in s.get("backlog", {}).items():
                 backlog.add_metric([model, partition], behind)

@@ -38,6 +38,16 @@ WATCH_SECONDS = 0.5      # how often ``current`` is checked (a flip, or Redis re
 STATS_SECONDS = 2.0
 MIN_GAP_SECONDS = 0.05   # the shortest batch: what arrives meanwhile is recomputed together
 MAX_RECORDS = 20_000     # one poll's most; a full poll means more is waiting
+# a rebalance (partitions revoked) not finished after this long is given up: the consumer is
+# closed and joins again. kafka-python 3.0 was seen to start a second generation's assignment
+# ("Elected group leader -- performing partition assignments") and never finish it, the
+# refresher then reading nothing; a member that joins again under its static id is assigned at
+# once. Generous next to a normal rebalance here (under 1 s), short next to a user's patience.
+REJOIN_SECONDS = 10.0
+
+
+class StalledRebalance(RuntimeError):
+    """A rebalance that did not finish within :data:`REJOIN_SECONDS`."""
 
 
 def group_of(model: str) -> str:
@@ -61,6 +71,7 @@ class KafkaRefresh:
         self.replay_until: dict = {}    # TopicPartition -> committed offset at assignment
         self.consumer = None
         self.to_place: list = []        # partitions assigned, paused until placed
+        self.revoked_at: float | None = None   # a rebalance began here, and has not finished
 
     def _consumer(self, member: str):
         from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -71,9 +82,11 @@ class KafkaRefresh:
             # runs on kafka-python's IO thread, which must not block: commit asynchronously,
             # and pause new partitions until the main thread knows where each starts
             def on_partitions_revoked(self, revoked):
+                outer.revoked_at = time.monotonic()
                 outer._commit(wait=False)
 
             def on_partitions_assigned(self, assigned):
+                outer.revoked_at = None
                 if assigned:
                     outer.consumer.pause(*assigned)
                     outer.to_place.extend(assigned)
@@ -189,7 +202,7 @@ class KafkaRefresh:
 
     def _run(self, member: str) -> None:
         refresher = self.refresher
-        self.consumer = self._consumer(member)
+        self.consumer, self.revoked_at = self._consumer(member), None
         last_flush = last_commit = last_watch = last_stats = time.monotonic()
         while not self.stop.is_set():
             records = self.consumer.poll(timeout_ms=int(MIN_GAP_SECONDS * 1000),
@@ -198,6 +211,10 @@ class KafkaRefresh:
             if self.to_place:
                 self._place()
             now = time.monotonic()
+            if self.revoked_at is not None and now - self.revoked_at > REJOIN_SECONDS:
+                refresher.stats.rejoins += 1
+                raise StalledRebalance(f"a rebalance of group {self.group} did not finish in "
+                                       f"{REJOIN_SECONDS:g} s; joining it again")
             if now - last_watch >= WATCH_SECONDS:
                 refresher.watch()
                 last_watch = now

@@ -36,6 +36,7 @@ class RefreshStats:
     replayed_users: int = 0        # recomputed after a flip or a heal
     flips: int = 0
     heals: int = 0
+    rejoins: int = 0               # rebalances given up on (see kafka_source.REJOIN_SECONDS)
     last_heal: str = ""
     nothing_to_refresh: str = ""   # why, for a version whose shape has no per-user state
     lag_counts: list = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
@@ -56,7 +57,7 @@ class RefreshStats:
         return {"model": self.model, "version": self.version,
                 "users_refreshed": self.users_refreshed, "events": self.events,
                 "replayed_users": self.replayed_users, "flips": self.flips,
-                "heals": self.heals, "last_heal": self.last_heal,
+                "heals": self.heals, "rejoins": self.rejoins, "last_heal": self.last_heal,
                 "nothing_to_refresh": self.nothing_to_refresh,
                 "lag_buckets": list(LAG_BUCKETS), "lag_counts": self.lag_counts,
                 "lag_sum": round(self.lag_sum, 6), "lag_max": round(self.lag_max, 6),

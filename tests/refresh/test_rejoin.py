@@ -1,0 +1,66 @@
+"""The refresher's watchdog on its consumer group (pure logic, a stand-in consumer): a
+rebalance that began (partitions revoked) and was never finished (no assignment) is given up
+after ``REJOIN_SECONDS``: the consumer is closed, the loop joins again, and the metrics count
+it. Seen with kafka-python 3.0.12 against a real broker: a second generation's assignment that
+never came, the refresher reading nothing for good."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.refresh import kafka_source
+from pipeline.refresh.kafka_source import KafkaRefresh, StalledRebalance
+from pipeline.refresh.stats import RefreshStats
+
+
+class _Consumer:
+    """Polls come back empty; the first one starts a rebalance that never finishes."""
+
+    def __init__(self, loop, finish_after: int | None = None):
+        self.loop, self.polls, self.finish_after = loop, 0, finish_after
+        self.closed = False
+
+    def poll(self, timeout_ms, max_records):
+        self.polls += 1
+        if self.polls == 1:
+            self.loop.revoked_at = time.monotonic()          # on_partitions_revoked
+        if self.finish_after is not None and self.polls == self.finish_after:
+            self.loop.revoked_at = None                      # on_partitions_assigned
+        time.sleep(timeout_ms / 1000)
+        return {}
+
+    def close(self, autocommit=False):
+        self.closed = True
+
+
+def _loop(monkeypatch, finish_after=None):
+    refresher = SimpleNamespace(model="movies", stats=RefreshStats("movies"), pending=False,
+                                replay=set(), watch=lambda: "same", flush=lambda: False)
+    settings = SimpleNamespace(home=None, kafka_bootstrap="127.0.0.1:1", kafka_security={})
+    loop = KafkaRefresh(refresher, settings, topics={"t": "rating"}, group="g")
+    consumer = _Consumer(loop, finish_after)
+    monkeypatch.setattr(loop, "_consumer", lambda member: consumer)
+    monkeypatch.setattr(refresher.stats, "write", lambda home: None)
+    monkeypatch.setattr(kafka_source, "REJOIN_SECONDS", 0.3)
+    return loop, consumer
+
+
+def test_a_rebalance_that_never_finishes_is_given_up_and_counted(monkeypatch):
+    loop, consumer = _loop(monkeypatch)
+    started = time.monotonic()
+    with pytest.raises(StalledRebalance, match="did not finish in 0.3 s; joining it again"):
+        loop._run("member-0")
+    assert 0.3 <= time.monotonic() - started < 5.0
+    assert loop.refresher.stats.rejoins == 1
+    assert loop.refresher.stats.to_json()["rejoins"] == 1
+
+
+def test_a_rebalance_that_finishes_keeps_the_consumer(monkeypatch):
+    loop, consumer = _loop(monkeypatch, finish_after=3)
+    threading.Timer(1.0, loop.stop.set).start()
+    loop._run("member-0")                  # stops when told, nothing raised
+    assert consumer.closed and loop.refresher.stats.rejoins == 0 and consumer.polls > 10
