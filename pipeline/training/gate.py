@@ -3,8 +3,10 @@
 In the metric's own direction (``sign`` = +1 when higher is better, −1 when lower is):
 
 1. the candidate is the model; its best challenger (of one or several: ALS, EASE, ...) when
-   ``sign·(model − challenger)`` is below ``−challenger_tolerance``; the blend of the best two
-   (``challenger_mode = "blend"``) when it beats the model and every challenger;
+   ``sign·(model − challenger)`` is below ``−challenger_tolerance``; the blend of the pair best
+   on validation (``challenger_mode = "blend"``) when it beats the model and every challenger
+   on the holdout (by any amount: the best on the holdout is served, as for a challenger;
+   the paired standard error of its lead is said with it);
 2. the candidate must beat every trivial model by ``trivial_margin``; otherwise
    ``if_trivial = "publish_trivial"`` serves the best trivial list instead, and so does a
    model that has nothing served yet (users are never served nothing);
@@ -58,7 +60,7 @@ class Scores:
     challengers: dict = field(default_factory=dict)  # name -> value, for several
     blend_name: str | None = None
     # one standard error of the paired per-user difference between the blend and the best
-    # single candidate on the holdout: the blend, twice the lookup cost, must beat that by more
+    # single candidate on the holdout, said with the blend's lead
     blend_margin: float = 0.0
 
     @property
@@ -128,16 +130,17 @@ def _candidate(s: Scores, rule: Rule) -> tuple[Choice, float | None, list[str]]:
     if rule.challenger_mode != "blend" or s.blend_value is None or not known:
         return choice, value, notes
     by = s.sign * (s.blend_value - max(known, key=lambda v: s.sign * v))
-    if by > s.blend_margin:
+    if by > 0:
+        # the lead's standard error is said, not required: a margin of one standard error
+        # kept a blend 5% better on held-out data unserved (a MovieLens subset: ahead by 0.0011
+        # on the run's holdout, 0.27 standard errors), where a challenger ahead by as little is
+        # served; the blend beat both its parts on validation before it got here
         choice = Choice(Served.BLEND, s.blend_name or s.challenger or name)
         value = s.blend_value
         notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} beats "
-                     f"{'both' if len(known) <= 2 else 'every candidate'}: serving it "
+                     f"{'both' if len(known) <= 2 else 'every candidate'} by {by:.4f} (one "
+                     f"standard error of that lead: {s.blend_margin:.4f}): serving it "
                      f"({choice})")
-    elif by > 0:
-        notes.append(f"the blend (weight {s.blend_weight}) {s.blend_value:.4f} is ahead by "
-                     f"{by:.4f}, within one standard error of that difference "
-                     f"({s.blend_margin:.4f}): serving the single model")
     return choice, value, notes
 
 

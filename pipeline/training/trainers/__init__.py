@@ -190,9 +190,14 @@ class Trainer(abc.ABC):
         return arrays["item_ids"]
 
     def checkpoint(self, fitted: Fitted, arrays: dict) -> dict:
-        """What the next run starts from: the id maps and the served model's warm state."""
+        """What the next run starts from: the id maps and the evaluated model's warm state.
+        Not the served one's, where that learned the holdout too (:meth:`refit`): the split is
+        stable, so a next fit started from it would begin knowing its own holdout rows. On a
+        MovieLens subset that lifted a warm AltSVM's holdout NDCG@10 2.4% over a cold fit of
+        the same rows (ALS's 3.2%, EASE's, which starts from nothing, 0%), and the gate
+        served AltSVM over a blend 5% better on held-out data."""
         return {**{name: arrays[name] for name in self.id_maps},
-                **{WARM_PREFIX + k: v for k, v in fitted.served.warm_state().items()}}
+                **{WARM_PREFIX + k: v for k, v in fitted.model.warm_state().items()}}
 
 
 def warm_state(checkpoint_arrays: dict, prefix: str = WARM_PREFIX) -> dict:
