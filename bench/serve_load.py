@@ -39,7 +39,11 @@ at the end unless ``--keep``):
    saturating rounds at concurrency 16, one at 1 and 64, one paced round at 16), so a busy
    spell of the shared machine hits both alike;
 9. per run, the CPU the server's processes, redis-server, wrk and everything else on the
-   machine took (/proc), which says whether a run was limited by the cores or by a neighbour.
+   machine took (/proc), which says whether a run was limited by the cores or by a neighbour;
+10. ``--servers granian,floor``: the floor, granian with the same settings serving an app that
+   only answers (``bench/floor_app.py``: one fixed body the size of a recommend answer), in the
+   same alternating recommend runs: its p99 at the paced rate is what the machine allows any
+   Python ASGI app under this load, rankstream's lookups and all its middleware left out.
 
 The tables give per-request p50/p99 (from writing the request to the end of the answer),
 wrk's own p99 next to it ("p99 CO": wrk 4 corrects its histogram for coordinated omission,
@@ -105,6 +109,16 @@ TARGET_TEXT = {  # (scenario, concurrency, paced) -> what the tables print next 
     ("recommend", 16, True): "p99 <= 2 ms, sustains 3,000 req/s",
     ("similar", 16, True): "p99 <= 2 ms", ("fold_in", 16, True): "p99 <= 5 ms",
 }
+# --servers ...,floor: the same granian serving an app that only answers (bench/floor_app.py)
+FLOOR = "floor"
+FLOOR_SERVE = """\
+from granian import Granian
+from granian.constants import Interfaces
+Granian("floor_app:app", factory=True, address="127.0.0.1", port={port},
+        interface=Interfaces.ASGI, workers={workers}, log_access=False, log_level="warning",
+        workers_kill_timeout=5).serve()
+"""
+PACED_P99_MS = {"recommend": 2.0, "similar": 2.0, "fold_in": 5.0}   # the issue's, per scenario
 LATE_MS = 2.0      # a paced request that left this much after its slot was sent late
 LATE_SHARE = 0.01   # a paced run with more of its requests late did not hold its schedule
 MODELS_TOML = """\
@@ -375,6 +389,9 @@ def serving(server: str, workers: int, redis_url: str, root: Path, log: Path):
            "--redis-url", redis_url, "--namespace", NAMESPACE, "--config",
            str(root / "models.toml"), "--home", str(root / "home"), "--server", server,
            "--workers", str(workers)]
+    if server == FLOOR:     # granian as rankstream serve starts it, with bench/floor_app.py
+        env["PYTHONPATH"] = str(REPO / "bench")
+        cmd = [sys.executable, "-c", FLOOR_SERVE.format(port=port, workers=workers)]
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -711,10 +728,15 @@ def main(argv=None) -> int:
     ap.add_argument("--wrk-threads", type=int, default=1,
                     help="wrk threads (default 1: the server gets the cores)")
     ap.add_argument("--servers", default="granian,uvicorn",
-                    help="servers to run; the first runs every scenario, the others recommend")
+                    help="servers to run; the first runs every scenario, the others recommend "
+                    "('floor': granian serving an app that only answers, bench/floor_app.py)")
     ap.add_argument("--compare-rounds", type=int, default=5,
                     help="alternating rounds of the servers' saturating recommend runs at "
                     "concurrency 16 (default 5; 1 at concurrency 1 and 64, 1 paced)")
+    ap.add_argument("--paced-rounds", type=int, default=0,
+                    help="also alternate the servers over this many rounds of every paced "
+                    "scenario at concurrency 16 (recommend, similar, fold_in at their rates), "
+                    "and count the rounds within each p99 target")
     for name, (rate, conc) in RATES.items():
         ap.add_argument(f"--rate-{name.replace('_', '-')}", type=float, default=rate,
                         help=f"total req/s of the paced {name} runs at concurrency "
@@ -790,16 +812,22 @@ def main(argv=None) -> int:
                 if len(servers) > 1:    # alternating, so a busy spell of the machine hits both
                     plan = [(c, 0.0, k) for c in CONCURRENCY
                             for k in range(args.compare_rounds if c == 16 else 1)]
-                    if rates["recommend"]:
-                        plan.append((16, rates["recommend"], 0))
-                    for c, rate, k in plan:
+                    plan = [("recommend", *step) for step in plan]
+                    if rates["recommend"] and not args.paced_rounds:
+                        plan.append(("recommend", 16, rates["recommend"], 0))
+                    plan += [(name, 16, rates[name], k) for k in range(args.paced_rounds)
+                             for name in RATES if rates.get(name)]
+                    for name, c, rate, k in plan:
                         for server in servers:
-                            say(t0, f"compare: {server} recommend c{c} "
-                                + (f"paced at {rate:,.0f} req/s" if rate else f"round {k + 1}"))
-                            compare.append({**measure(server, *up[server], files["recommend"],
-                                                      "recommend", c, args, rate),
+                            say(t0, f"compare: {server} {name} c{c} "
+                                + (f"paced at {rate:,.0f} req/s, round {k + 1}" if rate
+                                   else f"round {k + 1}"))
+                            compare.append({**measure(server, *up[server], files[name],
+                                                      name, c, args, rate),
                                             "round": k + 1})
                 for server, (base, _) in up.items():
+                    if server == FLOOR:
+                        continue        # it answers one fixed body: nothing to compare
                     say(t0, f"{server}: comparing answers with the Python client")
                     checks[server] = check_answers(base, topk, scenarios, args.check)
                     say(t0, f"{server}: {args.scrapes} scrapes of /metrics")
@@ -816,7 +844,7 @@ def main(argv=None) -> int:
         for c in CONCURRENCY:
             for paced in (False, True):
                 runs = [r for r in compare if r["server"] == server and r["c"] == c
-                        and bool(r["offered"]) == paced]
+                        and bool(r["offered"]) == paced and r["scenario"] == "recommend"]
                 if runs:
                     rows.append(_median_run(runs))
     report(args, models, published, rows, compare, py, checks, scrapes, problems, servers,
@@ -1005,14 +1033,18 @@ def _run_name(r: dict) -> str:
 def report_servers(args, compare: list[dict], names: list[str]) -> None:
     """The servers side by side: every round, medians, the ratio, and whether rounds overlap."""
     a_name, b_name = names
-    print(f"\nservers, recommend, same {args.workers} workers, both up, runs alternating "
-          f"({args.compare_rounds} saturating rounds at c16, one at c1 and c64, one paced at "
-          "c16):")
-    groups = sorted({(r["c"], r["offered"]) for r in compare}, key=lambda g: (g[1] > 0, g[0]))
-    for c, offered in groups:
+    paced = (f"{args.paced_rounds} paced rounds of each paced scenario at c16"
+             if args.paced_rounds else "one paced at c16")
+    print(f"\nservers, same {args.workers} workers, both up, runs alternating "
+          f"({args.compare_rounds} saturating recommend rounds at c16, one at c1 and c64, "
+          f"{paced}):")
+    groups = sorted({(r["scenario"], r["c"], r["offered"]) for r in compare},
+                    key=lambda g: (g[2] > 0, SCENARIOS.index(g[0]), g[1]))
+    for scenario, c, offered in groups:
         runs = {n: [r for r in compare if r["server"] == n and r["c"] == c
-                    and r["offered"] == offered] for n in names}
-        label = f"c{c} paced at {offered:,.0f} req/s" if offered else f"c{c} saturating"
+                    and r["offered"] == offered and r["scenario"] == scenario] for n in names}
+        label = (f"{scenario} c{c} paced at {offered:,.0f} req/s" if offered
+                 else f"{scenario} c{c} saturating")
         print(f"  {label}:")
         for n in names:
             print(f"    {n:8} " + "; ".join(
@@ -1032,8 +1064,13 @@ def report_servers(args, compare: list[dict], names: list[str]) -> None:
             faster = a_name if ma["p99_us"] <= mb["p99_us"] else b_name
             print(f"    at the same offered rate the lower p99 is {faster}'s "
                   f"({min(ma['p99_us'], mb['p99_us']) / 1e3:.3f} vs "
-                  f"{max(ma['p99_us'], mb['p99_us']) / 1e3:.3f} ms; one round each, so no "
-                  "spread to compare with)")
+                  f"{max(ma['p99_us'], mb['p99_us']) / 1e3:.3f} ms"
+                  + ("; one round each, so no spread to compare with)" if len(a) == 1 else ")"))
+            target = PACED_P99_MS.get(scenario)
+            if target is not None:
+                print("    rounds within p99 <= " f"{target:g} ms: " + ", ".join(
+                    f"{n} {sum(r['p99_us'] <= target * 1e3 for r in runs[n])} of "
+                    f"{len(runs[n])}" for n in names))
         elif len(a) > 1 and len(b) > 1:
             print("    " + _overlap(a_name, [r["rps"] for r in a], b_name, [r["rps"] for r in b]))
     a = [r for r in compare if r["server"] == a_name and r["c"] == 16 and not r["offered"]]
