@@ -118,7 +118,9 @@ Granian("floor_app:app", factory=True, address="127.0.0.1", port={port},
         interface=Interfaces.ASGI, workers={workers}, log_access=False, log_level="warning",
         workers_kill_timeout=5).serve()
 """
-PACED_P99_MS = {"recommend": 2.0, "similar": 2.0, "fold_in": 5.0}   # the issue's, per scenario
+# each paced scenario's p99 target (the rounds within it are counted)
+PACED_P99_MS = {"recommend": TARGETS["recommend_p99_ms_c16"],
+                "similar": TARGETS["similar_p99_ms"], "fold_in": TARGETS["fold_in_p99_ms"]}
 LATE_MS = 2.0      # a paced request that left this much after its slot was sent late
 LATE_SHARE = 0.01   # a paced run with more of its requests late did not hold its schedule
 MODELS_TOML = """\
@@ -810,9 +812,8 @@ def main(argv=None) -> int:
                             rows.append(measure(server, *up[server], files[name], name, c,
                                                 args, rates[name]))
                 if len(servers) > 1:    # alternating, so a busy spell of the machine hits both
-                    plan = [(c, 0.0, k) for c in CONCURRENCY
+                    plan = [("recommend", c, 0.0, k) for c in CONCURRENCY
                             for k in range(args.compare_rounds if c == 16 else 1)]
-                    plan = [("recommend", *step) for step in plan]
                     if rates["recommend"] and not args.paced_rounds:
                         plan.append(("recommend", 16, rates["recommend"], 0))
                     plan += [(name, 16, rates[name], k) for k in range(args.paced_rounds)
@@ -1068,7 +1069,7 @@ def report_servers(args, compare: list[dict], names: list[str]) -> None:
                   + ("; one round each, so no spread to compare with)" if len(a) == 1 else ")"))
             target = PACED_P99_MS.get(scenario)
             if target is not None:
-                print("    rounds within p99 <= " f"{target:g} ms: " + ", ".join(
+                print(f"    rounds within p99 <= {target:g} ms: " + ", ".join(
                     f"{n} {sum(r['p99_us'] <= target * 1e3 for r in runs[n])} of "
                     f"{len(runs[n])}" for n in names))
         elif len(a) > 1 and len(b) > 1:
