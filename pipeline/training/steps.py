@@ -259,6 +259,10 @@ def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_a
     summary = one(ch)
     if ch.others:
         summary["others"] = [one(c) for c in ch.others]
+    if ch.validations:
+        summary["validation"] = ch.validations
+    if ch.holdout_errors:
+        summary["holdout_errors"] = ch.holdout_errors
     if ch.blend is not None:
         blend_metrics, blend_artifact, info = ch.blend
         save(blend_artifact, Choice(Served.BLEND, info.get("name", ch.name)), blend_metrics)
@@ -279,14 +283,15 @@ def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
                  if m.get(metric) is not None},
         challengers={c["name"]: c.get("metrics", {}).get(metric) for c in fitted},
         blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"),
-        blend_name=blend.get("name"), blend_margin=float(blend.get("margin") or 0.0))
+        blend_name=blend.get("name"), blend_margin=float(blend.get("margin") or 0.0),
+        validation=ch.get("validation") or {}, holdout_errors=ch.get("holdout_errors") or {})
 
 
 def _current(versions: list, metric: str) -> gate.Current:
     live = [v for v in versions if v.current]
     if not live:
         return gate.Current(never_served=not versions)
-    return gate.Current(False, live[0].version, live[0].metrics.get(metric))
+    return gate.Current(False, live[0].version, live[0].metrics.get(metric), live[0].served_as)
 
 
 def gate_step(ctx: RunContext) -> dict:

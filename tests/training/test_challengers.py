@@ -348,15 +348,42 @@ def test_the_blend_is_the_best_of_every_pair_on_validation_not_of_the_best_two(m
     monkeypatch.setattr(als, "_blend_weight", blend_weight)
     trainer = SimpleNamespace(family=SimpleNamespace(higher_is_better=lambda m: True),
                               evaluate=lambda factors, arrays, cfg: {"p@10": 0.0},
+                              topk_metrics=lambda factors, arrays, cfg, part: {"p@10": 0.3},
                               factor_artifact=lambda factors, arrays, fold_in: None)
     cfg = SimpleNamespace(evaluation={"seed": 0}, metric="p@10")
     made = {n: Challenger(name=n, metrics={}, artifact=None, validated=f, evaluated=f,
                           served=f, validation=validation[n]) for n, f in fits.items()}
+    validations = {}
     blended, tried, pair, weight = als._blend(trainer, made["model"],
-                                              [made["als"], made["ease"]], {}, cfg, {})
+                                              [made["als"], made["ease"]], {}, cfg, {},
+                                              validations)
     assert pair == ("als", "ease") and weight == 0.5 and blended[2]["name"] == "als+ease"
+    assert validations == {**validation, "blend": 0.32}      # what the gate compares
     assert {t["pair"] for t in tried} == {"als", "ease", "als+ease"}     # every pair tried
     assert len(tried) == 3 * len(als.BLEND_WEIGHTS)
     # no pair beats both its parts: no blend
     pairs.update({("als", "ease"): 0.29, ("model", "ease"): 0.30})
-    assert als._blend(trainer, made["model"], [made["als"], made["ease"]], {}, cfg, {})[0] is None
+    assert als._blend(trainer, made["model"], [made["als"], made["ease"]], {}, cfg, {},
+                      {})[0] is None
+
+
+def test_the_blend_weight_is_chosen_on_validation_and_holdout_together(monkeypatch):
+    """Validation alone picks 0.75 (0.24 against 0.23 at 0.5); the holdout puts 0.5 ahead by
+    more than that (Last.fm: 0.75 was chosen, 0.4–0.6 scored 2% higher held out)."""
+    from types import SimpleNamespace
+
+    from pipeline.training.trainers import Challenger, als
+
+    val = {0.1: 0.20, 0.25: 0.22, 0.5: 0.23, 0.75: 0.24, 0.9: 0.21}
+    held = {0.1: 0.19, 0.25: 0.22, 0.5: 0.26, 0.75: 0.22, 0.9: 0.20}
+    monkeypatch.setattr(als, "blend", lambda first, second, w, seed: w)
+    trainer = SimpleNamespace(topk_metrics=lambda w, arrays, cfg, part: {"p@10": held[w]})
+    cfg = SimpleNamespace(metric="p@10")
+    curve = [{"params": {"blend_weight": w}, "validation": v} for w, v in val.items()]
+    one = Challenger(name="a", metrics={}, artifact=None)
+    weight, value = als._pooled_weight(trainer, one, one, {}, cfg, curve, 1.0, 0)
+    assert (weight, value) == (0.5, 0.23)
+    assert [t["holdout"] for t in curve] == list(held.values())     # said in the report
+    # lower is better: the smallest mean wins
+    weight, _ = als._pooled_weight(trainer, one, one, {}, cfg, curve, -1.0, 0)
+    assert weight == 0.1

@@ -63,6 +63,13 @@ class Challenger:
         no metrics and no artifact, and the gate leaves it out.
     warning : str or None
         What the run summary should say about its tuning (the wall-clock cap ended it).
+    validations : dict
+        Every candidate's validation metric by name (``"model"``, each challenger's,
+        ``"blend"``), set on the first challenger when all were tuned this run: the gate
+        compares candidates on validation and holdout together (:mod:`pipeline.training.gate`).
+    holdout_errors : dict
+        By candidate name (``"model"``, each challenger's): one standard error of its paired
+        per-user holdout difference to the best candidate there (on the first challenger).
     validated, evaluated, served, validation, fold_in
         In memory only, for a blend: the factors ``(U, V, b)`` fitted on TRAIN at the chosen
         setting (None when a warm run reused the last choice), on TRAIN + VALIDATION (what
@@ -85,6 +92,8 @@ class Challenger:
     served: tuple | None = field(default=None, repr=False)
     validation: float | None = None
     fold_in: dict = field(default_factory=dict)
+    validations: dict = field(default_factory=dict)
+    holdout_errors: dict = field(default_factory=dict)
 
 
 @dataclass
