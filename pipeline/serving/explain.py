@@ -173,13 +173,16 @@ def least_squares_terms(st, V, b, u, met, spec: dict) -> Terms:
 
 
 def item_item_terms(st, V, b, u, met, spec: dict) -> Terms:
-    """EASE: ``x_j B_ji`` per met item j, x the served 0/1 row (``V[i, j] = B_ji``)."""
-    if V.shape[0] != V.shape[1]:
+    """EASE: ``x_j B_ji`` per met item j, x the served 0/1 row (``V[i, c] = B_ji`` for the
+    column c of item j: every item's, or those the spec's ``items`` lists)."""
+    items = spec.get("items")
+    if V.shape[1] != (V.shape[0] if items is None else len(items)):
         raise LayoutError(f"model {st.model!r} version {st.version}: item_item factors are "
-                          f"{V.shape[0]} x {V.shape[1]}, expected square")
+                          f"{V.shape[0]} x {V.shape[1]}, expected a column per item")
     x = np.asarray(u, np.float64)
     coords = np.flatnonzero(x)
-    return Terms(coords, np.full(len(coords), -1), np.zeros(len(coords), np.int64), x,
+    met_items = coords if items is None else np.asarray(items, np.int64)[coords]
+    return Terms(met_items, np.full(len(coords), -1), np.zeros(len(coords), np.int64), x,
                  coords=coords, w=x[coords])
 
 

@@ -253,22 +253,39 @@ class ItemItemFoldIn(FoldIn):
     """An item-item model's user (EASE, ``trainers/ease.py``), exactly: the version's factors
     are ``U = X`` (each user's items as a 0/1 row) and ``V = Bᵀ``, so a new user's factor is
     the 0/1 row of the items they met (and the winners of their comparisons), and their
-    scores ``V u = x · B``. Nothing to solve, nothing to derive."""
+    scores ``V u = x · B``. Nothing to solve, nothing to derive. A model on some items only
+    (the spec's ``items``: the item of each column) has a column per such item; the user's
+    other items have none."""
 
     method = "item_item"
     keys = ()
+
+    def check(self, spec: dict) -> None:
+        items = spec.get("items")
+        if items is not None and (not isinstance(items, list) or len(set(items)) != len(items)
+                                  or not all(isinstance(i, int) and i >= 0 for i in items)):
+            raise ValueError(f"fold_in items is {items!r:.60}, expected a list of distinct "
+                             "item indices (one per column)")
 
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
     def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
-        if V.shape[0] != V.shape[1]:
-            raise ValueError(f"item_item fold_in needs square item factors (items x items), "
-                             f"the version's are {V.shape[0]} x {V.shape[1]}")
-        U = np.zeros((len(mets), V.shape[1]), np.float32)
+        items = spec.get("items")
+        wide = V.shape[0] if items is None else len(items)
+        if V.shape[1] != wide:
+            raise ValueError(f"item_item fold_in needs a column per item "
+                             f"({'items x items' if items is None else f'{wide} listed'}), "
+                             f"the version's item factors are {V.shape[0]} x {V.shape[1]}")
+        column = np.arange(wide) if items is None else np.full(V.shape[0], -1, np.int64)
+        if items is not None:
+            column[np.asarray(items, np.int64)] = np.arange(wide)
+        U = np.zeros((len(mets), wide), np.float32)
         for n, (m, p) in enumerate(zip(mets, pairs)):
-            U[n, np.asarray(m, np.int64)] = 1.0
-            U[n, np.asarray(p, np.int64).reshape(-1, 2)[:, 0]] = 1.0
+            met = np.concatenate([np.asarray(m, np.int64),
+                                  np.asarray(p, np.int64).reshape(-1, 2)[:, 0]])
+            cols = column[met]
+            U[n, cols[cols >= 0]] = 1.0
         return U
 
 

@@ -42,8 +42,8 @@ PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 # (the counts are the budget, per data size: pipeline.training.tuning.settings_for_size;
 # budget_seconds is a cap on wall time, and a search it ends says so in the run summary);
 # challenger_settings: the settings a challenger's search (ALS) may score at 100k rows, the
-# count of a plain 24-point grid; ease_max_items: EASE (an items x items model) is skipped,
-# with the reason, above this many items
+# count of a plain 24-point grid; ease_max_items: EASE (an items x items model) is fitted on
+# every item up to this many, past it on the ease_max_items² / n_items most met
 # keys the server's /ui pages read and training does not: kept out of ModelConfig, so that
 # they are no part of a model's config digest (naming a titles file retrains nothing)
 UI_KEYS = ("item_titles",)

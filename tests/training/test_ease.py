@@ -56,8 +56,32 @@ def test_the_factor_form_and_the_fold_in_are_exact():
     x = np.zeros(25, np.float32)
     x[[3, 7, 11, 20]] = 1.0
     np.testing.assert_allclose(V @ u, x @ B, rtol=1e-6)
-    with pytest.raises(ValueError, match="square item factors"):
+    with pytest.raises(ValueError, match="a column per item"):
         method.user_factor(None, V[:, :5], None, met, pairs, {})
+
+
+def test_on_some_items_the_factor_form_and_the_fold_in_are_exact_on_them():
+    """EASE on the columns ``items`` only: U Vᵀ is X[:, items] B on those items and 0 on the
+    others; a new user's factor has a 1 in the column of each of their listed items."""
+    X = _binary(seed=2)
+    items = np.array([0, 2, 3, 7, 11, 13, 20, 24])
+    B = ease.ease_weights(X[:, items], 5.0)
+    U, V, _ = ease.factors(X, B, items)
+    assert U.shape == (60, 8) and V.shape == (25, 8)
+    want = np.zeros((60, 25), np.float32)
+    want[:, items] = X[:, items].toarray() @ B
+    np.testing.assert_allclose(U @ V.T, want, rtol=1e-5, atol=1e-6)
+    method = fold_in_method("item_item")
+    spec = {"method": "item_item", "items": items.tolist()}
+    method.check(spec)
+    u = method.user_factor(None, V, None, np.array([3, 5, 11]), np.array([[20, 4]]), spec)
+    x = np.zeros(25, np.float32)
+    x[[3, 11, 20]] = 1.0              # 5 has no column: it adds nothing
+    np.testing.assert_allclose(V @ u, (x[items] @ B) @ np.eye(25, dtype=np.float32)[items],
+                               rtol=1e-6)
+    for bad in ([1, 1], [-1], "0,1"):
+        with pytest.raises(ValueError, match="distinct item indices"):
+            method.check({"method": "item_item", "items": bad})
 
 
 def _cfg(**tune):
@@ -67,13 +91,28 @@ def _cfg(**tune):
                        "test")
 
 
-def test_too_many_items_or_too_little_memory_skips_it_with_one_line(monkeypatch):
-    reason = ease.too_large(100, 6000, _cfg())
-    assert "6,000 items is over tune.ease_max_items 5,000" in reason and "\n" not in reason
-    assert ease.too_large(100, 50, _cfg(ease_max_items=40)) is not None
-    assert ease.too_large(100, 1000, _cfg()) is None or ease.available_memory() < 2**26
+def test_a_large_catalogue_gets_its_most_met_items_and_too_little_memory_skips_it(
+        monkeypatch):
+    """Up to tune.ease_max_items every item; past it the cap² / n_items most met (V, n_items x
+    N floats, never over cap²); under MIN_ITEMS of them, or without the memory: skipped, with
+    one line."""
+    from scipy.sparse import csr_matrix
+
+    def counts(n_items):    # item j met by j % 7 + 1 users
+        cols = np.concatenate([np.full(j % 7 + 1, j) for j in range(n_items)])
+        rows = np.arange(len(cols)) % 50
+        return csr_matrix((np.ones(len(cols), np.float32), (rows, cols)), shape=(50, n_items))
+
+    assert ease.columns(counts(1000), 50, _cfg()) == (None, None)
+    items, reason = ease.columns(counts(600), 50, _cfg(ease_max_items=500))
+    assert reason is None and len(items) == 500 * 500 // 600 == 416
+    assert list(items) == sorted(items)
+    met = np.asarray(counts(600).sum(axis=0)).ravel()
+    assert met[items].min() >= np.delete(met, items).max()          # the most met
+    items, reason = ease.columns(counts(3000), 50, _cfg(ease_max_items=500))
+    assert items is None and "3,000 items leave 83 columns" in reason and "\n" not in reason
     monkeypatch.setattr(ease, "available_memory", lambda: 2 * 2**20)
-    reason = ease.too_large(100, 1000, _cfg())
+    items, reason = ease.columns(counts(1000), 50, _cfg())
     assert "over half of the 0.0 GiB of memory available" in reason and "\n" not in reason
 
 
@@ -85,8 +124,9 @@ def test_config_takes_a_list_of_challengers():
 
 
 @pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+@pytest.mark.parametrize("cap", [5000, 130], ids=["every item", "the most met items"])
 def test_ease_is_tuned_gated_published_looked_up_and_folded_in(tmp_path, redis_url,
-                                                              redis_client, monkeypatch):
+                                                              redis_client, monkeypatch, cap):
     ridges = []    # λ of every fit, in order: the search's on TRAIN, then the final two
     real = ease.ease_weights
     monkeypatch.setattr(ease, "ease_weights", lambda X, lam: ridges.append(lam) or real(X, lam))
@@ -100,11 +140,13 @@ def test_ease_is_tuned_gated_published_looked_up_and_folded_in(tmp_path, redis_u
            "params": {"item_bias": True, "max_iter": 40, "random_state": 0, "n_threads": 1,
                       "rank": 1, "reg_ratio": 0.3},
            "gate": {"challenger": ["ease"]},
-           "tune": {"budget_seconds": 30, "max_settings": 3}}
+           "tune": {"budget_seconds": 30, "max_settings": 3, "ease_max_items": cap}}
     models = {"movies": parse_model("movies", raw, "test")}
     run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
     gate, ch = run["gate"], run["train"]["challenger"]
     assert ch["name"] == "ease" and gate["metric"] in ch["metrics"], ch
+    columns = ch["tried"][-1]["chosen"].get("items")      # 130² / the items the events met
+    assert columns is None if cap == 5000 else 130 * 130 // 150 <= columns < 130, columns
     searched = [t for t in ch["tried"] if "params" in t]
     assert 2 <= len(searched) <= ease.MAX_LAMBDAS
     chosen = ch["tried"][-1]["chosen"]["lambda"]
@@ -120,6 +162,11 @@ def test_ease_is_tuned_gated_published_looked_up_and_folded_in(tmp_path, redis_u
         folded = topk.fold_in("movies", mine, k=5)
     assert folded.source != "fallback" and len(folded.items) == 5
     assert not set(mine) & {i for i, _ in folded.items}        # their items are left out
+    with TopK(redis_url, namespace=settings.namespace) as topk:    # why: the terms add up
+        item, score = answer.items[0]
+        why = topk.explain("movies", events[0]["user"], item, k=50)
+    assert why.method == "item_item" and abs(why.residual) < 1e-4
+    assert sum(c["term"] for c in why.contributions) == pytest.approx(score, abs=1e-4)
     # warm: the last λ is reused
     again = retrain.run("movies", models, settings=settings, redis_url=redis_url, cold=False)
     assert again["decision"] in ("unchanged", "published", "rejected")

@@ -30,9 +30,10 @@ items keep their indices: id maps are extended, never renumbered) and runs
 
 The blend scores ``w · s₁ / σ₁ + (1 − w) · s₂ / σ₂`` (σ: each model's score spread) of the pair
 of candidates (the model, ALS, EASE) best on validation, with ``w`` from ``BLEND_WEIGHTS``
-chosen on validation and holdout together; it is published as factors ``[w U₁/σ₁, (1 − w) U₂/σ₂]`` against ``[V₁, V₂]``
-with item bias ``w b₁/σ₁``, so lookups stay one dot product; a new user is folded in the same
-way (``blend_fold_in``: each model's own fold-in on its columns, scaled).
+chosen on validation and holdout together; it is published as factors
+``[w U₁/σ₁, (1 − w) U₂/σ₂]`` against ``[V₁, V₂]`` with item bias ``w b₁/σ₁``, so lookups stay
+one dot product; a new user is folded in the same way (``blend_fold_in``: each model's own
+fold-in on its columns, scaled).
 """
 
 from __future__ import annotations

@@ -25,11 +25,18 @@ items as a 0/1 row, rank = the item count) and ``V = Bᵀ``: a ``user_item`` art
 precomputed lists are exact top-K of ``X·B`` (seen items excluded), whose on-demand scores
 are exact, and whose fold-in (``item_item`` in :mod:`pipeline.serving.item_queries`) is exact:
 a new user's factor is the 0/1 row of their items, their scores ``x · B``. B lives in the
-version's item factors (the existing ``V`` chunks: no new keys), ``n² · 4`` bytes; with the
-users' rows that is what bounds the model's size, so EASE is skipped, with a one-line reason,
-above ``tune.ease_max_items`` items (default 5,000: 100 MB of B) or when ``2 n² · 4`` bytes
-(and the users' rows) would take more than half of the memory available. The refresher folds
-a user in like any other ``user_item`` model.
+version's item factors (the existing ``V`` chunks: no new keys); with the users' rows that is
+what bounds the model's size.
+
+**On the most-met items of a large catalogue.** ``V`` is ``n_items x N`` floats for a model on
+N items, and ``tune.ease_max_items`` (default 5,000) bounds it at that many squared (100 MB):
+EASE is fitted on all the items up to it, and past it on the ``N = cap² / n_items`` items met
+most often outside the holdout (the columns of X and B; the spec's ``items`` names them).
+The other items get no EASE score (0): the long tail, which a top-10 of EASE's rarely reaches.
+On a 9,700-item rating set that is its 2,577 most-met items, where EASE on every item would
+publish 380 MB. It is skipped, with a one-line reason, under ``MIN_ITEMS`` such items or when
+its arrays (``2 N² · 4`` bytes and the users' rows) would take more than half of the memory
+available. The refresher folds a user in like any other ``user_item`` model.
 
 A warm run reuses the last λ until the rows grew by ``REUSE_GROWTH``, then searches next to
 it; the fit itself has no warm start (it is one closed form).
@@ -53,6 +60,7 @@ from pipeline.training.tuning import pattern_search, skipped
 LAMBDAS = [round(2.0 ** (k / 2), 3) for k in range(19)]
 LAMBDA_START = 16.0
 MAX_LAMBDAS = 6        # λ values scored at most (each is one n³ inverse)
+MIN_ITEMS = 100        # fewer columns than this say too little to be worth a challenger
 
 
 def ease_weights(X, lam: float) -> np.ndarray:
@@ -96,23 +104,37 @@ def met_matrix(arrays: dict, parts):
     return X
 
 
-def factors(X, B: np.ndarray) -> tuple:
-    """``(U, V, None)`` with ``U Vᵀ = X B``: U the 0/1 rows, V = Bᵀ."""
-    return (np.asarray(X.toarray(), dtype=np.float32), np.ascontiguousarray(B.T), None)
+def factors(X, B: np.ndarray, items: np.ndarray | None = None) -> tuple:
+    """``(U, V, None)`` with ``U Vᵀ = X B``: U the 0/1 rows, V = Bᵀ; on the columns ``items``
+    only (B over them), U is X's columns ``items`` and V has a row per item, zero off them."""
+    if items is None:
+        return (np.asarray(X.toarray(), dtype=np.float32), np.ascontiguousarray(B.T), None)
+    V = np.zeros((X.shape[1], len(items)), np.float32)
+    V[items] = B.T
+    return np.asarray(X[:, items].toarray(), dtype=np.float32), V, None
 
 
-def too_large(n_users: int, n_items: int, cfg) -> str | None:
-    """Why EASE is not fitted on ``n_items`` items (None: it is)."""
+def columns(X, n_users: int, cfg) -> tuple[np.ndarray | None, str | None]:
+    """``(items EASE is fitted on (None: every item), why it is not fitted (None: it is))``,
+    by ``tune.ease_max_items`` and the memory (see the module); ``X``: the met rows outside
+    the holdout, whose counts pick the most-met items."""
+    n_items = X.shape[1]
     cap = int(cfg.tune.get("ease_max_items", TUNE_KEYS["ease_max_items"]))
-    if n_items > cap:
-        return (f"EASE skipped: {n_items:,} items is over tune.ease_max_items {cap:,} (its "
-                f"item-item weights are {n_items:,}² floats)")
-    need = 2 * n_items * n_items * 4 + 3 * n_users * n_items * 4   # P, its copy; users' rows
+    n = min(n_items, cap, cap * cap // max(n_items, 1))
+    if n < min(MIN_ITEMS, n_items):
+        return None, (f"EASE skipped: {n_items:,} items leave {n:,} columns under "
+                      f"tune.ease_max_items {cap:,} (its weights are n_items x columns "
+                      f"floats, at most {cap:,}²), under the {MIN_ITEMS} worth fitting")
+    need = 2 * n * n * 4 + 3 * n_users * n * 4 + n_items * n * 4    # P, its copy; U; V
     free = available_memory()
     if free is not None and need > free // 2:
-        return (f"EASE skipped: {n_items:,} items need {need / 2**30:.1f} GiB, over half of "
-                f"the {free / 2**30:.1f} GiB of memory available")
-    return None
+        return None, (f"EASE skipped: {n_items:,} items need {need / 2**30:.1f} GiB, over half "
+                      f"of the {free / 2**30:.1f} GiB of memory available")
+    if n == n_items:
+        return None, None
+    counts = np.asarray(X.sum(axis=0)).ravel()
+    # the n most met (the lower index on a tie, so the choice is stable), in index order
+    return np.sort(np.argsort(-counts, kind="stable")[:n]), None
 
 
 def available_memory() -> int | None:
@@ -133,29 +155,36 @@ def _mean_count(X) -> float:
 
 def challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     """λ chosen on VALIDATION (fits on TRAIN), the holdout scored by the TRAIN + VALIDATION
-    fit, the fit on every met row published; skipped with its reason when too large."""
+    fit, the fit on every met row published; on the most-met items of a large catalogue, or
+    skipped with its reason (see the module)."""
     started = time.perf_counter()
     n_items = len(arrays["item_ids"])
-    reason = too_large(len(arrays["user_ids"]), n_items, cfg)
+    X = met_matrix(arrays, (TRAIN, VALIDATION))
+    items, reason = columns(X, len(arrays["user_ids"]), cfg)
     if reason is not None:
         return Challenger(name="ease", metrics={}, artifact=None, skipped=reason,
                           tried=[skipped({"n_items": n_items}, reason)])
+
+    def weights(X, lam: float) -> np.ndarray:
+        return ease_weights(X if items is None else X[:, items], lam)
+
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
     last = float(np.asarray(warm["ridge"])) if warm and "ridge" in warm else None
     tried, validated, warning, value = [], {}, None, None
     X_train = met_matrix(arrays, (TRAIN,))
+    counted = X_train if items is None else X_train[:, items]
     if last is not None and n_rows <= REUSE_GROWTH * float(np.asarray(warm["n_rows"])):
         lam, source = last, "last tuning"
     else:
-        grid = [round(per * _mean_count(X_train), 1) for per in LAMBDAS]   # λ itself
+        grid = [round(per * _mean_count(counted), 1) for per in LAMBDAS]   # λ itself
 
         def score(params: dict):
-            B = ease_weights(X_train, params["lambda"])
-            validated[params["lambda"]] = B
-            return trainer.topk_metrics(factors(X_train, B), arrays, cfg, VALIDATION).get(metric)
+            B = validated[params["lambda"]] = weights(X_train, params["lambda"])
+            return trainer.topk_metrics(factors(X_train, B, items), arrays, cfg,
+                                        VALIDATION).get(metric)
 
-        near = LAMBDA_START * _mean_count(X_train) if last is None else last
+        near = LAMBDA_START * _mean_count(counted) if last is None else last
         best, tried, warning = pattern_search(
             {"lambda": grid}, {"lambda": min(grid, key=lambda v: abs(np.log(v / near)))}, score,
             higher_is_better=trainer.family.higher_is_better(metric),
@@ -163,17 +192,19 @@ def challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
             budget_seconds=float(cfg.tune.get("budget_seconds", TUNE_KEYS["budget_seconds"])),
             first_step=2 if last is None else 1)
         lam, source, value = best["params"]["lambda"], "tuned", best["validation"]
-    X = met_matrix(arrays, (TRAIN, VALIDATION))
-    evaluated = factors(X, ease_weights(X, lam))
+    evaluated = factors(X, weights(X, lam), items)
     metrics = trainer.evaluate(evaluated, arrays, cfg)
     X_all = met_matrix(arrays, (TRAIN, VALIDATION, TEST))
-    served = factors(X_all, ease_weights(X_all, lam))
-    spec = {"method": "item_item", "input": "met"}    # every met item, as X counts them
+    served = factors(X_all, weights(X_all, lam), items)
+    spec = {"method": "item_item", "input": "met",    # every met item, as X counts them
+            **({} if items is None else {"items": items.tolist()})}
     artifact = trainer.factor_artifact(served, arrays, fold_in=spec)
-    B_val = validated.get(lam)
+    chosen = {"lambda": lam, **({} if items is None else {"items": len(items)})}
     return Challenger(name="ease", metrics=metrics, artifact=artifact,
-                      tried=tried + [{"chosen": {"lambda": lam}, "source": source}],
+                      tried=tried + [{"chosen": chosen, "source": source}],
                       fit_seconds=time.perf_counter() - started, warning=warning,
                       warm={"ridge": np.array(lam), "n_rows": np.array(n_rows)},
-                      validated=None if B_val is None else factors(X_train, B_val),
-                      evaluated=evaluated, served=served, validation=value, fold_in=spec)
+                      validated=None if lam not in validated else factors(
+                          X_train, validated[lam], items),
+                      evaluated=evaluated, served=served,
+                      validation=value, fold_in=spec)
