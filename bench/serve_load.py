@@ -24,13 +24,16 @@ at the end unless ``--keep``):
      measure capacity; at concurrency c > 1 the latency is queueing: by Little's law the mean
      latency is c / (requests/s), whatever the server's speed;
    - *paced*: the same connections offer a fixed total rate (``RATES``: recommend 3,000 req/s
-     at concurrency 16 and 64, similar 2,000 and fold_in 500 at 16; ``--rate-*``), the latency
-     of a server running below capacity, which is what the issue's targets are about. The Lua
-     script sends on a schedule and records how late each request left (see its header);
+     at concurrency 16 and 64, similar 2,000 at 16, fold_in 500 at 1 and 16; ``--rate-*``),
+     the latency of a server running below capacity, which is what the issue's targets are
+     about. The Lua script sends on a schedule and records how late each request left (see
+     its header);
 
    each scenario first gets an unmeasured warm-up (first calls load a version's factors and
    compile kernels in every worker);
-5. the same operations through ``pipeline.serving.lookup.TopK`` in this process (one thread);
+5. the same operations through ``pipeline.serving.lookup.TopK`` in this process (one thread),
+   one after another and, for a paced scenario, one every ``workers / rate`` seconds (one
+   worker's share of the rate, idle between calls as a worker is);
 6. ``/metrics``: ``--scrapes`` scrapes timed with httpx after the load, and the server's own
    count of answers by status;
 7. correctness: a sample of requests of every scenario over HTTP against the Python client
@@ -43,7 +46,9 @@ at the end unless ``--keep``):
 10. ``--servers granian,floor``: the floor, granian with the same settings serving an app that
    only answers (``bench/floor_app.py``: one fixed body the size of a recommend answer), in the
    same alternating recommend runs: its p99 at the paced rate is what the machine allows any
-   Python ASGI app under this load, rankstream's lookups and all its middleware left out.
+   Python ASGI app under this load, rankstream's lookups and all its middleware left out;
+   ``floor-redis``, the same app making one Redis GET per request first, as a lookup's version
+   check does: the floor of any app that answers from Redis.
 
 The tables give per-request p50/p99 (from writing the request to the end of the answer),
 wrk's own p99 next to it ("p99 CO": wrk 4 corrects its histogram for coordinated omission,
@@ -98,7 +103,7 @@ ROUTE = {"recommend": "recommend", "batch64": "recommend", "similar": "similar",
          "fold_in": "fold_in", "rank": "rank"}
 # paced runs: scenario -> (total requests/s the connections offer together, concurrencies);
 # the rates are the issue's (3,000 req/s of recommend) or a load a 2-core server should carry
-RATES = {"recommend": (3000.0, (16, 64)), "similar": (2000.0, (16,)), "fold_in": (500.0, (16,))}
+RATES = {"recommend": (3000.0, (16, 64)), "similar": (2000.0, (16,)), "fold_in": (500.0, (1, 16))}
 TARGETS = {"recommend_p99_ms_c16": 2.0, "recommend_rps_c16": 3000.0,
            "recommend_p50_ms_c1": 1.0, "fold_in_p99_ms": 5.0, "similar_p99_ms": 2.0,
            "metrics_ms": 50.0}
@@ -111,6 +116,8 @@ TARGET_TEXT = {  # (scenario, concurrency, paced) -> what the tables print next 
 }
 # --servers ...,floor: the same granian serving an app that only answers (bench/floor_app.py)
 FLOOR = "floor"
+FLOOR_REDIS = "floor-redis"     # the same, with one Redis GET per request first
+FLOORS = (FLOOR, FLOOR_REDIS)
 FLOOR_SERVE = """\
 from granian import Granian
 from granian.constants import Interfaces
@@ -391,7 +398,9 @@ def serving(server: str, workers: int, redis_url: str, root: Path, log: Path):
            "--redis-url", redis_url, "--namespace", NAMESPACE, "--config",
            str(root / "models.toml"), "--home", str(root / "home"), "--server", server,
            "--workers", str(workers)]
-    if server == FLOOR:     # granian as rankstream serve starts it, with bench/floor_app.py
+    if server in FLOORS:    # granian as rankstream serve starts it, with bench/floor_app.py
+        if server == FLOOR_REDIS:
+            env["FLOOR_REDIS_URL"] = redis_url
         env["PYTHONPATH"] = str(REPO / "bench")
         cmd = [sys.executable, "-c", FLOOR_SERVE.format(port=port, workers=workers)]
     with open(log, "ab") as fh:
@@ -568,8 +577,12 @@ def _wrk_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
 
 # ---------------------------------------------------------------------- measurements
 
-def python_client(topk: TopK, reqs: list[Request], seconds: float, max_calls: int) -> dict:
-    """The same questions through TopK in this process, one thread, one after another."""
+def python_client(topk: TopK, reqs: list[Request], seconds: float, max_calls: int,
+                  gap: float = 0.0) -> dict:
+    """The same questions through TopK in this process, one thread, one after another, or
+    ``gap`` seconds apart: one server worker's share of a paced rate, idle between calls as
+    a worker is (on this machine a paced call costs more than one right after another: caches
+    go cold and the cores sleep)."""
     for req in reqs[:20]:
         ask(topk, req)
     lat = []
@@ -577,6 +590,8 @@ def python_client(topk: TopK, reqs: list[Request], seconds: float, max_calls: in
     deadline = clock() + seconds
     while clock() < deadline and len(lat) < max_calls:
         for req in reqs[:max_calls - len(lat)]:
+            if gap:
+                time.sleep(gap)
             t0 = clock()
             ask(topk, req)
             lat.append(clock() - t0)
@@ -584,7 +599,8 @@ def python_client(topk: TopK, reqs: list[Request], seconds: float, max_calls: in
                 break
     lat = np.array(lat)
     return {"requests": len(lat), "rps": len(lat) / lat.sum(), "mean_us": lat.mean() * 1e6,
-            "p50_us": np.percentile(lat, 50) * 1e6, "p99_us": np.percentile(lat, 99) * 1e6}
+            "p50_us": np.percentile(lat, 50) * 1e6, "p99_us": np.percentile(lat, 99) * 1e6,
+            "gap_ms": gap * 1e3}
 
 
 def check_answers(base: str, topk: TopK, scenarios: dict, per_scenario: int) -> dict:
@@ -789,6 +805,9 @@ def main(argv=None) -> int:
             for name, reqs in scenarios.items():
                 say(t0, f"python client: {name}")
                 py[name] = python_client(topk, reqs, 1.0 if args.quick else 2.0, 5000)
+                if rates.get(name):     # at one worker's share of the paced rate
+                    py[name + " paced"] = python_client(
+                        topk, reqs, 1.0 if args.quick else 4.0, 2000, args.workers / rates[name])
             with ExitStack() as stack:
                 up = {}
                 for s_i, server in enumerate(servers):
@@ -827,7 +846,7 @@ def main(argv=None) -> int:
                                                       name, c, args, rate),
                                             "round": k + 1})
                 for server, (base, _) in up.items():
-                    if server == FLOOR:
+                    if server in FLOORS:
                         continue        # it answers one fixed body: nothing to compare
                     say(t0, f"{server}: comparing answers with the Python client")
                     checks[server] = check_answers(base, topk, scenarios, args.check)
@@ -886,10 +905,15 @@ def report(args, models, published, rows, compare, py, checks, scrapes, problems
             note = TARGET_TEXT.get((name, r["c"], False), "") if r["server"] == first else (
                 "(median of rounds below)" if "round" in r else "")
             print(_table_line(r, f"{r['rps']:>8,.0f}{'*' if r['capped'] else ' '}", note))
-        p = py[name]
-        print(f"{name:10} {'Python':>8} {1:>5} {p['requests']:>9,} {p['rps']:>8,.0f}  "
-              f"{p['p50_us'] / 1e3:>8.3f} {p['p99_us'] / 1e3:>8.3f} {'-':>8} {'-':>8} "
-              f"{p['mean_us'] / 1e3:>8.3f}  (TopK in process; handler = mean)")
+        for label, p in (("Python", py[name]), ("paced", py.get(name + " paced"))):
+            if p is None:
+                continue
+            print(f"{name:10} {label:>8} {1:>5} {p['requests']:>9,} {p['rps']:>8,.0f}  "
+                  f"{p['p50_us'] / 1e3:>8.3f} {p['p99_us'] / 1e3:>8.3f} {'-':>8} {'-':>8} "
+                  f"{p['mean_us'] / 1e3:>8.3f}  (TopK in process" + (
+                      "; handler = mean)" if label == "Python" else
+                      f", a call every {p['gap_ms']:.0f} ms: one "
+                      "worker's share of the paced rate)"))
     print("  Little's law: a closed loop of c connections keeps c requests in the system, so "
           "the mean latency is\n  c / (req/s) however fast the server is; above concurrency 1 "
           "these p50/p99 are the queue at full load,\n  not the latency at a given rate (see "
@@ -971,7 +995,8 @@ def report(args, models, published, rows, compare, py, checks, scrapes, problems
                   f" {extra / 1e3:+.3f} ms ({r['p50_us'] / py[name]['p50_us']:.1f}x)")
 
     if len(servers) > 1 and compare:
-        report_servers(args, compare, servers[:2])
+        for other in servers[1:]:       # each against the first
+            report_servers(args, compare, [servers[0], other])
 
     print("\n/metrics scrape (after the load, 4 models configured):")
     for server, s in scrapes.items():
