@@ -387,3 +387,41 @@ def test_the_blend_weight_is_chosen_on_validation_and_holdout_together(monkeypat
     # lower is better: the smallest mean wins
     weight, _ = als._pooled_weight(trainer, one, one, {}, cfg, curve, -1.0, 0)
     assert weight == 0.1
+
+
+def test_the_holdout_errors_are_to_the_best_and_the_blend_keeps_its_own(monkeypatch):
+    """Each candidate's error is the paired standard error of its per-user holdout difference
+    to the best; the blend's, to the best single candidate. The challenger step hands the
+    gate every one, the blend's too (what a run without validation evidence keeps a served
+    blend by), and the blend's is its margin."""
+    from types import SimpleNamespace
+
+    from pipeline.training import per_user_metrics
+    from pipeline.training.trainers import Challenger, als
+
+    rng = np.random.default_rng(0)
+    per_user = {name: rng.random(200) * scale
+                for name, scale in (("model", 1.0), ("als", 0.9), ("blend", 1.1))}
+    monkeypatch.setattr(per_user_metrics, "per_user_holdout",
+                        lambda trainer, factors, arrays, cfg, kind: per_user[factors])
+    trainer = SimpleNamespace(family=SimpleNamespace(higher_is_better=lambda m: True),
+                              topk_lists=None)
+    cfg = SimpleNamespace(metric="topk_ndcg@10", evaluation={"k": 10, "seed": 0},
+                          gate={"challenger": "als"})
+    errors = als._holdout_errors(trainer, {n: n for n in per_user}, {}, cfg)
+
+    def se(a, b):
+        return float(np.std(per_user[a] - per_user[b], ddof=1) / np.sqrt(200))
+
+    best = max(per_user, key=lambda n: per_user[n].mean())
+    single = max(("model", "als"), key=lambda n: per_user[n].mean())
+    assert errors == pytest.approx({"model": se("model", best), "als": se("als", best),
+                                    "blend": se("blend", single)})
+    # the challenger step: the blend's error reaches the gate and is its margin
+    fit = Challenger(name="als", metrics={}, artifact=None, evaluated="als")
+    monkeypatch.setattr(als, "als_challenger", lambda *a: fit)
+    monkeypatch.setattr(als, "_blend", lambda *a: (({}, None, {"evaluated": "blend"}), [],
+                                                   ("model", "als"), 0.5))
+    first = als.challenger(trainer, None, "model", None, {}, cfg, None)
+    assert first.holdout_errors == errors and first.blend[2]["margin"] == errors["blend"]
+    assert "evaluated" not in first.blend[2]      # factors stay out of the summary

@@ -312,6 +312,8 @@ def test_blend_mode_publishes_and_serves_what_the_gate_chose(settings, redis_url
         assert blend["weight"] in als.BLEND_WEIGHTS and metric in blend["metrics"]
         assert blend["weight"] in [t["params"]["blend_weight"] for t in weights]
         assert blend["margin"] > 0      # a standard error over the holdout's users
+        # what the gate keeps a served blend by, on a run without validation evidence
+        assert train["challenger"]["holdout_errors"]["blend"] == blend["margin"]
         scored["blend-als"] = blend["metrics"][metric]
     else:
         blend = None

@@ -186,7 +186,7 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
            and c.evaluated is not None},
         **({"blend": blended[2].pop("evaluated")} if blended else {})}, arrays, cfg)
     if blended:
-        blended[2]["margin"] = errors.pop("blend", 0.0)
+        blended[2]["margin"] = errors.get("blend", 0.0)
     if pair is not None:
         state.update(blend_pair=np.array(",".join(pair)), blend_weight=np.array(weight))
     first.tried[-1:-1] = blend_tried      # the last entry stays the chosen setting
