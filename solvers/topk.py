@@ -177,8 +177,8 @@ def _unit_scale(U, VT, bias, far: int = 16, room: int = 100):
     >>> float(U.max()), float(VT.max()), shift
     (0.5, 0.5, -128)
     """
-    def exponent(a):
-        top = float(np.abs(a).max()) if a is not None and a.size else 0.0
+    def exponent(a):       # of the largest magnitude (max and -min: no |a| temporary)
+        top = max(float(a.max()), -float(a.min())) if a is not None and a.size else 0.0
         return int(np.frexp(top)[1]) if top > 0 and np.isfinite(top) else None
 
     eu, ev = exponent(U), exponent(VT)

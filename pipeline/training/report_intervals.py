@@ -60,7 +60,7 @@ def candidate_scorers(model, metrics: dict, baselines: dict, challenger, seed: i
                 out[f"challenger-{c.name}"] = (c.evaluated, c.metrics)
                 fitted[c.name] = c.evaluated
         if challenger.blend is not None:
-            from pipeline.training.trainers.als import blend
+            from pipeline.training.trainers.blends import blend
 
             blend_metrics, _, info = challenger.blend
             a, b = (fitted.get(n) for n in info.get("pair") or ())

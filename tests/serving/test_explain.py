@@ -209,7 +209,7 @@ def test_ease_terms_are_the_item_weights_of_the_met_items(served):
 
 
 def test_a_blend_splits_by_its_weights_into_its_parts_terms(served):
-    from pipeline.training.trainers.als import blend, blend_fold_in, blend_scales
+    from pipeline.training.trainers.blends import blend, blend_fold_in, blend_scales
 
     rng = np.random.default_rng(4)
     X = _met(4)

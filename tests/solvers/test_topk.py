@@ -106,3 +106,18 @@ def test_top_k_of_tiny_factors_is_the_same_ranking_scaled(with_bias):
     assert np.array_equal(items, tiny_items)
     assert np.array_equal(np.ldexp(scores.astype(np.float32), -140),
                           tiny_scores.astype(np.float32))
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "strided", "float64"])
+def test_item_factors_of_any_layout_give_the_same_lists(layout):
+    """Whatever the layout of V (the refresher passes a cached Vᵀ's transpose, a blend a
+    concatenation, a caller float64), the lists and scores are the same, bit for bit: the
+    refresher's lists must be the ones the publisher wrote."""
+    rng = np.random.default_rng(4)
+    U = rng.standard_normal((300, 12)).astype(np.float32)
+    V = rng.standard_normal((900, 24)).astype(np.float32)
+    want_items, want_scores = T.user_topk(U, np.ascontiguousarray(V[:, ::2]), 15, workers=2)
+    given = {"C": np.ascontiguousarray(V[:, ::2]), "F": np.asfortranarray(V[:, ::2]),
+             "strided": V[:, ::2], "float64": V[:, ::2].astype(np.float64)}[layout]
+    items, scores = T.user_topk(U, given, 15, workers=2)
+    assert np.array_equal(items, want_items) and np.array_equal(scores, want_scores)

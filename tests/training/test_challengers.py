@@ -326,67 +326,115 @@ def test_pattern_search_counts_settings_and_warns_only_when_the_clock_ends_it():
     assert _tuning.settings_for_size(24, 10**6) < 24 <= _tuning.settings_for_size(24, 10**5)
 
 
-def test_the_blend_is_the_best_of_every_pair_on_validation_not_of_the_best_two(monkeypatch):
+def _choose_with(monkeypatch, validation: dict, on_validation: dict, on_holdout: dict,
+                 peak: dict | None = None):
+    """``blends.choose`` over candidates with these validation metrics, each pair's blend
+    scoring ``on_validation[pair]`` / ``on_holdout[pair]`` at its peak weight (``peak``,
+    default 0.5) and 0.1 less per unit of weight away from it."""
+    from types import SimpleNamespace
+
+    from pipeline.training.datasets import TEST
+    from pipeline.training.trainers import Challenger, blends
+
+    peak = peak or {}
+
+    def curves(trainer, fits, pairs, arrays, cfg, part, seed):
+        table = on_holdout if part == TEST else on_validation
+        return {(pair, w): table[pair] - 0.1 * abs(w - peak.get((part, pair), 0.5))
+                for pair in pairs for w in blends.BLEND_WEIGHTS}
+
+    monkeypatch.setattr(blends, "curves", curves)
+    trainer = SimpleNamespace(family=SimpleNamespace(higher_is_better=lambda m: True))
+    cfg = SimpleNamespace(evaluation={"seed": 0}, metric="p@10")
+    made = {n: Challenger(name=n, metrics={}, artifact=None, validated=n, evaluated=n,
+                          served=n, validation=v) for n, v in validation.items()}
+    return blends.choose(trainer, made, {}, cfg)
+
+
+def test_the_blend_is_the_best_of_every_pair_not_of_the_best_two(monkeypatch):
     """Validation: the model 0.30, ALS 0.29, EASE 0.28. The best two (model + ALS) blend to
     0.295, below the model: the old rule served no blend. ALS + EASE blend to 0.32: that is the
     blend (on MovieLens 100K, 0.2646 P@10 held out against the best two's 0.2559)."""
-    from types import SimpleNamespace
+    from pipeline.training.trainers import blends
 
-    from pipeline.training.trainers import Challenger, als
-
-    fits = {name: (np.full((4, 2), k, np.float32), np.full((6, 2), k, np.float32), None)
-            for k, name in enumerate(("model", "als", "ease"), start=1)}
     validation = {"model": 0.30, "als": 0.29, "ease": 0.28}
     pairs = {("model", "als"): 0.295, ("model", "ease"): 0.305, ("als", "ease"): 0.32}
-    name_of = {id(f[0]): n for n, f in fits.items()}
-
-    def blend_weight(trainer, first, second, arrays, cfg, seed):
-        value = pairs[(name_of[id(first[0])], name_of[id(second[0])])]
-        return 0.5, [{"params": {"blend_weight": w}, "validation": value - abs(w - 0.5)}
-                     for w in als.BLEND_WEIGHTS]
-
-    monkeypatch.setattr(als, "_blend_weight", blend_weight)
-    trainer = SimpleNamespace(family=SimpleNamespace(higher_is_better=lambda m: True),
-                              evaluate=lambda factors, arrays, cfg: {"p@10": 0.0},
-                              topk_metrics=lambda factors, arrays, cfg, part: {"p@10": 0.3},
-                              factor_artifact=lambda factors, arrays, fold_in: None)
-    cfg = SimpleNamespace(evaluation={"seed": 0}, metric="p@10")
-    made = {n: Challenger(name=n, metrics={}, artifact=None, validated=f, evaluated=f,
-                          served=f, validation=validation[n]) for n, f in fits.items()}
-    validations = {}
-    blended, tried, pair, weight = als._blend(trainer, made["model"],
-                                              [made["als"], made["ease"]], {}, cfg, {},
-                                              validations)
-    assert pair == ("als", "ease") and weight == 0.5 and blended[2]["name"] == "als+ease"
-    assert validations == {**validation, "blend": 0.32}      # what the gate compares
+    pair, weight, value, tried = _choose_with(monkeypatch, validation, pairs, pairs)
+    assert pair == ("als", "ease") and weight == 0.5 and value == 0.32
     assert {t["pair"] for t in tried} == {"als", "ease", "als+ease"}     # every pair tried
-    assert len(tried) == 3 * len(als.BLEND_WEIGHTS)
-    # no pair beats both its parts: no blend
+    assert len(tried) == 3 * len(blends.BLEND_WEIGHTS)
+    # no pair beats both its parts on validation: no blend, whatever the holdout says
     pairs.update({("als", "ease"): 0.29, ("model", "ease"): 0.30})
-    assert als._blend(trainer, made["model"], [made["als"], made["ease"]], {}, cfg, {},
-                      {})[0] is None
+    assert _choose_with(monkeypatch, validation, pairs, {p: 0.9 for p in pairs})[0] is None
 
 
 def test_the_blend_weight_is_chosen_on_validation_and_holdout_together(monkeypatch):
-    """Validation alone picks 0.75 (0.24 against 0.23 at 0.5); the holdout puts 0.5 ahead by
-    more than that (Last.fm: 0.75 was chosen, 0.4–0.6 scored 2% higher held out)."""
+    """Validation alone peaks at 0.75; the holdout at 0.25 by more: together, 0.25 (Last.fm:
+    0.75 was chosen on validation, 0.4–0.6 scored 2% higher held out)."""
+    from pipeline.training.datasets import TEST, VALIDATION
+
+    validation = {"model": 0.20, "als": 0.21}
+    pair = ("model", "als")
+    peak = {(VALIDATION, pair): 0.75, (TEST, pair): 0.25}
+    got, weight, value, tried = _choose_with(monkeypatch, validation, {pair: 0.24},
+                                             {pair: 0.30}, peak)
+    assert got == pair and weight == 0.25
+    assert value == pytest.approx(0.24 - 0.05)         # its validation metric, for the gate
+    holdout = {t["params"]["blend_weight"]: t["holdout"] for t in tried}
+    assert holdout[0.25] == pytest.approx(0.30)        # said in the report
+
+
+def test_the_blend_pair_is_chosen_on_validation_and_holdout_together(monkeypatch):
+    """Validation alone picks the model + ALS (0.33 against ALS + EASE's 0.32); the holdout
+    puts ALS + EASE ahead by more (0.31 against 0.27), so together it is the blend (Last.fm:
+    AltSVM + ALS was served on validation, 0.997x the grid's ALS held out; ALS + EASE 1.034x).
+    A pair whose blend beats neither part on validation is not a candidate, however its
+    holdout draw falls, and is not scored there."""
+    validation = {"model": 0.30, "als": 0.29, "ease": 0.28}
+    on_validation = {("model", "als"): 0.33, ("model", "ease"): 0.29, ("als", "ease"): 0.32}
+    on_holdout = {("model", "als"): 0.27, ("model", "ease"): 0.60, ("als", "ease"): 0.31}
+    pair, weight, value, tried = _choose_with(monkeypatch, validation, on_validation,
+                                              on_holdout)
+    assert pair == ("als", "ease") and weight == 0.5 and value == 0.32
+    assert {t["pair"] for t in tried if "holdout" in t} == {"als", "als+ease"}
+
+
+@pytest.mark.parametrize("with_bias,block_bytes", [(False, 64 << 20), (True, 64 << 20),
+                                                   (True, 4 * 90 * 4 * 7)])
+def test_blend_curves_are_the_blends_own_lists(with_bias, block_bytes, monkeypatch):
+    """Every weight of every pair scored in one pass (each candidate's scores once per block
+    of users, mixed per weight) gives the metric of :func:`blends.blend`'s factors scored by
+    the trainer's own top-K, for every split, over several blocks of users (of 256, and of 7
+    where the memory bound asks for it: 90 items, three candidates and their mix)."""
     from types import SimpleNamespace
 
-    from pipeline.training.trainers import Challenger, als
+    from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+    from pipeline.training.trainers import blends
+    from pipeline.training.trainers.altsvm import AltSVMTrainer
 
-    val = {0.1: 0.20, 0.25: 0.22, 0.5: 0.23, 0.75: 0.24, 0.9: 0.21}
-    held = {0.1: 0.19, 0.25: 0.22, 0.5: 0.26, 0.75: 0.22, 0.9: 0.20}
-    monkeypatch.setattr(als, "blend", lambda first, second, w, seed: w)
-    trainer = SimpleNamespace(topk_metrics=lambda w, arrays, cfg, part: {"p@10": held[w]})
-    cfg = SimpleNamespace(metric="p@10")
-    curve = [{"params": {"blend_weight": w}, "validation": v} for w, v in val.items()]
-    one = Challenger(name="a", metrics={}, artifact=None)
-    weight, value = als._pooled_weight(trainer, one, one, {}, cfg, curve, 1.0, 0)
-    assert (weight, value) == (0.5, 0.23)
-    assert [t["holdout"] for t in curve] == list(held.values())     # said in the report
-    # lower is better: the smallest mean wins
-    weight, _ = als._pooled_weight(trainer, one, one, {}, cfg, curve, -1.0, 0)
-    assert weight == 0.1
+    monkeypatch.setattr(blends, "BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(5)
+    n_users, n_items, n_rows = 700, 90, 9000
+    arrays = {"met_user": rng.integers(0, n_users, n_rows), "met_item": rng.integers(
+        0, n_items, n_rows), "met_part": rng.choice([TRAIN, VALIDATION, TEST], n_rows),
+        "met_rating": rng.choice([np.nan, 2.0, 5.0], n_rows), "relevance": np.array(4.0),
+        "user_ids": np.arange(n_users).astype(str), "item_ids": np.arange(n_items).astype(str)}
+    # continuous scores: the two paths round differently (float32), so no near-ties
+    fits = {n: (rng.standard_normal((n_users, r)).astype(np.float32),
+                rng.standard_normal((n_items, r)).astype(np.float32),
+                rng.standard_normal(n_items).astype(np.float32) if with_bias else None)
+            for n, r in (("model", 3), ("als", 5), ("ease", 40))}
+    trainer = AltSVMTrainer.__new__(AltSVMTrainer)
+    for metric in ("topk_ndcg@10", "topk_precision@10"):
+        cfg = SimpleNamespace(evaluation={"k": 10, "relevance": 4.0}, metric=metric)
+        pairs = [("model", "als"), ("model", "ease"), ("als", "ease")]
+        for part in (VALIDATION, TEST):
+            got = blends.curves(trainer, fits, pairs, arrays, cfg, part, seed=3)
+            for pair in pairs:
+                for w in blends.BLEND_WEIGHTS:
+                    want = trainer.topk_metrics(blends.blend(fits[pair[0]], fits[pair[1]], w,
+                                                             3), arrays, cfg, part)[metric]
+                    assert got[pair, w] == pytest.approx(want, abs=1e-12), (pair, w, part)
 
 
 def test_the_holdout_errors_are_to_the_best_and_the_blend_keeps_its_own(monkeypatch):

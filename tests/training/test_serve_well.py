@@ -21,7 +21,7 @@ from pipeline.settings import Settings
 from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
 from pipeline.training.run_types import DATASET_FORMAT, RunContext
-from pipeline.training.trainers import als
+from pipeline.training.trainers import als, blends
 from pipeline.training.trainers.altsvm_data import relevance_threshold
 from solvers.persist import read_bundle
 
@@ -242,7 +242,7 @@ def _assert_challenger_summary(train: dict, metric: str, blend: bool, weighed=No
     searched = [t for t in ch["tried"] if "params" in t and "blend_weight" not in t["params"]]
     weights = [t for t in ch["tried"] if "blend_weight" in t.get("params", {})]
     assert 1 <= len(searched) <= CAPS["max_settings"]
-    assert len(weights) == (len(als.BLEND_WEIGHTS) if weighed else 0)
+    assert len(weights) == (len(blends.BLEND_WEIGHTS) if weighed else 0)
     # the last entry names the setting used: one the search scored, on the axes' grids
     last = ch["tried"][-1]
     assert set(last) == {"chosen", "source"} and last["source"] == "tuned"
@@ -309,7 +309,7 @@ def test_blend_mode_publishes_and_serves_what_the_gate_chose(settings, redis_url
               "challenger-als": train["challenger"]["metrics"][metric]}
     if blended:
         blend = train["challenger"]["blend"]
-        assert blend["weight"] in als.BLEND_WEIGHTS and metric in blend["metrics"]
+        assert blend["weight"] in blends.BLEND_WEIGHTS and metric in blend["metrics"]
         assert blend["weight"] in [t["params"]["blend_weight"] for t in weights]
         assert blend["margin"] > 0      # a standard error over the holdout's users
         # what the gate keeps a served blend by, on a run without validation evidence

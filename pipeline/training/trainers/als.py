@@ -28,25 +28,19 @@ ALS runs ``ITERATIONS`` sweeps; a warm run starts from the last run's factors (u
 items keep their indices: id maps are extended, never renumbered) and runs
 ``WARM_ITERATIONS``, reusing the last choice until the data grew 25%.
 
-The blend scores ``w · s₁ / σ₁ + (1 − w) · s₂ / σ₂`` (σ: each model's score spread) of the pair
-of candidates (the model, ALS, EASE) best on validation, with ``w`` from ``BLEND_WEIGHTS``
-chosen on validation and holdout together; it is published as factors
-``[w U₁/σ₁, (1 − w) U₂/σ₂]`` against ``[V₁, V₂]`` with item bias ``w b₁/σ₁``, so lookups stay
-one dot product; a new user is folded in the same way (``blend_fold_in``: each model's own
-fold-in on its columns, scaled).
+The blend of the best pair of candidates, its weight and its factors: :mod:`.blends`.
 """
 
 from __future__ import annotations
 
 import time
-from itertools import combinations
 
 import numpy as np
 
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import setting_key
-from pipeline.training.trainers import Challenger, challenger_names
+from pipeline.training.trainers import Challenger, blends, challenger_names
 from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
 from pipeline.training.tuning import pattern_search, settings_for_size
 
@@ -65,7 +59,6 @@ ALS_START = ALS_DESIGN[0]
 ALS_RIDGES = (("regularization", "alpha"),)
 ITERATIONS = 15
 WARM_ITERATIONS = 6
-BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
 EASE_PREFIX = "ease_"      # EASE's warm arrays among the challengers' (ALS's keep no prefix)
 
 
@@ -105,44 +98,6 @@ def _grown(old: np.ndarray, n: int, rng) -> np.ndarray:
     out = (rng.random((n, old.shape[1]), dtype=np.float32) * 0.01)
     out[:min(n, len(old))] = old[:n]
     return out
-
-
-def _spread(factors: tuple, seed: int) -> float:
-    """Standard deviation of a model's scores over a sample of (user, item) pairs."""
-    U, V, b = factors
-    rng = np.random.default_rng(seed)
-    u = rng.integers(0, len(U), 4096)
-    i = rng.integers(0, len(V), 4096)
-    s = np.einsum("ij,ij->i", U[u], V[i]) + (0.0 if b is None else b[i])
-    return float(np.std(s)) or 1.0
-
-
-def blend_scales(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
-    """``(weight / σ₁, (1 − weight) / σ₂)``: what :func:`blend` scales each model by."""
-    return weight / _spread(first, seed), (1.0 - weight) / _spread(second, seed)
-
-
-def blend(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
-    """Factors of ``weight · first / σ₁ + (1 − weight) · second / σ₂`` (see the module)."""
-    a, b = blend_scales(first, second, weight, seed)
-    U = np.hstack([first[0] * a, second[0] * b]).astype(np.float32)
-    V = np.hstack([first[1], second[1]]).astype(np.float32)
-    bias = None if first[2] is None else (first[2] * a).astype(np.float32)
-    if second[2] is not None:
-        bias = (second[2] * b if bias is None else bias + second[2] * b).astype(np.float32)
-    return U, V, bias
-
-
-def blend_fold_in(first_spec: dict, second_spec: dict, ranks: tuple, scales: tuple) -> dict:
-    """The fold-in spec of a blend (``pipeline.serving.item_queries.BlendFoldIn``): each
-    model's own spec on its columns (``ranks``: each model's rank), scaled as :func:`blend`
-    scales it; ``{}`` when either model has none."""
-    if not first_spec or not second_spec:
-        return {}
-    r1, r2 = (int(r) for r in ranks)
-    return {"method": "blend", "parts": [
-        {**first_spec, "columns": [0, r1], "scale": float(scales[0])},
-        {**second_spec, "columns": [r1, r1 + r2], "scale": float(scales[1])}]}
 
 
 def caps(cfg, n_rows: int, key: str = "challenger_settings") -> dict:
@@ -255,21 +210,15 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
                       fold_in=spec)
 
 
-def _blend_name(pair: tuple) -> str:
-    """The blend's name: the challenger blended with the model, or ``"a+b"`` of two."""
-    return "+".join(n for n in pair if n != "model")
-
-
 def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict,
            validations: dict):
-    """``(blend or None, tried, pair, weight)``: of every two candidates, the blend best on
-    validation (a warm run that reused its choices: the last pair and weight), at the weight
-    best on validation and holdout together (:func:`_pooled_weight`), scored on the holdout,
-    and its publishable artifact; ``validations`` gets each candidate's validation metric.
-    Every pair, not the best two alone: on MovieLens 100K the best two on validation, AltSVM
-    and EASE, blended to 0.2559 P@10 on held-out data, and ALS and EASE to 0.2646."""
+    """``(blend or None, tried, pair, weight)``: the blend of the pair and weight
+    :func:`~.blends.choose` finds (a warm run that reused its choices: the last pair and
+    weight), scored on the holdout, and its publishable artifact; ``validations`` gets each
+    candidate's validation metric. Every pair, not the best two alone: on MovieLens 100K the
+    best two on validation, AltSVM and EASE, blended to 0.2559 P@10 on held-out data, and ALS
+    and EASE to 0.2646."""
     seed, metric = int(cfg.evaluation["seed"]), cfg.metric
-    sign = 1.0 if trainer.family.higher_is_better(metric) else -1.0
     by_name = {c.name: c for c in [model, *fits] if c.skipped is None and c.served is not None}
     tried, pair, weight = [], None, None
     scorable = {n: c for n, c in by_name.items() if c.validated is not None}
@@ -279,29 +228,10 @@ def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict,
                 c.validation = trainer.topk_metrics(c.validated, arrays, cfg,
                                                     VALIDATION).get(metric)
         validations.update({n: c.validation for n, c in scorable.items()})
-        ranked = sorted(scorable, key=lambda n: (scorable[n].validation is None,
-                                                 -sign * (scorable[n].validation or 0.0)))
-        best = None    # (value, pair, weight) of the best blend of any two, on validation
-        for pair in combinations(ranked, 2):
-            pair = ("model", next(n for n in pair if n != "model")) if "model" in pair else pair
-            w, curve = _blend_weight(trainer, by_name[pair[0]].validated,
-                                     by_name[pair[1]].validated, arrays, cfg, seed)
-            tried += [{**t, "pair": _blend_name(pair)} for t in curve]
-            value = next((t["validation"] for t in curve
-                          if t["params"]["blend_weight"] == w), None)
-            if value is not None and (best is None or sign * value > sign * best[0]):
-                best = (value, pair, w)
-        if best is None:
+        pair, weight, value, tried = blends.choose(trainer, scorable, arrays, cfg)
+        if pair is None:
             return None, tried, None, None
-        value, pair, weight = best
-        if any(sign * (value - scorable[n].validation) <= 0 for n in pair
-               if scorable[n].validation is not None):
-            # no mix beats both its parts where the weight was chosen: a blend would only
-            # be a coin flip on the holdout (seen on MovieLens: ALS+EASE served at 0.97x ALS)
-            return None, tried, None, None
-        weight, validations["blend"] = _pooled_weight(
-            trainer, by_name[pair[0]], by_name[pair[1]], arrays, cfg,
-            [t for t in tried if t["pair"] == _blend_name(pair)], sign, seed)
+        validations["blend"] = value
     elif "blend_weight" in warm:
         last = (str(np.asarray(warm["blend_pair"]).item()).split(",")
                 if "blend_pair" in warm else ["model", fits[0].name])
@@ -310,41 +240,16 @@ def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict,
     if pair is None:
         return None, tried, None, None
     a, b = by_name[pair[0]], by_name[pair[1]]
-    spec = blend_fold_in(a.fold_in, b.fold_in, (a.served[1].shape[1], b.served[1].shape[1]),
-                         blend_scales(a.served, b.served, weight, seed))
-    evaluated = blend(a.evaluated, b.evaluated, weight, seed)
+    spec = blends.blend_fold_in(a.fold_in, b.fold_in,
+                                (a.served[1].shape[1], b.served[1].shape[1]),
+                                blends.blend_scales(a.served, b.served, weight, seed))
+    evaluated = blends.blend(a.evaluated, b.evaluated, weight, seed)
     blended = (trainer.evaluate(evaluated, arrays, cfg),
-               trainer.factor_artifact(blend(a.served, b.served, weight, seed), arrays,
+               trainer.factor_artifact(blends.blend(a.served, b.served, weight, seed), arrays,
                                        fold_in=spec),
-               {"weight": weight, "name": _blend_name(pair), "pair": list(pair),
+               {"weight": weight, "name": blends.blend_name(pair), "pair": list(pair),
                 "evaluated": evaluated})
     return blended, tried, pair, weight
-
-
-def _pooled_weight(trainer, a: Challenger, b: Challenger, arrays, cfg, curve: list,
-                   sign: float, seed: int) -> tuple[float, float | None]:
-    """``(weight, its validation metric)``: of the pair's weights (``curve``: each one's
-    validation metric, on the TRAIN fits), the best on validation and holdout together (the
-    mean of the two; the holdout's on the evaluated fits, added to ``curve``), so the weight
-    is chosen on twice the users. On Last.fm the validation split alone chose 0.75 on AltSVM
-    (0.1604 against 0.1587 at 0.5), and weights 0.4–0.6 scored 2% higher on held-out data.
-    The blend's holdout figure is then the best of five weights there: a small optimism the
-    gate's comparison on both splits halves."""
-    best = None
-    for t in curve:
-        w = t["params"]["blend_weight"]
-        t["holdout"] = trainer.topk_metrics(blend(a.evaluated, b.evaluated, w, seed), arrays,
-                                            cfg, TEST).get(cfg.metric)
-        if t["validation"] is None or t["holdout"] is None:
-            continue
-        both = (t["validation"] + t["holdout"]) / 2
-        if best is None or sign * both > sign * best[0]:
-            best = (both, w, t["validation"])
-    if best is None:
-        best = max(((t["validation"], t["params"]["blend_weight"], t["validation"])
-                    for t in curve if t["validation"] is not None),
-                   key=lambda x: sign * x[0])
-    return best[1], best[2]
 
 
 def _holdout_errors(trainer, evaluated: dict, arrays, cfg) -> dict:
@@ -373,21 +278,6 @@ def _holdout_errors(trainer, evaluated: dict, arrays, cfg) -> dict:
 
     singles = [n for n in each if n != "blend"]
     return {n: error_to_best(n, singles if n == "blend" else each) for n in each}
-
-
-def _blend_weight(trainer, first, second, arrays, cfg, seed) -> tuple[float, list]:
-    """The weight of the best blend of two TRAIN fits on VALIDATION, and what was tried."""
-    metric, tried, best = cfg.metric, [], None
-    sign = 1.0 if trainer.family.higher_is_better(metric) else -1.0
-    for w in BLEND_WEIGHTS:
-        t = time.perf_counter()
-        value = trainer.topk_metrics(blend(first, second, w, seed), arrays, cfg,
-                                     VALIDATION).get(metric)
-        tried.append({"params": {"blend_weight": w}, "validation": value,
-                      "seconds": round(time.perf_counter() - t, 3)})
-        if value is not None and (best is None or sign * value > sign * best[1]):
-            best = (w, value)
-    return (best[0] if best else 0.5), tried
 
 
 def _last(warm: dict | None) -> dict | None:

@@ -203,21 +203,23 @@ class AltSVMTrainer(Trainer):
         validation part, the test part's items are excluded too). ``scorer`` is a fitted
         AltSVM, factors ``(U, V, b or None)`` (scores ``U V^T + b``) or one score per item
         for everyone. The lists come from the same top-K as the published ones."""
+        lists = self.topk_lists(scorer, arrays, cfg, part)
+        return {} if lists is None else self.hit_metrics(*lists)
+
+    @staticmethod
+    def hit_metrics(ranked, positives, k: int) -> dict:
+        """``topk_precision@k``, ``topk_recall@k`` and ``topk_ndcg@k`` of ``ranked`` lists (a
+        row per user of :meth:`split_rows`) against their ``positives`` (CSR rows)."""
         from solvers.metrics import topk_hit_metrics
 
-        lists = self.topk_lists(scorer, arrays, cfg, part)
-        if lists is None:
-            return {}
-        ranked, positives, k = lists
         hits = topk_hit_metrics(ranked, positives.indptr, positives.indices, k=k)
         return {f"topk_{name}@{k}": hits[name] for name in ("precision", "recall", "ndcg")}
 
-    def topk_lists(self, scorer, arrays, cfg, part):
-        """``(ranked top-k item indices, positives as CSR rows, k)`` of the users with a
-        relevant row in ``part`` (see :meth:`topk_metrics`), or None when there is none."""
+    def split_rows(self, arrays, cfg, part):
+        """``(users, items to exclude, positives, k)`` of the users with a relevant row in
+        ``part`` (see :meth:`topk_metrics`; both as CSR rows, one per user), or None when
+        there is none."""
         from scipy.sparse import csr_matrix
-
-        from solvers.topk import user_topk
 
         k = int(cfg.evaluation["k"])
         u, i, p = arrays["met_user"], arrays["met_item"], arrays["met_part"]
@@ -226,13 +228,24 @@ class AltSVMTrainer(Trainer):
         users = np.unique(u[held])
         if users.size == 0:
             return None
-        U, V, b = factors_of(scorer)
-        U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
         seen = p != part
         exclude = csr_matrix((np.ones(seen.sum()), (u[seen], i[seen])), shape=shape)[users]
+        positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
+        return users, exclude, positives, k
+
+    def topk_lists(self, scorer, arrays, cfg, part):
+        """``(ranked top-k item indices, positives as CSR rows, k)`` of the users with a
+        relevant row in ``part`` (see :meth:`topk_metrics`), or None when there is none."""
+        from solvers.topk import user_topk
+
+        rows = self.split_rows(arrays, cfg, part)
+        if rows is None:
+            return None
+        users, exclude, positives, k = rows
+        U, V, b = factors_of(scorer)
+        U = U[users] if U.shape[0] > 1 else np.repeat(U, len(users), axis=0)
         ranked, _ = user_topk(U, V, k, item_bias=b, seen_indptr=exclude.indptr,
                               seen_indices=exclude.indices)
-        positives = csr_matrix((np.ones(held.sum()), (u[held], i[held])), shape=shape)[users]
         return ranked, positives, k
 
     def evaluate(self, model, arrays: dict, cfg) -> dict:
