@@ -65,3 +65,38 @@ def test_als_continues_its_evaluated_fit_from_the_last_evaluated_one(built, monk
     assert np.array_equal(evaluated[0], state["eval_U"])
     assert np.array_equal(evaluated[1], state["eval_V"])
     assert np.array_equal(published[0], state["U"]) and np.array_equal(published[1], state["V"])
+
+
+def test_a_retune_walks_its_lambda_path_from_zero_not_from_the_last_fit(built, monkeypatch):
+    """A run whose data grew past REUSE_GROWTH tunes again around the last choice. Its λ path
+    is scored on the validation rows, which the last run's fits learned (the split is
+    stable): continuing them would score validation on rows they were fitted to. So the path
+    starts cold, at the last ratio's three points, with a tuned config and a plain λ path."""
+    from solvers.altsvm import AltSVM
+
+    trainer, cfg, arrays = built
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted, _ = trainer.fit(arrays, cfg, None)
+    state = warm_state(trainer.checkpoint(fitted, arrays), WARM_PREFIX)
+    assert any(np.size(v) > 1 for v in state.values()), "the last fit's state is there"
+    state["path_n"] = np.array(1.0)             # the data grew far past the last tuning
+    paths = []
+    real = AltSVM.fit_path
+
+    def recorded(self, comparisons, **kw):
+        paths.append(kw)
+        return real(self, comparisons, **kw)
+
+    monkeypatch.setattr(AltSVM, "fit_path", recorded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(arrays, cfg, state)
+        last_ratio = float(state["reg_ratio"])
+        trainer._path(AltSVM(rank=4, max_iter=5, random_state=0), arrays, cfg,
+                      {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])},
+                      last_ratio)
+    assert len(paths) == 2
+    for kw in paths:
+        assert kw.get("warm_start") is None
+        assert len(kw["ratios"]) <= 3 and last_ratio in np.asarray(kw["ratios"])

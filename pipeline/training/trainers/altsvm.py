@@ -80,7 +80,7 @@ class AltSVMTrainer(Trainer):
         (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
         ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
         regularization path scored on the validation split (cold: PATH_RATIOS; warm: the last
-        ratio and its neighbours). A warm run whose comparisons grew less than REUSE_GROWTH
+        ratio and its neighbours; both paths start cold). A warm run whose comparisons grew less than REUSE_GROWTH
         since the last path skips it: λ stays the last path's λ per comparison (the loss is a
         sum over comparisons, so this keeps its balance with the regularizer), and the fit is
         one warm start. Returns what was learned on the way: ``tuning`` (the choice, or how λ
@@ -111,7 +111,7 @@ class AltSVMTrainer(Trainer):
             model.reg = last["reg_per_comparison"] * n
             learned["tuning"] = {**last, "reg_source": "last path"}
         else:
-            chosen = self._path(model, arrays, warm, cfg, sizes, last.get("reg_ratio"))
+            chosen = self._path(model, arrays, cfg, sizes, last.get("reg_ratio"))
             warm = chosen.warm_state()   # the final fit continues from the chosen point
             model.reg = chosen.reg
             learned["path"] = [{k: (round(v, 5) if isinstance(v, float) else v)
@@ -151,11 +151,13 @@ class AltSVMTrainer(Trainer):
             return self.topk_metrics(fitted, arrays, cfg, VALIDATION).get(cfg.metric, 0.0)
         return score
 
-    def _path(self, model, arrays, warm, cfg, sizes, last_ratio):
+    def _path(self, model, arrays, cfg, sizes, last_ratio):
         """λ by validation: a cold run walks PATH_RATIOS down from reg_max; a warm run tries
-        the last ratio and its neighbours, warm-started. Returns the path's model, fitted at
-        the chosen point (its ``reg``, ``reg_max_``, ``path_`` and warm state)."""
-        ratios = PATH_RATIOS if warm is None or last_ratio is None else \
+        the last ratio and its neighbours. Returns the path's model, fitted at the chosen point
+        (its ``reg``, ``reg_max_``, ``path_`` and warm state). The path starts cold either
+        way: the last run's fit learned this run's validation rows (the split is stable), and
+        a path continuing it scores validation on rows it was fitted to."""
+        ratios = PATH_RATIOS if last_ratio is None else \
             np.array([last_ratio * WARM_STEP, last_ratio, last_ratio / WARM_STEP])
         path_model = type(model)(**model.get_params())
 
@@ -163,7 +165,7 @@ class AltSVMTrainer(Trainer):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # the final fit below warns as a plain fit does
             path_model.fit_path(arrays["path_comparisons"], score=score, ratios=ratios,
-                                patience=2, warm_start=warm, **sizes)
+                                patience=2, warm_start=None, **sizes)
         return path_model
 
     def fit_info(self, model, learned: dict) -> dict:

@@ -2,9 +2,9 @@
 
 What is searched, and why these ranges (the registry's ``tune_axes``; a config may narrow them):
 
-* ``reg_ratio`` (λ as a fraction of reg_max, where every factor is 0): first a warm-started
-  path down ``PATH_RATIOS`` from the config's setting (cheap: each point starts from the last
-  one's duals), then its grid neighbours beside the other axes. The grid spans 0.8 to 0.01:
+* ``reg_ratio`` (λ as a fraction of reg_max, where every factor is 0): first a path down
+  ``PATH_RATIOS`` from the config's setting (cheap: each point starts from the last one's
+  duals; the first from zero, on a re-tune too), then its grid neighbours beside the other axes. The grid spans 0.8 to 0.01:
   past 0.8 the model is the global ranking, below 0.01 every data set here overfits.
 * ``rank`` 5–100: top-10 quality on MovieLens-scale data rises until 20–50 and is flat by 100,
   while the fit's cost grows linearly with it.
@@ -111,7 +111,7 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     best = {"value": None}
     fits: dict = {}    # setting -> (λ per comparison, ratio) of its fit
 
-    def fit_and_score(params: dict, ratios, warm_start=None, path: bool = False):
+    def fit_and_score(params: dict, ratios, path: bool = False):
         estimator = type(model)(**{**model.get_params(), **{a: params[a] for a in MODEL_AXES
                                                             if a in params}})
         c = _comparisons_of(arrays, family, cfg.params, params, (TRAIN,), seed, cache)
@@ -119,7 +119,7 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
             warnings.simplefilter("ignore")   # the final fit warns as a plain fit does
             if path:
                 estimator.fit_path(c, score=score, ratios=ratios, patience=2,
-                                   warm_start=warm_start, max_seconds=budget, **sizes)
+                                   max_seconds=budget, **sizes)
             else:
                 estimator.reg, estimator.reg_ratio = None, float(ratios)
                 estimator.fit(c, **sizes)
@@ -136,11 +136,13 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
                         n=len(c), ratio=estimator.reg_ / estimator.reg_max_)
         return estimator, value
 
-    # 1. the λ path at the start setting (from the last choice's ratio on a re-tune)
+    # 1. the λ path at the start setting (from the last choice's ratio on a re-tune), cold
+    # either way: the last run's fit learned this run's validation rows (the split is stable),
+    # and a path continuing it would score validation on rows it was fitted to
     ratios = PATH_RATIOS if last is None else np.array(
         [last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
     ratios = ratios[:max_settings]   # the path's points count
-    path_model, _ = fit_and_score(start, ratios, warm_start=warm if last else None, path=True)
+    path_model, _ = fit_and_score(start, ratios, path=True)
     tried = [{"params": {**start, "reg_ratio": round(float(p["ratio"]), 5)},
               "validation": p["score"], "seconds": round(p.get("seconds", 0.0), 3)}
              for p in path_model.path_]
