@@ -80,9 +80,10 @@ class AltSVMTrainer(Trainer):
         (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
         ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
         regularization path scored on the validation split (cold: PATH_RATIOS; warm: the last
-        ratio and its neighbours; both paths start cold). A warm run whose comparisons grew less than REUSE_GROWTH
-        since the last path skips it: λ stays the last path's λ per comparison (the loss is a
-        sum over comparisons, so this keeps its balance with the regularizer), and the fit is
+        ratio and its neighbours; both paths start cold). A warm run whose comparisons grew
+        less than REUSE_GROWTH since the last path skips it: λ stays the last path's λ per
+        comparison (the loss is a sum over comparisons, so this keeps its balance with the
+        regularizer), and the fit is
         one warm start. Returns what was learned on the way: ``tuning`` (the choice, or how λ
         was found), ``path`` (the λ path's points), ``validated`` (the tuner's factors fitted
         without the validation rows, for the challenger's blend)."""

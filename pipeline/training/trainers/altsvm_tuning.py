@@ -4,8 +4,9 @@ What is searched, and why these ranges (the registry's ``tune_axes``; a config m
 
 * ``reg_ratio`` (λ as a fraction of reg_max, where every factor is 0): first a path down
   ``PATH_RATIOS`` from the config's setting (cheap: each point starts from the last one's
-  duals; the first from zero, on a re-tune too), then its grid neighbours beside the other axes. The grid spans 0.8 to 0.01:
-  past 0.8 the model is the global ranking, below 0.01 every data set here overfits.
+  duals; the first from zero, on a re-tune too), then its grid neighbours beside the other
+  axes. The grid spans 0.8 to 0.01: past 0.8 the model is the global ranking, below 0.01 every
+  data set here overfits.
 * ``rank`` 5–100: top-10 quality on MovieLens-scale data rises until 20–50 and is flat by 100,
   while the fit's cost grows linearly with it.
 * ``implicit_per_user`` 250–4,000 comparisons (a liked item beats a sampled unmet one) per
