@@ -83,10 +83,10 @@ class AltSVMTrainer(Trainer):
         ratio and its neighbours; both paths start cold). A warm run whose comparisons grew
         less than REUSE_GROWTH since the last path skips it: λ stays the last path's λ per
         comparison (the loss is a sum over comparisons, so this keeps its balance with the
-        regularizer), and the fit is
-        one warm start. Returns what was learned on the way: ``tuning`` (the choice, or how λ
-        was found), ``path`` (the λ path's points), ``validated`` (the tuner's factors fitted
-        without the validation rows, for the challenger's blend)."""
+        regularizer), and the fit is one warm start. Returns what was learned on the way:
+        ``tuning`` (the choice, or how λ was found), ``path`` (the λ path's points),
+        ``validated`` (the tuner's factors fitted without the validation rows, for the
+        challenger's blend)."""
         sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
         n = len(arrays["comparisons"])
         if cfg.tune and "reg" not in cfg.params and "reg_ratio" not in cfg.params:
