@@ -4,9 +4,10 @@ What is searched, and why these ranges (the registry's ``tune_axes``; a config m
 
 * ``reg_ratio`` (λ as a fraction of reg_max, where every factor is 0): first a path down
   ``PATH_RATIOS`` from the config's setting (cheap: each point starts from the last one's
-  duals; the first from zero, on a re-tune too), then its grid neighbours beside the other
-  axes. The grid spans 0.8 to 0.01: past 0.8 the model is the global ranking, below 0.01 every
-  data set here overfits.
+  duals; the first from zero, on a re-tune too: the last run's fit learned this run's
+  validation rows, the split being stable, and a path continuing it would score validation on
+  rows it was fitted to), then its grid neighbours beside the other axes. The grid spans 0.8
+  to 0.01: past 0.8 the model is the global ranking, below 0.01 every data set here overfits.
 * ``rank`` 5–100: top-10 quality on MovieLens-scale data rises until 20–50 and is flat by 100,
   while the fit's cost grows linearly with it.
 * ``implicit_per_user`` 250–4,000 comparisons (a liked item beats a sampled unmet one) per
@@ -137,9 +138,8 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
                         n=len(c), ratio=estimator.reg_ / estimator.reg_max_)
         return estimator, value
 
-    # 1. the λ path at the start setting (from the last choice's ratio on a re-tune), cold
-    # either way: the last run's fit learned this run's validation rows (the split is stable),
-    # and a path continuing it would score validation on rows it was fitted to
+    # 1. the λ path at the start setting (from the last choice's ratio on a re-tune), cold:
+    # the last fit learned this run's validation rows (a stable split), see the module
     ratios = PATH_RATIOS if last is None else np.array(
         [last["reg_ratio"] * WARM_STEP, last["reg_ratio"], last["reg_ratio"] / WARM_STEP])
     ratios = ratios[:max_settings]   # the path's points count
