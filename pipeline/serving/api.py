@@ -1,5 +1,6 @@
-"""The HTTP API over the lookup client: an ASGI application (Starlette) that
-``rankstream serve`` runs, bound to loopback unless told otherwise.
+"""The HTTP API over the lookup client: an ASGI application (:mod:`.routing`, with Starlette's
+requests and responses) that ``rankstream serve`` runs, bound to loopback unless told
+otherwise.
 
 JSON in and out; every route and its parameters are in ``/openapi.json`` (:mod:`.openapi`),
 readable at ``/docs``; the handlers are :mod:`.api_handlers`, what they read of a request
@@ -26,11 +27,9 @@ import time
 
 import msgspec
 import redis
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from pipeline.serving import openapi, ui
 from pipeline.serving.api_handlers import HANDLERS, MAX_BATCH, MAX_K
@@ -39,6 +38,7 @@ from pipeline.serving.explain import UnknownUserError
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.layout import UnknownModelError
+from pipeline.serving.routing import Api, Routes
 
 __all__ = ["create_app", "MAX_K", "MAX_BATCH", "MAX_BODY", "CLIENT_CLOSED"]
 
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 def create_app(topk, *, models: list[str] | None = None, token: str | None = None,
                max_k: int = MAX_K, metrics=None, require: list[str] | None = None,
-               ui_sources: ui.UiSources | None = None) -> Starlette:
+               ui_sources: ui.UiSources | None = None) -> Api:
     """The application over ``topk`` (a :class:`~pipeline.serving.lookup.TopK`). ``models``:
     the configured model names (``/readyz`` and ``/v1/models`` cover them); ``require``: the
     models ``/readyz`` needs served (None: every configured model that has a served version);
@@ -59,13 +59,12 @@ def create_app(topk, *, models: list[str] | None = None, token: str | None = Non
     ``/metrics`` route); ``ui_sources``: what the ``/ui`` pages read besides Redis (item
     titles, the runs directory; :class:`~pipeline.serving.ui.UiSources`)."""
     names = {name for name in HANDLERS if metrics is not None or name != "metrics"}
-    routes = [Route(path, endpoint(name, HANDLERS[name], open_route=name == "healthz"),
-                    methods=methods)
+    routes = [(name, path, methods,
+               endpoint(name, HANDLERS[name], open_route=name == "healthz"))
               for name, path, methods in openapi.ROUTES if name in names]
-    routes += [Route(path, endpoint(name, handler), methods=["GET"])   # HTML, not in the spec
+    routes += [(name, path, ["GET"], endpoint(name, handler))   # HTML, not in the spec
                for name, path, handler in ui.ROUTES]
-    app = Starlette(routes=routes, exception_handlers={
-        HTTPException: _http_error, 404: _http_error, 405: _http_error})
+    app = Api(Routes(routes), _no_route)
     app.state.topk, app.state.models, app.state.token = topk, list(models or []), token
     app.state.max_k, app.state.metrics = max_k, metrics
     app.state.required = list(require or [])
@@ -155,11 +154,8 @@ def _failure(err: Exception, request: Request) -> tuple[int, str]:
     return 500, f"internal error ({type(err).__name__}); see the server log"
 
 
-async def _http_error(request: Request, exc) -> Response:
-    """The router's own errors (no route, a method a route does not take), as JSON."""
-    status = getattr(exc, "status_code", 404)
-    if status == 404:
-        return _error(404, f"no such route: {request.url.path[:200]} (see /openapi.json)")
+async def _no_route(request: Request, status: int) -> Response:
+    """The router's own errors (no route: 404, a method the route does not take: 405)."""
     if status == 405:
         return _error(405, f"{request.method} is not allowed on {request.url.path[:200]}")
-    return _error(status, str(getattr(exc, "detail", "error")))
+    return _error(404, f"no such route: {request.url.path[:200]} (see /openapi.json)")
