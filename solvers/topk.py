@@ -38,6 +38,21 @@ def topk_of_scores(scores: np.ndarray, k: int, exclude=None) -> tuple[np.ndarray
     if exclude is not None and len(exclude):
         scores = scores.copy()
         scores[np.asarray(exclude, dtype=np.intp)] = -np.inf
+    n = len(scores)
+    if k <= 0:
+        return np.zeros(0, np.intp), scores[:0]
+    if k < n:
+        # the k-th largest by one partition of the whole vector (NaN sorts last). With m NaNs
+        # it is the (k - m)-th largest, and the entries above it plus its ties fall short of
+        # k unless the ties fill the list exactly as the full path would; short: full path
+        kth = np.partition(scores, n - k)[n - k]
+        if kth > -np.inf:
+            above = np.flatnonzero(scores > kth)
+            ties = np.flatnonzero(scores == kth)[: k - len(above)]
+            if len(above) + len(ties) == k:
+                valid = np.concatenate([above, ties])
+                order = valid[np.lexsort((valid, -scores[valid]))]
+                return order, scores[order]
     valid = np.flatnonzero(scores > -np.inf)  # also drops NaN
     if len(valid) > k:
         vals = scores[valid]

@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 MAX_FILTER = 1000
+_NONE = np.zeros(0, np.intp)
+_NONE.flags.writeable = False
 
 
 def _indices(st, name: str, items) -> np.ndarray:
@@ -44,6 +46,10 @@ class ItemFilter:
     __slots__ = ("excluded", "allowed", "excluded_ids", "allowed_ids")
 
     def __init__(self, st, exclude=None, allow=None, also_excluded=()):
+        if not exclude and allow is None and not len(also_excluded):   # a plain lookup's
+            self.excluded, self.allowed, self.excluded_ids, self.allowed_ids = \
+                _NONE, None, frozenset(), None
+            return
         self.excluded = np.union1d(_indices(st, "exclude", exclude or ()),
                                    np.asarray(also_excluded, np.intp)).astype(np.intp)
         self.allowed = None if allow is None else _indices(st, "allow", allow)

@@ -81,6 +81,27 @@ def test_user_blocks_numba_and_numpy_paths_agree(monkeypatch):
         assert set(got) == set(np.argsort(-row, kind="stable")[:50])
 
 
+def test_topk_of_scores_matches_argsort_with_few_nans_and_ties():
+    """The one-partition path (k-th largest, then the entries above it and its ties) against
+    the reference, where a few NaNs (fewer than k) shift the partition's k-th entry and ties
+    at the boundary decide whether that path may answer."""
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        n, k = int(rng.integers(1, 60)), int(rng.integers(0, 70))
+        row = rng.integers(-2, 6, n).astype(np.float32) if trial % 2 else \
+            rng.standard_normal(n).astype(np.float32)
+        row[rng.choice(n, int(rng.integers(0, min(n, 6) + 1)), replace=False)] = np.nan
+        row[rng.choice(n, int(rng.integers(0, min(n, 3) + 1)), replace=False)] = -np.inf
+        exclude = rng.choice(n, int(rng.integers(0, 3)), replace=False)
+        idx, sc = T.topk_of_scores(row, k, exclude=exclude)
+        ref = row.copy()
+        ref[exclude] = -np.inf
+        ref[np.isnan(ref)] = -np.inf
+        expected = _reference(ref, k)
+        assert idx.tolist() == expected.tolist(), trial
+        assert np.array_equal(sc, ref[expected]), trial
+
+
 def test_topk_of_scores_orders_ties_by_index():
     idx, sc = T.topk_of_scores(np.array([1, 3, 3, 2, 3], np.float32), 2)
     assert idx.tolist() == [1, 2] and sc.tolist() == [3, 3]
