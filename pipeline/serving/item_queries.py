@@ -2,8 +2,9 @@
 and recommendations for a user the version does not know, folded in from their items.
 
 Both rank with the one top-K of the project (:func:`solvers.topk.topk_of_scores`) and keep
-what they derive per version (unit-length factors, ``VᵀV``) in the version's state: versions
-are immutable, so it is computed once per version and process.
+what they derive per version (unit-length factors, ``VᵀV``, the head of each asked item's
+similar list) in the version's state: versions are immutable, so it is computed once per
+version and process.
 
 A fold-in is named by the trainer that publishes the version: its artifact's ``fold_in`` spec
 holds a ``method`` and that method's settings. Each method is a :class:`FoldIn` registered by
@@ -29,6 +30,8 @@ from solvers.fold_in import (
 )
 from solvers.topk import topk_of_scores
 
+SIMILAR_KEPT = 100             # the head of an item's similar list kept per version and process
+SIMILAR_ITEMS_KEPT = 10_000    # items whose heads are kept (the first kept goes first): 8 MB
 MAX_FOLD_IN_ITEMS = 500        # items (or comparisons) one fold-in takes
 FOLD_IN_EPOCHS = 200           # dual coordinate descent sweeps: bounds the time of one
 FOLD_IN_GAP = 1e-6             # relative duality gap a fold-in stops at
@@ -69,6 +72,28 @@ def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recomm
         return (V / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
     U = _derived(st, "unit", unit)
+    # An item's list is a fixed function of the immutable version, and item pages ask for the
+    # same items again and again: its head is computed once (per version and process) and a
+    # lookup filters that. A filtered head is the head of the filtered list (filtering keeps
+    # the order, and every item past the head ranks below it), so it answers whenever it still
+    # holds k items, or holds the whole catalogue; else the full list is ranked as before.
+    heads = _derived(st, "similar", dict)
+    head = heads.get(i)
+    if head is None:
+        if len(heads) >= SIMILAR_ITEMS_KEPT:
+            heads.pop(next(iter(heads)), None)
+        top, scores = topk_of_scores(U @ U[i], SIMILAR_KEPT, exclude=[i])
+        head = heads[i] = top.astype(np.int32), scores
+    idx, sc = head
+    if len(filt.excluded) or filt.allowed is not None:
+        keep = ~np.isin(idx, filt.excluded)
+        if filt.allowed is not None:
+            keep &= np.isin(idx, filt.allowed)
+        idx, sc = idx[keep], sc[keep]
+    if len(idx) >= k or len(head[0]) < SIMILAR_KEPT:
+        ids = st.item_ids
+        items = [(ids[j], s) for j, s in zip(idx[:k].tolist(), sc[:k].tolist())]
+        return Recommendation(st.model, item, items, st.version, st.sources["on_demand"])
     return _answer(st, item, U @ U[i], k, [i], filt, "on_demand")
 
 

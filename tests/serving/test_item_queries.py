@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.serving import item_queries
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.lookup import TopK
@@ -109,6 +110,43 @@ def test_similar_items_are_the_cosine_neighbours(redis_client, topk):
             x for x, _ in _eligible_reference(art, None, 9, scores=cos)[8:]]
     with pytest.raises(UnknownItemError, match="not in model"):
         topk.similar("movies", 424242, k=3)
+
+
+@pytest.mark.parametrize("kept", [5, 100], ids=["head-of-5", "head-of-100"])
+def test_similar_from_a_kept_head_is_the_full_ranking_whatever_the_filter(
+        redis_client, topk, monkeypatch, kept):
+    """An item's kept head answers a filtered lookup only when it still holds k items (or the
+    whole catalogue); the answers equal the full ranking's for excludes and allow lists that
+    leave the head short (a head of 5 of 80 items) and for k past the head."""
+    monkeypatch.setattr(item_queries, "SIMILAR_KEPT", kept)
+    art = user_model(6)
+    publish("movies", art, redis_client, top_k=TOP_K)
+    V = art.item_factors.astype(np.float32)
+    unit = (V / np.linalg.norm(V, axis=1, keepdims=True)).astype(np.float32)
+    ids = art.item_ids.tolist()
+    rng = np.random.default_rng(6)
+    for trial in range(60):
+        i = int(rng.integers(len(ids)))
+        cos = unit @ unit[i]
+        cos[i] = -np.inf
+        k = int(rng.integers(1, 12 if trial % 3 else 90))
+        exclude = [ids[j] for j in rng.choice(len(ids), int(rng.integers(0, 8)), replace=False)]
+        allow = None if trial % 2 else \
+            [ids[j] for j in rng.choice(len(ids), int(rng.integers(0, 40)), replace=False)]
+        got = topk.similar("movies", ids[i], k=k, exclude=exclude, allow=allow)
+        expected = _eligible_reference(art, None, k, exclude, allow, scores=cos)
+        assert [x for x, _ in got.items] == [x for x, _ in expected], trial
+        assert same_answer(got.items, expected, rtol=1e-5), trial
+
+
+def test_similar_heads_kept_are_bounded_per_version(redis_client, topk, monkeypatch):
+    monkeypatch.setattr(item_queries, "SIMILAR_ITEMS_KEPT", 3)
+    art = user_model(7)
+    publish("movies", art, redis_client, top_k=TOP_K)
+    for item in art.item_ids[:10].tolist():
+        topk.similar("movies", item, k=4)
+    heads = topk.versions.current_state("movies").derived["similar"]
+    assert list(heads) == [7, 8, 9]     # the last three asked, as item indices
 
 
 def test_pairwise_fold_in_solves_the_users_own_problem(redis_client, topk):
