@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 import msgspec
 import redis
@@ -38,7 +39,7 @@ from pipeline.serving.explain import UnknownUserError
 from pipeline.serving.fallback import RedisUnavailable
 from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.layout import UnknownModelError
-from pipeline.serving.routing import Api, Routes
+from pipeline.serving.routing import AFTER, Api, Routes
 
 __all__ = ["create_app", "MAX_K", "MAX_BATCH", "MAX_BODY", "CLIENT_CLOSED"]
 
@@ -107,9 +108,9 @@ def endpoint(name: str, handler, *, open_route: bool = False):
                 state.metrics.redis_error(model)
             return _error(status, reason)
         finally:
-            if state.metrics is not None:
-                state.metrics.observe(name, model, time.perf_counter() - started, status,
-                                      answers)
+            if state.metrics is not None:    # counted once the answer is sent (routing.AFTER)
+                request.scope[AFTER] = partial(state.metrics.observe, name, model,
+                                               time.perf_counter() - started, status, answers)
     return respond
 
 

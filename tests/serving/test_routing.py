@@ -64,3 +64,26 @@ def test_the_lifespan_protocol_is_answered_and_ends_at_shutdown():
 
     asyncio.run(app({"type": "lifespan"}, receive, send))
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def test_a_request_is_counted_after_its_answer_is_sent():
+    """The metrics' writes come after the answer's last message, so they add nothing to its
+    latency; the latency they record is the handler's, taken before the send."""
+    sent, counted = [], []
+
+    class Recording:
+        def observe(self, route, model, seconds, status, answers):
+            counted.append((route, status, [m["type"] for m in sent]))
+
+    app = create_app(None, metrics=Recording())
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/healthz", "query_string": b"",
+             "headers": []}
+    asyncio.run(app(scope, receive, send))
+    assert counted == [("healthz", 200, ["http.response.start", "http.response.body"])]
