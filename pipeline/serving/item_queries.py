@@ -81,7 +81,10 @@ def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recomm
     head = heads.get(i)
     if head is None:
         if len(heads) >= SIMILAR_ITEMS_KEPT:
-            heads.pop(next(iter(heads)), None)
+            try:
+                del heads[next(iter(heads))]
+            except (KeyError, RuntimeError):   # another thread changed the heads meanwhile
+                pass
         top, scores = topk_of_scores(U @ U[i], SIMILAR_KEPT, exclude=[i])
         head = heads[i] = top.astype(np.int32), scores
     idx, sc = head
