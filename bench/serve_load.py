@@ -89,6 +89,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline.serving.artifact import ModelArtifact  # noqa: E402
+from pipeline.serving.http_metrics import FLUSH_SECONDS  # noqa: E402
 from pipeline.serving.lookup import TopK  # noqa: E402
 from pipeline.serving.publish import publish  # noqa: E402
 from pipeline.settings import state_dir  # noqa: E402
@@ -728,6 +729,7 @@ def measure(server: str, base: str, meter: CpuMeter, lines_file: Path, scenario:
     cpu0 = meter.snapshot()
     r = run_wrk(base, lines_file, c, args.seconds, args.max_requests, args.wrk_threads, rate)
     r["cpu"] = meter.delta(cpu0, meter.snapshot())
+    time.sleep(2 * FLUSH_SECONDS)     # every worker's counts of the run written
     after = handler_totals(base, ROUTE[scenario])
     n = after[1] - before[1]
     r["handler_ms"] = (after[0] - before[0]) / n * 1e3 if n else None

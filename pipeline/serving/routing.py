@@ -9,8 +9,7 @@ A template's ``{name}`` segment matches one non-empty path segment (what Starlet
 matches) and reaches the request as ``request.path_params[name]``; a path with one trailing
 slash is the path without it. ``GET`` routes take ``HEAD`` too. What an endpoint leaves
 under ``scope[AFTER]`` (a callable) runs once its response is sent, or failed to send: the
-metrics' writes (four locked file writes in multiprocess mode) then add nothing to the
-latency of the answer they count.
+metrics' bookkeeping then adds nothing to the latency of the answer it counts.
 
 Examples
 --------

@@ -4,6 +4,8 @@ description, body limits, and /metrics scraped with the Prometheus text parser."
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.features import feature_rows
 from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.http_metrics import FLUSH_SECONDS
 from pipeline.serving.lookup import TopK
 from pipeline.serving.openapi import SPEC
 from pipeline.serving.publish import publish
@@ -154,6 +157,9 @@ def test_metrics_move_with_requests_across_workers(api):
         _get(base, "/v1/models/movies/recommend", user=str(art.key_ids[i % 20]), k=3)
     _get(base, "/v1/models/movies/recommend", user="nobody", k=3)
     _get(base, "/v1/models/ghost/recommend", user="x")
+    # each worker writes its counts at most FLUSH_SECONDS after a request; a scrape that
+    # reaches the other worker first sees them then
+    time.sleep(2 * FLUSH_SECONDS)
     after = _samples(_get(base, "/metrics").text)
 
     def moved(name, **labels):
