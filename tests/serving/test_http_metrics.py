@@ -116,3 +116,19 @@ def test_without_a_loop_counts_are_written_at_once(monkeypatch):
     metrics = ServeMetrics(_NoModels(), [])
     metrics.observe("similar", "movies", 3e-4, 200)
     assert metrics.requests.labels("similar", "200")._value.get() == 1
+
+
+def test_counts_kept_on_a_loop_that_ended_are_written_from_the_next(monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    metrics = ServeMetrics(_NoModels(), [])
+    child = metrics.requests.labels("recommend", "200")
+
+    async def one_request():
+        metrics.observe("recommend", "movies", 1e-4, 200)
+    asyncio.run(one_request())              # the loop ends before its flush is due
+
+    async def next_loop():
+        await one_request()
+        await asyncio.sleep(FLUSH_SECONDS * 1.5)
+        return child._value.get()
+    assert asyncio.run(next_loop()) == 2
