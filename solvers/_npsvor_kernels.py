@@ -212,8 +212,8 @@ def build_w(data, indices, indptr, y_rank, k, bias, alpha, w):
 
 
 @njit(cache=True, nogil=True)
-def solve_rank(data, indices, indptr, sq_norms, y_rank, k, bias, C1, C2, eps, tol, max_iter,
-               shrinking, seed, alpha, w):
+def solve_rank(data, indices, indptr, sq_norms, y_rank, k, bias, C1, C2, eps, squared, tol,
+               max_iter, shrinking, seed, alpha, w):
     """Dual coordinate descent (Algorithm 2, DCD-2) on problem (20) of rank ``k``.
 
     Problem of rank k (paper eqs. 2/4; ranks are coded 0..p−1, ``y_rank[i]`` is row i's rank).
@@ -242,6 +242,16 @@ def solve_rank(data, indices, indptr, sq_norms, y_rank, k, bias, C1, C2, eps, to
 
     and w ← w + (α_i^new − α_i^old) ỹ_i x_i (29). A_i = 0 (an empty row without bias) leaves w
     unchanged, so the step is the minimiser of the linear part: C2 for i ∉ I, 0 for i ∈ I.
+
+    Squared losses (``squared``; the "square hinge loss (L2 loss)" of the paper's conclusion,
+    the authors' LinearNPSVOR ``-m 2``): the primal's losses are squared,
+
+        min_w  ½‖w‖² + C1 Σ_{i∈I} max(|f(x_i)| − ε, 0)² + C2 Σ_{i∉I} max(1 − ỹ_i f(x_i), 0)²
+
+    and its dual is (20) plus Σ_i α_i²/(4C_i) with the upper bounds gone: α_i ∈ ℝ (i ∈ I),
+    α_i ≥ 0 (i ∉ I), as LIBLINEAR's L2-loss SVC dual. A coordinate sees the same one-variable
+    problem with A_i + D_i for A_i, B_i + D_i α_i for B_i and infinite bounds, D_i = 1/(2C_i):
+    the steps, violations and shrinking below serve both losses.
 
     Optimality measure: |v_i| with v_i the projected gradient (24) for i ∉ I and (30) for i ∈ I;
     α is optimal iff v = 0.
@@ -281,6 +291,10 @@ def solve_rank(data, indices, indptr, sq_norms, y_rank, k, bias, C1, C2, eps, to
     n = y_rank.shape[0]
     wb = build_w(data, indices, indptr, y_rank, k, bias, alpha, w)
     bias2 = bias * bias
+    # bounds U and diagonal D of the dual, rank's own rows (1) and the others (2)
+    U1, U2, D1, D2 = C1, C2, 0.0, 0.0
+    if squared:
+        U1, U2, D1, D2 = np.inf, np.inf, 0.5 / C1, 0.5 / C2
     reference = 0.0
     for i in range(n):
         if y_rank[i] != k:
@@ -307,19 +321,20 @@ def solve_rank(data, indices, indptr, sq_norms, y_rank, k, bias, C1, C2, eps, to
             i = index[s]
             in_rank = y_rank[i] == k
             sign = 1.0 if y_rank[i] > k else -1.0
-            B = sign * (row_dot(data, indices, indptr, i, w) + wb * bias)
             a = alpha[i]
-            if shrinking and _shrinkable(a, B, in_rank, C1, C2, eps, M):
+            D = D1 if in_rank else D2
+            B = sign * (row_dot(data, indices, indptr, i, w) + wb * bias) + D * a
+            if shrinking and _shrinkable(a, B, in_rank, U1, U2, eps, M):
                 active -= 1
                 index[s] = index[active]
                 index[active] = i
                 continue
-            v = violation(a, B, in_rank, C1, C2, eps)
+            v = violation(a, B, in_rank, U1, U2, eps)
             gnorm1 += v
             if v > gmax:
                 gmax = v
             if v > 1e-12:
-                a_new = coordinate_step(a, B, sq_norms[i] + bias2, in_rank, C1, C2, eps)
+                a_new = coordinate_step(a, B, sq_norms[i] + bias2 + D, in_rank, U1, U2, eps)
                 d = (a_new - a) * sign
                 if d != 0.0:
                     alpha[i] = a_new

@@ -188,8 +188,10 @@ def test_features_only_and_text_only_reviews_train(settings, redis_url):
     texts = synthetic.ordinal_events(n_items=300, n_reviews=2000, seed=6, features=False,
                                      start=2000, id_prefix="t")    # after the others
     _ingest(texts, settings, "texts")
-    both = retrain.run("reviews", _models(window={"last_events": 2000}), settings=settings,
-                       redis_url=redis_url, cold=True)
+    # and the squared losses (the authors' -m 2) train and publish through the same path
+    both = retrain.run("reviews", _models(window={"last_events": 2000},
+                                          params={**PARAMS, "loss": "squared_hinge"}),
+                       settings=settings, redis_url=redis_url, cold=True)
     stats = both["dataset"]["stats"]
     assert stats["with_features"] == 0 and stats["with_text"] == 2000
     assert both["decision"] == "published", both.get("reason")
