@@ -425,7 +425,9 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     t0 = time.perf_counter()
     it = 0
     for it in range(1, max_iter + 1):
-        U_old[:] = U
+        # U_old takes U's buffer, no copy: every U-step rewrites every row of U from alpha
+        # (_user_update), and nothing reads U between here and that U-step
+        U, U_old = U_old, U
         V_old, b_old = V.copy(), b.copy()
         from_zero = not (V_old.any() or b_old.any())   # never revert to this fixed point
         extra = MAX_FIRST_V_EPOCHS if from_zero else MAX_EXTRA_V_EPOCHS
