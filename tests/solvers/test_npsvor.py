@@ -601,11 +601,11 @@ def test_treebank_optimum_scores_the_same_for_every_seed(shared_data):
 
 
 def test_treebank_squared_loss_is_the_problem_behind_the_authors_0774(shared_data):
-    """The authors' 0.774 (LinearNPSVOR ``-s 9 -m 2 -c 0.5``, issue 15) comes from their
-    ``-m 2``: squared losses (dual diagonal 0.5/C, no upper bound), not the hinge of the
-    paper's experiments. Its exact optimum with the bias feature scores 0.7748 for every seed
-    (scipy's L-BFGS on the primal agrees), 0.013 below the hinge's 0.7879; early stops at the
-    default tol = 0.1 scatter 0.775-0.779 (seeds 0..4)."""
+    """The authors' 0.774 (their LinearNPSVOR with ``-m 2`` at C = 2^-1, issue 15) is the
+    squared-loss problem: ``-m 2`` keeps the dual diagonal 0.5/C and no upper bound, not the
+    hinge of the paper's experiments. Its exact optimum with the bias feature scores 0.7748
+    for every seed (scipy's L-BFGS on the primal agrees), 0.013 below the hinge's 0.7879;
+    early stops at the default tol = 0.1 scatter 0.7748-0.7794 (seeds 0..4)."""
     X, y, Xt, yt = _treebank(shared_data)
     for seed in range(5):
         converged = NPSVOR(C1=0.5, loss="squared_hinge", tol=1e-4, random_state=seed).fit(X, y)
