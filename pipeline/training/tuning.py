@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from pipeline.training.config import TUNE_KEYS
 from pipeline.training.selection import cheapest_near_best, collected_warnings, setting_key
 
 
@@ -231,6 +232,8 @@ def _moves(axes: dict, at: dict, step: int, ridges) -> list:
     return out
 
 
+REUSE_GROWTH = 1.25  # a warm run keeps the last tuning's choice until its rows (or comparisons)
+                     # outgrow the count it was chosen on by this factor
 REFERENCE_ROWS = 100_000   # tune.max_settings is the count at this many training rows
 
 
@@ -245,6 +248,14 @@ def settings_for_size(max_settings: int, n_rows: int, least: int = 3) -> int:
     """
     scale = min(1.0, (REFERENCE_ROWS / max(int(n_rows), 1)) ** 0.5)
     return max(min(int(least), int(max_settings)), int(round(int(max_settings) * scale)))
+
+
+def caps(cfg, n_rows: int, key: str = "challenger_settings") -> dict:
+    """A search's budget from a config's ``tune`` table (its defaults where it has none):
+    ``max_settings`` counted per data size from ``tune[key]``, ``budget_seconds`` a cap."""
+    tune = {k: cfg.tune.get(k, default) for k, default in TUNE_KEYS.items()}
+    return {"max_settings": settings_for_size(int(tune[key]), n_rows),
+            "budget_seconds": float(tune["budget_seconds"])}
 
 
 VALIDATION_FRACTION = 0.2   # of the hash range; held out of the training rows for tuning

@@ -37,12 +37,10 @@ import time
 
 import numpy as np
 
-from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import setting_key
 from pipeline.training.trainers import Challenger, blends, challenger_names
-from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
-from pipeline.training.tuning import pattern_search, settings_for_size
+from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search
 
 ALS_AXES = {"input": ["met", "relevant"],
             "factors": [16, 32, 64, 128, 256],
@@ -98,13 +96,6 @@ def _grown(old: np.ndarray, n: int, rng) -> np.ndarray:
     out = (rng.random((n, old.shape[1]), dtype=np.float32) * 0.01)
     out[:min(n, len(old))] = old[:n]
     return out
-
-
-def caps(cfg, n_rows: int, key: str = "challenger_settings") -> dict:
-    """A challenger's search budget: settings counted per data size, wall time a cap."""
-    tune = {k: cfg.tune.get(k, default) for k, default in TUNE_KEYS.items()}
-    return {"max_settings": settings_for_size(int(tune[key]), n_rows),
-            "budget_seconds": float(tune["budget_seconds"])}
 
 
 def challenger(trainer, validated, final, published, arrays: dict, cfg,

@@ -19,7 +19,8 @@ import numpy as np
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
 from pipeline.training.trainers.altsvm_data import collaborative, parse_rating_range
-from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, REUSE_GROWTH, WARM_STEP
+from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
+from pipeline.training.tuning import REUSE_GROWTH
 
 
 def _number_or(value, word: str):

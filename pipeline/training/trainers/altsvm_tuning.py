@@ -43,12 +43,10 @@ import numpy as np
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import cheapest_near_best, setting_key
 from pipeline.training.trainers.altsvm_data import make_comparisons
-from pipeline.training.tuning import coordinate_search, settings_for_size
+from pipeline.training.tuning import REUSE_GROWTH, coordinate_search, settings_for_size
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
 WARM_STEP = 1.6                             # warm paths: the last ratio x and / this
-REUSE_GROWTH = 1.25  # warm runs keep the last choice (or λ per comparison) until the
-                     # comparisons outgrow its count by this factor
 COMPARISON_AXES = ("implicit_per_user", "implicit_sampling")   # change the comparisons
 MODEL_AXES = ("rank", "loss")                                  # change the estimator
 # the order of a sweep: the axes that move the fit's cost the most first, then λ

@@ -51,8 +51,7 @@ import numpy as np
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import Challenger
-from pipeline.training.trainers.altsvm_tuning import REUSE_GROWTH
-from pipeline.training.tuning import pattern_search, skipped
+from pipeline.training.tuning import REUSE_GROWTH, pattern_search, skipped
 
 # λ per TRAIN's mean item count (the mean of diag XᵀX), in steps of √2 from 1 to 512: on
 # MovieLens 100K the validation peaks near 23 (λ ≈ 700 at a mean of 31 users per item);
