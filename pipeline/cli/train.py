@@ -100,10 +100,13 @@ def _fit_lines(tr: dict) -> list[str]:
     tuning = tr.get("tuning")
     if tuning:
         chosen = ", ".join(f"{k}={v}" for k, v in tuning["choice"].items())
-        how = (f"{len(tuning['tried'])} settings scored on validation in "
-               f"{tuning['seconds']:.1f} s" if tuning["source"] == "tuned"
-               else "the last run's choice (the data grew less than 25%)")
-        lines.append(f"  tuned    {chosen}, reg_ratio {tuning['reg_ratio']:.3g}: {how}")
+        tried = tuning["tried"]
+        how = {"tuned": f"{len(tried)} settings scored on validation in "
+                        f"{tuning['seconds']:.1f} s",
+               "config": f"the config's settings ({tried[0].get('skipped') if tried else ''})"
+               }.get(tuning["source"], "the last run's choice (the data grew less than 25%)")
+        ratio = f", reg_ratio {tuning['reg_ratio']:.3g}" if "reg_ratio" in tuning else ""
+        lines.append(f"  tuned    {chosen}{ratio}: {how}")
     if "refit_seconds" in tr:
         lines.append(f"  refit    on every event, the holdout too: {tr['refit_iterations']} "
                      f"iterations, {tr['refit_seconds']:.2f} s")

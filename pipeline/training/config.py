@@ -206,11 +206,18 @@ def _tune(where: str, name: str, raw: dict, fam: Family) -> dict:
                 and tune[key] >= least):
             raise ValueError(f"{where}: model {name!r} tune.{key} is {tune[key]!r}, expected a "
                              f"number {'>= 0' if key == 'tolerance' else '> 0'}")
+    estimator = fam.estimator_class()
     for axis, default in fam.tune_axes.items():
         grid = tune.setdefault(axis, list(default))
         if not (isinstance(grid, list) and grid):
             raise ValueError(f"{where}: model {name!r} tune.{axis} is {grid!r}, expected a "
                              f"non-empty list such as {list(default)}")
+        if axis in estimator.param_names():   # each value as the estimator would refuse it
+            for value in grid:
+                try:
+                    estimator(**{axis: value}).validate_params()
+                except (ValueError, TypeError) as err:
+                    raise ValueError(f"{where}: model {name!r} tune.{axis}: {err}") from None
     return tune
 
 

@@ -161,7 +161,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            evaluation={"split": "random", "fraction": 0.2, "metric": "mae", "seed": 0},
            splits=("random",), artifact_kind="predicted_ratings",
            # the better (on validation) of mord's LogisticAT and scikit-learn's LinearSVR
-           challengers=("linear_ordinal",)),
+           challengers=("linear_ordinal",),
+           # C1 (C2 follows unless given) and the loss; why these grids:
+           # pipeline/training/trainers/npsvor_tuning.py
+           tune_axes={"C1": [0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0],
+                      "loss": ["hinge", "squared_hinge"]}),
     Family(name="kernel_ranksvm", estimator="KernelRankSVM",
            trainer="pipeline.training.trainers.kernel_ranksvm:KernelRankSVMTrainer",
            kinds=("judgment",),

@@ -4,6 +4,8 @@ and the model in Redis -> lookups that rate and rank new items from their text a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -143,6 +145,42 @@ def test_warm_retrain_after_2pct_new_events_reuses_the_duals(settings, redis_url
     assert np.isin(a["ids"], b["ids"]).all() and len(b["ids"]) == nxt
     side = dict(zip(b["ids"].tolist(), b["test_mask"].tolist()))
     assert [side[i] for i in a["ids"].tolist()] == a["test_mask"].tolist()
+
+
+def test_tuned_C_and_loss_are_served_and_kept_by_a_warm_run(settings, redis_url):
+    from pipeline.cli.train import _fit_lines
+    from pipeline.training.report import write_report
+
+    events = synthetic.ordinal_events(n_items=300, n_reviews=3000, seed=5)
+    cut = int(0.95 * len(events))
+    _ingest(events[:cut], settings, "r0")
+    models = _models(tune={"max_settings": 4})
+    first = retrain.run("reviews", models, settings=settings, redis_url=redis_url)
+    tr, tuning = first["train"], first["train"]["tuning"]
+    assert first["decision"] == "published", first.get("reason")
+    assert tuning["source"] == "tuned" and 1 <= len(tuning["tried"]) <= 4
+    assert (tr["C1"], tr["loss"]) == (tuning["choice"]["C1"], tuning["choice"]["loss"])
+    assert any(line.startswith("  tuned    C1=") for line in _fit_lines(tr))
+    page = write_report(Path(first["dataset"]["run_dir"])).read_text()
+    assert "model: tuner" in page and page.count("<td>chosen</td>") == 1
+
+    # the lookups answer with the tuned model
+    arrays = _dataset(first)
+    model = _refit(arrays, **{**PARAMS, **tuning["choice"]})
+    unseen = events[cut:cut + 30]
+    X = _rows(unseen, int(arrays["n_features"]))
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        rated = [topk.predict_rating("reviews", features=e["features"], text=e["text"])
+                 for e in unseen]
+    assert [p.rating for p in rated] == model.predict(X).tolist()
+
+    # 5% more events: the warm run keeps the choice and fits once, from the last duals
+    _ingest(events[cut:], settings, "r1")
+    warm = retrain.run("reviews", models, settings=settings, redis_url=redis_url)
+    assert warm["decision"] == "published" and warm["train"]["warm_start"]
+    assert warm["train"]["tuning"]["source"] == "last tuning"
+    assert warm["train"]["tuning"]["choice"] == tuning["choice"]
+    assert any("the last run's choice" in line for line in _fit_lines(warm["train"]))
 
 
 def test_gate_refuses_a_model_no_better_than_a_constant_rating(settings, redis_url):

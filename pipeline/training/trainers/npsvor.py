@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from pipeline.training.trainers import Challenger, Trainer
+from pipeline.training.trainers import WARM_PREFIX, Challenger, Trainer, npsvor_tuning
 from pipeline.training.trainers.npsvor_data import OrdinalData, ordinal
 from pipeline.training.tuning import (
     grid_search,
@@ -240,16 +240,35 @@ class NPSVORTrainer(Trainer):
 
     # ------------------------------------------------------------------ fitting
 
-    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> None:
-        """Fit on the training events, the duals of events seen before taken over by id."""
+    def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
+        """Fit on the training events, the duals of events seen before taken over by id;
+        with a ``tune`` table, at the C1 and loss chosen on a validation part of them
+        (:mod:`.npsvor_tuning`), or the last run's choice while the data grew little."""
         data = OrdinalData.from_arrays(arrays)
         train = ~data.test_mask
-        model.fit(data.X[train], data.y[train], ids=data.ids[train], warm_start=warm)
+        X, y, ids = data.X[train], data.y[train], data.ids[train]
+        learned = {}
+        if cfg.tune:
+            def score(fitted, X_val, y_val):
+                return ordinal_metrics(y_val, fitted.predict(X_val),
+                                       fitted.predict_score(X_val)).get(cfg.metric)
+
+            learned["tuning"] = npsvor_tuning.tune(
+                model, X, y, ids, cfg, score, self.family.higher_is_better(cfg.metric), warm)
+        model.fit(X, y, ids=ids, warm_start=warm)
+        return learned
 
     def fit_info(self, model, learned: dict) -> dict:
-        return {"converged": model.converged_,
+        info = {"converged": model.converged_,
                 "n_iter_per_rank": [int(n) for n in model.n_iter_per_rank_],
-                "rank_seconds_max": float(np.max(model.rank_fit_seconds_))}
+                "rank_seconds_max": float(np.max(model.rank_fit_seconds_)),
+                "C1": float(model.C1), "loss": model.loss}
+        tuning = learned.get("tuning")
+        if tuning is not None:
+            info["tuning"] = {**{k: tuning[k] for k in ("source", "choice", "tried")},
+                              "validation": tuning["validation"],
+                              "seconds": round(tuning["seconds"], 3)}
+        return info
 
     # ------------------------------------------------------------------ evaluation
 
@@ -364,9 +383,12 @@ class NPSVORTrainer(Trainer):
                                                scores=scores, **describe)
 
     def checkpoint(self, fitted, arrays: dict) -> dict:
-        """The warm state (duals per event hash and rank) and the numeric feature width, which
-        the next run keeps (the text columns start after it)."""
-        return {**super().checkpoint(fitted, arrays), "n_features": arrays["n_features"]}
+        """The warm state (duals per event hash and rank), the numeric feature width, which
+        the next run keeps (the text columns start after it), and the tuner's choice."""
+        tuning = fitted.learned.get("tuning")
+        tuned = npsvor_tuning.checkpoint_arrays(tuning) if tuning else {}
+        return {**super().checkpoint(fitted, arrays), "n_features": arrays["n_features"],
+                **{WARM_PREFIX + k: v for k, v in tuned.items()}}
 
     # ------------------------------------------------------------------ challenger
 
