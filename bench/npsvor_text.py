@@ -192,15 +192,12 @@ def tuned_as_shipped(X, y, cfg):
     """NPSVOR as the product's trainer fits it: C1 and loss chosen by ``cfg``'s tune table on
     a validation fifth of the rows (a stable hash of the row number), then one fit on all."""
     from pipeline.training.trainers import npsvor_tuning
-    from pipeline.training.trainers.npsvor import ordinal_metrics
+    from pipeline.training.trainers.npsvor import metric_score
     from solvers.npsvor import NPSVOR
 
-    def score(fitted, X_val, y_val):
-        return ordinal_metrics(y_val, fitted.predict(X_val),
-                               fitted.predict_score(X_val)).get(cfg.metric)
-
     model = NPSVOR(**cfg.family.estimator_params(cfg.params))
-    tuning = npsvor_tuning.tune(model, X, y, np.arange(len(y), dtype=np.int64), cfg, score,
+    tuning = npsvor_tuning.tune(model, X, y, np.arange(len(y), dtype=np.int64), cfg,
+                                metric_score(cfg.metric),
                                 cfg.family.higher_is_better(cfg.metric), None)
     model.fit(X, y)
     model.tuning_ = tuning

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.training.config import parse_model
 from pipeline.training.trainers import npsvor_tuning
-from pipeline.training.trainers.npsvor import ordinal_metrics
+from pipeline.training.trainers.npsvor import metric_score
 from pipeline.training.tuning import validation_mask
 from solvers import NPSVOR
 
@@ -28,8 +28,7 @@ def _model(cfg):
     return NPSVOR(**cfg.family.estimator_params(cfg.params))
 
 
-def _score(fitted, X, y):
-    return ordinal_metrics(y, fitted.predict(X), fitted.predict_score(X))["mae"]
+_score = metric_score("mae")
 
 
 def _tiny_features(n=1500, seed=0):

@@ -225,6 +225,13 @@ def ordinal_metrics(y, ratings, scores) -> dict:
             "rating_ndcg": metrics.rating_ndcg(y, scores)}
 
 
+def metric_score(metric: str):
+    """``score(fitted, X, y)``: ``metric`` of a fitted model's ratings and scores on rows."""
+    def score(fitted, X, y):
+        return ordinal_metrics(y, fitted.predict(X), fitted.predict_score(X)).get(metric)
+    return score
+
+
 class NPSVORTrainer(Trainer):
     id_maps = ()    # instance ids are hashes of event ids: nothing to extend
 
@@ -249,12 +256,9 @@ class NPSVORTrainer(Trainer):
         X, y, ids = data.X[train], data.y[train], data.ids[train]
         learned = {}
         if cfg.tune:
-            def score(fitted, X_val, y_val):
-                return ordinal_metrics(y_val, fitted.predict(X_val),
-                                       fitted.predict_score(X_val)).get(cfg.metric)
-
             learned["tuning"] = npsvor_tuning.tune(
-                model, X, y, ids, cfg, score, self.family.higher_is_better(cfg.metric), warm)
+                model, X, y, ids, cfg, metric_score(cfg.metric),
+                self.family.higher_is_better(cfg.metric), warm)
         model.fit(X, y, ids=ids, warm_start=warm)
         return learned
 

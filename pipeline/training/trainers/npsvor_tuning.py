@@ -66,7 +66,6 @@ def tune(model, X, y, ids, cfg, score, higher_is_better: bool, warm: dict | None
     started = time.perf_counter()
     n_rows = len(y)
     last = last_choice(warm)
-    axes = grids(cfg, model)
     if last is not None and n_rows <= REUSE_GROWTH * last["n_rows"]:
         model.set_params(**last["choice"])
         return {"choice": last["choice"], "source": "last tuning", "tried": [],
@@ -83,6 +82,7 @@ def tune(model, X, y, ids, cfg, score, higher_is_better: bool, warm: dict | None
                            "skipped": f"{reason}: no choice to make"}],
                 "seconds": time.perf_counter() - started}
     X_rest, y_rest, ids_rest, X_val, y_val = X[rest], y[rest], ids[rest], X[val], y[val]
+    axes = grids(cfg, model)
 
     def setting_score(params: dict):
         fitted = type(model)(**{**model.get_params(), **params})
