@@ -424,7 +424,7 @@ def test_blend_curves_are_the_blends_own_lists(with_bias, block_bytes, monkeypat
                 rng.standard_normal((n_items, r)).astype(np.float32),
                 rng.standard_normal(n_items).astype(np.float32) if with_bias else None)
             for n, r in (("model", 3), ("als", 5), ("ease", 40))}
-    trainer = AltSVMTrainer.__new__(AltSVMTrainer)
+    trainer = AltSVMTrainer(family=None)
     for metric in ("topk_ndcg@10", "topk_precision@10"):
         cfg = SimpleNamespace(evaluation={"k": 10, "relevance": 4.0}, metric=metric)
         pairs = [("model", "als"), ("model", "ease"), ("als", "ease")]
@@ -435,6 +435,47 @@ def test_blend_curves_are_the_blends_own_lists(with_bias, block_bytes, monkeypat
                     want = trainer.topk_metrics(blends.blend(fits[pair[0]], fits[pair[1]], w,
                                                              3), arrays, cfg, part)[metric]
                     assert got[pair, w] == pytest.approx(want, abs=1e-12), (pair, w, part)
+
+
+def test_holdout_lists_are_ranked_once_per_content_of_the_factors(monkeypatch):
+    """A candidate's holdout lists are asked for by its metrics, the gate's standard errors
+    and the report's intervals: the trainer ranks them once per content of the factors (equal
+    copies share them; a refit in place is ranked again), keeps validation lists never, and
+    returns the same lists as a fresh ranking."""
+    from types import SimpleNamespace
+
+    import solvers.topk
+    from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+    from pipeline.training.trainers.altsvm import HOLDOUT_LISTS_KEPT, AltSVMTrainer
+
+    rng = np.random.default_rng(2)
+    n_users, n_items, n_rows = 60, 40, 900
+    arrays = {"met_user": rng.integers(0, n_users, n_rows), "met_item": rng.integers(
+        0, n_items, n_rows), "met_part": rng.choice([TRAIN, VALIDATION, TEST], n_rows),
+        "met_rating": np.full(n_rows, np.nan), "user_ids": np.arange(n_users).astype(str),
+        "item_ids": np.arange(n_items).astype(str)}
+    cfg = SimpleNamespace(evaluation={"k": 5, "relevance": 4.0}, metric="topk_ndcg@5")
+    U = rng.standard_normal((n_users, 3)).astype(np.float32)
+    V = rng.standard_normal((n_items, 3)).astype(np.float32)
+    calls = []
+    rank = solvers.topk.user_topk
+    monkeypatch.setattr(solvers.topk, "user_topk", lambda *a, **kw: calls.append(1) or
+                        rank(*a, **kw))
+    trainer = AltSVMTrainer(family=None)
+    first = trainer.topk_lists((U, V, None), arrays, cfg, TEST)
+    again = trainer.topk_lists((U.copy(), V.copy(), None), arrays, cfg, TEST)
+    assert len(calls) == 1 and again is first
+    U[0] += 1.0                                  # a refit in place: new contents, new lists
+    changed = trainer.topk_lists((U, V, None), arrays, cfg, TEST)
+    assert len(calls) == 2
+    fresh = AltSVMTrainer(family=None).topk_lists((U, V, None), arrays, cfg, TEST)
+    np.testing.assert_array_equal(changed[0], fresh[0])
+    trainer.topk_lists((U, V, None), arrays, cfg, VALIDATION)
+    trainer.topk_lists((U, V, None), arrays, cfg, VALIDATION)
+    assert len(calls) == 5                       # 2 + validation twice + the fresh trainer
+    for shift in range(HOLDOUT_LISTS_KEPT + 3):  # bounded: the oldest lists go first
+        trainer.topk_lists((U + shift + 10, V, None), arrays, cfg, TEST)
+    assert len(trainer._holdout_lists) == HOLDOUT_LISTS_KEPT
 
 
 def test_the_holdout_errors_are_to_the_best_and_the_blend_keeps_its_own(monkeypatch):

@@ -48,8 +48,8 @@ def blend_scales(first: tuple, second: tuple, weight: float, seed: int = 0) -> t
 def blend(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
     """Factors of ``weight · first / σ₁ + (1 − weight) · second / σ₂`` (see the module)."""
     a, b = blend_scales(first, second, weight, seed)
-    U = np.hstack([first[0] * a, second[0] * b]).astype(np.float32)
-    V = np.hstack([first[1], second[1]]).astype(np.float32)
+    U = np.hstack([first[0] * a, second[0] * b], dtype=np.float32)
+    V = np.hstack([first[1], second[1]], dtype=np.float32)  # 15k x 1.6k on Last.fm: one copy
     bias = None if first[2] is None else (first[2] * a).astype(np.float32)
     if second[2] is not None:
         bias = (second[2] * b if bias is None else bias + second[2] * b).astype(np.float32)
