@@ -347,7 +347,8 @@ def report(r: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="movielens,lastfm")
+    ap.add_argument("--data", default="movielens,lastfm",
+                    help="comma-separated of movielens, lastfm; empty ('') for --ratings alone")
     ap.add_argument("--ratings", help="an extra user,item,rating[,ts] CSV or u.data file")
     ap.add_argument("--config", default=str(REPO / "dags" / "models.toml"))
     ap.add_argument("--json", help="write the results here")
@@ -356,7 +357,12 @@ def main(argv=None) -> int:
                     help="the grid EASE peer is skipped over this many items")
     args = ap.parse_args(argv)
     sets = {"movielens": movielens, "lastfm": lastfm}
-    todo = [(n, sets[n]) for n in args.data.split(",") if n]
+    names = [n for n in args.data.split(",") if n]
+    unknown = [n for n in names if n not in sets]
+    if unknown:
+        ap.error(f"--data {','.join(unknown)}: expected some of {', '.join(sets)} (or '' with "
+                 "--ratings)")
+    todo = [(n, sets[n]) for n in names]
     if args.ratings:
         todo.append((Path(args.ratings).name, ratings_file(args.ratings)))
     results = []
