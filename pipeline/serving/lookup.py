@@ -9,9 +9,12 @@ the version's fallback list (``source == "fallback"``). Candidates given in the 
 
 When Redis is down or slower than ``timeout``: ``on_error="raise"`` raises
 :class:`RedisUnavailable`; ``on_error="last_known"`` answers from an in-process cache of the
-last answers (``stale=True``). After a failure the client does not touch Redis for
-``retry_interval`` seconds. On a cluster, a ``MOVED`` reply or a node that stopped answering
-first refreshes the slot map and tries once more (:mod:`~pipeline.serving.transport`).
+last answers (``stale=True``). A circuit breaker (:class:`~pipeline.serving.fallback.Breaker`)
+decides when lookups stop trying: one failed lookup among successes fails alone, but when half
+or more of the recent round trips fail, or the connection is refused, the client does not
+touch Redis for ``retry_interval`` seconds, then lets one lookup probe it. On a cluster, a
+``MOVED`` reply or a node that stopped answering first refreshes the slot map and tries once
+more (:mod:`~pipeline.serving.transport`).
 
 :class:`TopK` is the front: it resolves the version (:mod:`~pipeline.serving.resolver`), fetches
 the values (:mod:`~pipeline.serving.list_reads`, :mod:`~pipeline.serving.version_cache`) and
@@ -28,7 +31,7 @@ from pipeline.serving import answer_builders as build
 from pipeline.serving import explain as explained
 from pipeline.serving import item_queries as queries
 from pipeline.serving.answers import AnswerCounts, ModelInfo, Prediction, Recommendation
-from pipeline.serving.fallback import Guard, Outage, RedisUnavailable, failure_policy
+from pipeline.serving.fallback import Breaker, Guard, RedisUnavailable, failure_policy
 from pipeline.serving.item_filter import ItemFilter
 from pipeline.serving.layout import LayoutError, UnknownModelError
 from pipeline.serving.list_reads import ListReads
@@ -58,7 +61,15 @@ class TopK:
         Seconds to wait for Redis on a lookup, and for reading a new version's item
         ids/factors (bigger values), before the policy applies.
     retry_interval : float
-        After a failure, seconds during which lookups do not touch Redis.
+        Seconds the circuit breaker stays open (lookups answered by ``on_error`` without
+        touching Redis) before one lookup probes Redis again; the probe's success closes it.
+    breaker_window, breaker_seconds, breaker_failure_rate, breaker_min_calls : int, float
+        When the breaker opens: over the last ``breaker_window`` round trips (20) of the last
+        ``breaker_seconds`` (10 s), at least ``breaker_min_calls`` (5) of them, a share of
+        ``breaker_failure_rate`` (0.5) or more failed. A refused connection (a server down or
+        restarting) opens it at once. So one timeout among successes fails that lookup alone
+        (by ``on_error``), and the lookups after it try Redis as usual; a server that stops
+        answering is given up on after a few failed lookups, which then cost nothing.
     last_known_size : int
         Answers remembered for ``on_error="last_known"``.
 
@@ -86,12 +97,17 @@ class TopK:
 
     def __init__(self, redis, *, namespace: str = "rankstream", on_error: str = "raise",
                  timeout: float = 0.1, load_timeout: float = 10.0, retry_interval: float = 0.5,
+                 breaker_window: int = 20, breaker_seconds: float = 10.0,
+                 breaker_failure_rate: float = 0.5, breaker_min_calls: int = 5,
                  last_known_size: int = 100_000):
         self.policy = failure_policy(on_error, last_known_size)
-        self.transport = Transport(redis, timeout=timeout, load_timeout=load_timeout)
+        self.breaker = Breaker(retry_interval, window=breaker_window,
+                               window_seconds=breaker_seconds,
+                               failure_rate=breaker_failure_rate, min_calls=breaker_min_calls)
+        self.transport = Transport(redis, timeout=timeout, load_timeout=load_timeout,
+                                   breaker=self.breaker)
         self.versions = VersionResolver(self.transport, namespace)
-        self.outage = Outage(retry_interval)
-        self.guard = Guard(self.policy, self.outage, self.versions, self.transport.where)
+        self.guard = Guard(self.policy, self.breaker, self.versions, self.transport.where)
         self.lists = ListReads(self.transport, self.versions, self.guard)
         self.counts = AnswerCounts(self.transport.client,
                                    lambda model: self.versions.keys(model).lookups)
@@ -117,11 +133,11 @@ class TopK:
 
     @property
     def retry_interval(self) -> float:
-        return self.outage.retry_interval
+        return self.breaker.retry_interval
 
     def close(self) -> None:
         """Flush the answer counts and close the connections of this client."""
-        if self.counts.enabled and self.counts.unflushed and not self.outage.active:
+        if self.counts.enabled and self.counts.unflushed and not self.breaker.active:
             self.counts.flush()
         self.transport.close()
 

@@ -5,7 +5,9 @@ round trip per node, and what a failure means.
 A dropped connection (e.g. after a Redis restart) or, on a cluster, a ``MOVED`` reply or a
 node that stopped answering refreshes the connections and is tried once more; a server that is
 gone, slower than the timeout or failing over raises :class:`Down`, for the caller's failure
-policy. A timeout is never retried at once: the caller's latency budget is spent.
+policy. A timeout is never retried at once: the caller's latency budget is spent. Every round
+trip that gets its replies is reported to the client's circuit breaker
+(:class:`~pipeline.serving.fallback.Breaker`), whose window weighs the failures against them.
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ class Transport:
 
     ``client`` answers lookups (``timeout``), ``bulk`` reads a new version's item ids,
     factors and scorer (``load_timeout``: bigger values); ``where`` names the server in
-    messages, without a password.
+    messages, without a password; ``breaker`` (optional) hears of every round trip that got
+    its replies.
     """
 
-    def __init__(self, redis, *, timeout: float, load_timeout: float):
+    def __init__(self, redis, *, timeout: float, load_timeout: float, breaker=None):
+        self.breaker = breaker
         if isinstance(redis, str):
             url, cluster = split_cluster_flag(redis)
             if cluster is None:   # ask the server once, for both clients
@@ -58,9 +62,13 @@ class Transport:
         node serving ``bucket`` of ``keys``' model (``BUCKETS``: the model tag)."""
         for attempt in (0, 1):
             try:
-                return round_trip(self.connections.table(keys)[bucket], commands)
+                replies = round_trip(self.connections.table(keys)[bucket], commands)
             except Exception as err:
                 self._retry_or_raise(err, attempt)
+                continue
+            if self.breaker is not None:
+                self.breaker.success()
+            return replies
 
     def send_many(self, keys: ModelKeys, commands: list[tuple[int, tuple]]) -> list:
         """``(bucket, command)`` pairs in one round trip per node, all nodes at once; replies
@@ -80,6 +88,8 @@ class Transport:
             except Exception as err:
                 self._retry_or_raise(err, attempt)
                 continue
+            if self.breaker is not None:
+                self.breaker.success()
             out: list = [None] * len(commands)
             for (_, order, _), got in zip(groups.values(), replies):
                 for i, reply in zip(order, got):
