@@ -9,7 +9,8 @@ key index carry a *bucket* tag ``{<namespace>:<model>:<bucket>}`` with ``bucket 
 mod BUCKETS``, so one version spreads over every slot of a cluster; each bucket has its own
 copy of the ``current`` pointer, read in the same ``MGET`` as the list (same slot, atomic).
 Values are packed little-endian (float32 / int32 / int64) byte strings; see
-:data:`KEY_PATTERNS` and :data:`META_FIELDS`.
+:data:`KEY_PATTERNS` and :data:`META_FIELDS`, and :data:`VALUE_BOUNDS` for how big each can
+get.
 
 Examples
 --------
@@ -36,6 +37,12 @@ from functools import cached_property
 import numpy as np
 
 from pipeline.naming import check_name
+from pipeline.serving.layout_tables import (  # noqa: F401  the contract's tables, re-exported
+    FRESH_KEY_PATTERNS,
+    KEY_PATTERNS,
+    META_FIELDS,
+    VALUE_BOUNDS,
+)
 
 FORMAT_VERSION = 2
 """Bumped whenever a key or value encoding changes; readers refuse other versions."""
@@ -48,86 +55,13 @@ BUCKET_MIX = 2654435761
 """Odd multiplier (Knuth's, ~2**32 / golden ratio) that mixes a key's CRC-32 into its bucket."""
 BUCKET_SHIFT = 32 - (BUCKETS.bit_length() - 1)
 
+MAX_VALUE_BYTES = 1 << 20
+"""The most bytes a chunked value holds (item arrays, key index): see :data:`VALUE_BOUNDS`.
+Redis runs one command at a time, and writing or reading a value costs it time in proportion
+to its size, which every other client then waits for."""
+
 PAIR_DTYPE = np.dtype([("index", "<i4"), ("score", "<f4")])
 """One entry of a ranked list: item index (into the version's item ids) and its score."""
-
-# name -> (key pattern, Redis type, value encoding). The .md table lists exactly these rows;
-# <tag> stands for {<namespace>:<model>}, <btag> for {<namespace>:<model>:<bucket>}.
-KEY_PATTERNS = {
-    "current": ("<tag>:current", "string", "ascii `<version>:<publish_id>:<epoch>`"),
-    "epoch": ("<tag>:epoch", "string", "integer counter (INCR) of pointer moves"),
-    "pointer": ("<btag>:current", "string",
-                "a copy of `current`, the one lookups of the bucket's keys read"),
-    "versions": ("<tag>:versions", "list", "ascii version numbers, oldest first"),
-    "seq": ("<tag>:seq", "string", "integer counter (INCR) of version numbers"),
-    "pending": ("<tag>:pending", "set", "ascii version numbers being written or deleted"),
-    "lookups": ("<tag>:lookups", "hash",
-                "lookup answers by source, field `<version>:<source>`, added by readers"),
-    "lease": ("<tag>:lease", "string",
-              "`<token> <holder>` of the retrain holding the model's lease, with a TTL"),
-    "lease_seq": ("<tag>:lease_seq", "string", "integer counter (INCR) of lease tokens"),
-    "meta": ("<tag>:v<version>:meta", "hash", "utf-8 fields, see the meta table"),
-    "items": ("<tag>:v<version>:items:<chunk>", "string",
-              "item ids of rows chunk*item_chunk...: int64 LE, or a JSON array of strings"),
-    "item_factors": ("<tag>:v<version>:V:<chunk>", "string", "float32 LE, rows x rank, C order"),
-    "item_bias": ("<tag>:v<version>:b:<chunk>", "string", "float32 LE, one per item"),
-    "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
-    "global_scores": ("<tag>:v<version>:gs:<chunk>", "string",
-                      "float32 LE, one per item: the score the global list ranks by"),
-    "key_index": ("<btag>:v<version>:keys:<chunk>", "string",
-                  "JSON array of this version's user/query keys in the bucket"),
-    "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
-    "topk": ("<btag>:v<version>:topk:<key>", "string",
-             "ranked pairs (int32 index, float32 score)"),
-    "user_factor": ("<btag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
-    "seen": ("<btag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
-    "scorer": ("<tag>:v<version>:scorer", "string", "npz without pickle: the on-demand model"),
-}
-
-# The refresher's keys (pipeline.serving.fresh), as KEY_PATTERNS; the .md section "Refreshed
-# users" lists exactly these rows. Older readers never read them: no format bump.
-FRESH_KEY_PATTERNS = {
-    "fresh": ("<btag>:v<version>:fresh:<key>", "string",
-              "ascii `<stamp_ms>`: the user's topk/u/seen were rewritten by the refresher"),
-    "fresh_keys": ("<btag>:v<version>:fresh_keys", "set",
-                   "the keys of the bucket the refresher wrote (deleted with the version)"),
-}
-
-# meta hash field -> meaning (the .md meta table lists exactly these fields)
-META_FIELDS = {
-    "format_version": "layout format version (this document: 2)",
-    "kind": "user_item | global_list | query_docs | predicted_ratings",
-    "model": "model name", "version": "version number",
-    "publish_id": "random hex id of this publish; also in `current`",
-    "status": "writing | complete | deleting",
-    "algorithm": "producing algorithm, e.g. AltSVM",
-    "params": "JSON object of training parameters",
-    "metrics": "JSON object of evaluation metrics",
-    "trained_at": "ISO 8601 UTC time the artifact was trained",
-    "published_at": "ISO 8601 UTC time publishing started",
-    "served_as": "what the version serves: `model` (the trained model), `trivial` (a trivial "
-                 "list: the model did not beat it, and nothing better was served), "
-                 "`challenger-NAME` or `blend-NAME` (the gate's challenger, or its blend with "
-                 "the model, won); absent means `model`. Lookups of a version that is not "
-                 "`model` report it as their `source`",
-    "n_items": "number of item (or doc) ids",
-    "item_id_type": "int64 | str", "item_chunk": "rows per items/V/b/val chunk",
-    "n_item_chunks": "number of item chunks", "rank": "factor dimension (0: no factors)",
-    "has_item_bias": "1 if b chunks exist", "has_item_values": "1 if val chunks exist",
-    "has_global_scores": "1 if gs chunks exist", "top_k": "longest precomputed list length",
-    "n_keys": "user/query keys in the key index",
-    "buckets": "number of key buckets (1024 in format 2)",
-    "bucket_keys": "JSON array: keys per bucket (each bucket's index has ceil(n / key_chunk) "
-                   "chunks)",
-    "key_chunk": "keys per key_index chunk", "n_lists": "keys with a precomputed topk list",
-    "n_factor_keys": "keys with a user factor", "n_seen_keys": "keys with a seen list",
-    "global": "none | model | fallback: what the global list is",
-    "scorer": "none | ordinal_linear | kernel: the kind of the scorer key",
-    "fold_in": "JSON object: how a new user is folded in from their items (`solvers.fold_in`); "
-               "`{}`: no fold-in",
-    "watermark": "JSON object `{\"<topic>/<partition>\": next_offset}`: the event-store "
-                 "offsets the version learned from; `{}`: not known",
-}
 
 _POINTER = re.compile(rb"^([1-9][0-9]{0,17}):([0-9a-f]{8,32}):([1-9][0-9]{0,17})$")
 _FORMAT_1 = re.compile(rb"^[1-9][0-9]{0,17}:[0-9a-f]{8,32}$")

@@ -33,6 +33,8 @@ from pipeline.serving.artifact_kinds import kind_of
 from pipeline.serving.layout import (
     BUCKETS,
     FORMAT_VERSION,
+    MAX_VALUE_BYTES,
+    PAIR_DTYPE,
     ModelKeys,
     VersionKeys,
     bucket_of,
@@ -60,8 +62,8 @@ from solvers.topk import topk_of_scores
 __all__ = ["PublishResult", "SupersededError", "FencedError", "publish", "rollback", "versions",
            "prune"]
 
-ITEM_CHUNK = 65536  # rows per items/V/b/val value (8 MiB of rank-32 factors)
-KEY_CHUNK = 10000  # keys per key-index value
+ITEM_CHUNK = 65536  # the most rows per items/V/b/val/gs value; fewer when rows are wide
+KEY_CHUNK = 10000  # the most keys per key-index value; fewer when keys are long
 
 
 @dataclass
@@ -84,9 +86,44 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _json_item_bytes(values: list[str]) -> int:
+    """The most bytes one string takes in a UTF-8 JSON array (quotes, escapes, ``", "``)."""
+    return max((len(json.dumps(v, ensure_ascii=False).encode()) for v in values),
+               default=0) + 2
+
+
+def item_chunk_rows(art: ModelArtifact) -> int:
+    """Rows per item chunk of ``art``: the largest power of two up to :data:`ITEM_CHUNK`
+    whose every chunked value (ids, factors, bias, values, global scores) stays within
+    :data:`MAX_VALUE_BYTES`; at least 1 (a single row wider than that is one value).
+
+    >>> art = ModelArtifact.global_list(item_ids=[1, 2], scores=[0.5, 0.25])
+    >>> item_chunk_rows(art)   # 8 bytes per id: 65536 rows are 512 KiB
+    65536
+    >>> wide = ModelArtifact.user_item(user_ids=[1], item_ids=[1, 2], user_factors=[[0.0] * 600],
+    ...                                item_factors=[[0.0] * 600] * 2)
+    >>> item_chunk_rows(wide)  # 2,400 bytes per row: 256 rows are 600 KiB
+    256
+    """
+    if art.item_ids.dtype.kind in "iu":
+        rows = MAX_VALUE_BYTES // 8
+    else:   # a JSON array: its brackets, and each id with its separator
+        rows = (MAX_VALUE_BYTES - 2) // _json_item_bytes([str(x) for x in art.item_ids.tolist()])
+    rows = max(1, min(rows, MAX_VALUE_BYTES // max(4 * art.rank, 4)))
+    return min(ITEM_CHUNK, 1 << (rows.bit_length() - 1))
+
+
+def key_chunk_keys(key_strs: list[str]) -> int:
+    """Keys per key index chunk: up to :data:`KEY_CHUNK`, fewer when the longest key would
+    take a chunk of that many past :data:`MAX_VALUE_BYTES`; at least 1."""
+    if not key_strs:
+        return KEY_CHUNK
+    return int(min(KEY_CHUNK, max(1, (MAX_VALUE_BYTES - 2) // _json_item_bytes(key_strs))))
+
+
 def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: int,
-          global_role: str, buckets: np.ndarray) -> dict:
-    n_item_chunks = -(-art.n_items // ITEM_CHUNK)
+          global_role: str, buckets: np.ndarray, item_chunk: int, key_chunk: int) -> dict:
+    n_item_chunks = -(-art.n_items // item_chunk)
     counts = kind_of(art.kind).counts(art)
     return {
         "format_version": FORMAT_VERSION, "kind": art.kind, "model": model, "version": version,
@@ -96,20 +133,20 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "served_as": art.served_as, "fold_in": json.dumps(art.fold_in),
         "watermark": json.dumps(art.watermark or {}),
         "item_id_type": "int64" if art.item_ids.dtype.kind in "iu" else "str",
-        "item_chunk": ITEM_CHUNK, "n_item_chunks": n_item_chunks, "rank": art.rank,
+        "item_chunk": item_chunk, "n_item_chunks": n_item_chunks, "rank": art.rank,
         "has_item_bias": int(art.item_bias is not None),
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
         "has_global_scores": int(global_role != "none"),
-        "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": KEY_CHUNK,
+        "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": key_chunk,
         "bucket_keys": json.dumps(np.bincount(buckets, minlength=BUCKETS).tolist()),
         **counts,
         "global": global_role, "scorer": art.scorer.kind if art.scorer is not None else "none",
     }
 
 
-def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact) -> None:
-    for c, lo in enumerate(range(0, art.n_items, ITEM_CHUNK)):
-        hi = min(lo + ITEM_CHUNK, art.n_items)
+def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, chunk: int) -> None:
+    for c, lo in enumerate(range(0, art.n_items, chunk)):
+        hi = min(lo + chunk, art.n_items)
         w.set(vk.items(c), pack_ids(art.item_ids[lo:hi]))
         if art.item_factors is not None:
             w.set(vk.item_factors(c), pack_f32(art.item_factors[lo:hi]))
@@ -210,7 +247,12 @@ def _checked_top_k(artifact, top_k: int, keep_versions: int) -> int:
         raise ValueError(f"top_k is {top_k}, it must be at least 1")
     if int(keep_versions) < 1:
         raise ValueError(f"keep_versions is {keep_versions}, it must be at least 1")
-    return int(min(top_k, artifact.n_items))
+    top_k = int(min(top_k, artifact.n_items))
+    if top_k * PAIR_DTYPE.itemsize > MAX_VALUE_BYTES:
+        raise ValueError(f"top_k is {top_k}: a list of {top_k} items takes "
+                         f"{top_k * PAIR_DTYPE.itemsize} bytes, over the {MAX_VALUE_BYTES} one "
+                         f"value may hold; at most {MAX_VALUE_BYTES // PAIR_DTYPE.itemsize}")
+    return top_k
 
 
 def _draft(client, keys: ModelKeys, artifact: ModelArtifact, model_name: str,
@@ -222,7 +264,8 @@ def _draft(client, keys: ModelKeys, artifact: ModelArtifact, model_name: str,
     version = int(client.incr(keys.seq))
     publish_id = secrets.token_hex(8)
     global_scores, global_role = kind_of(artifact.kind).global_scores(artifact)
-    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets)
+    meta = _meta(artifact, model_name, version, publish_id, top_k, global_role, buckets,
+                 item_chunk_rows(artifact), key_chunk_keys(key_strs))
     return _Draft(version, publish_id, keys.version(version), meta, key_strs, buckets,
                   global_scores, top_k)
 
@@ -240,7 +283,7 @@ def _write_and_flip(client, keys: ModelKeys, draft: _Draft, artifact: ModelArtif
     try:
         waited, n_keys = _write_version(client, keys, vk, artifact, keys.model, draft.key_strs,
                                         draft.buckets, draft.top_k, draft.global_scores,
-                                        progress)
+                                        progress, draft.meta)
         t_written = time.perf_counter()
         client.hset(vk.meta, "status", "complete")
         value = flip(client, keys, draft.version, draft.publish_id, fence)
@@ -257,40 +300,41 @@ def _write_and_flip(client, keys: ModelKeys, draft: _Draft, artifact: ModelArtif
 
 def _write_version(client, keys: ModelKeys, vk: VersionKeys, artifact: ModelArtifact,
                    model_name: str, key_strs: list[str], buckets: np.ndarray, top_k: int,
-                   global_scores, progress: bool) -> tuple[float, int]:
+                   global_scores, progress: bool, meta: dict) -> tuple[float, int]:
     """Every key of the version (key index first); returns (seconds waiting for top-K
     compute, keys written)."""
     with ShardWriter(client, keys) as w:
         waited = _write_all(w, vk, artifact, model_name, key_strs, buckets, top_k,
-                            global_scores, progress)
+                            global_scores, progress, int(meta["item_chunk"]),
+                            int(meta["key_chunk"]))
         w.finish()
         return waited, w.n_keys
 
 
 def _write_key_index(w: ShardWriter, vk: VersionKeys, key_strs: list[str],
-                     buckets: np.ndarray) -> None:
-    """Each bucket's keys, in chunks of ``KEY_CHUNK`` (written before the keys they list, so
-    a publish that dies leaves an index the next prune deletes by)."""
+                     buckets: np.ndarray, chunk: int) -> None:
+    """Each bucket's keys, in chunks of ``chunk`` (written before the keys they list, so a
+    publish that dies leaves an index the next prune deletes by)."""
     order = np.argsort(buckets, kind="stable")
     bounds = np.searchsorted(buckets[order], np.arange(BUCKETS + 1))
     for b in range(BUCKETS):
         rows = order[bounds[b]:bounds[b + 1]].tolist()
-        for c, lo in enumerate(range(0, len(rows), KEY_CHUNK)):
+        for c, lo in enumerate(range(0, len(rows), chunk)):
             w.set_in(b, vk.key_index(b, c), pack_keys([key_strs[r] for r in
-                                                       rows[lo:lo + KEY_CHUNK]]))
+                                                       rows[lo:lo + chunk]]))
 
 
 def _write_all(w: ShardWriter, vk: VersionKeys, artifact: ModelArtifact, model_name: str,
                key_strs: list[str], buckets: np.ndarray, top_k: int, global_scores,
-               progress: bool) -> float:
-    _write_key_index(w, vk, key_strs, buckets)
-    _write_items(w, vk, artifact)
+               progress: bool, item_chunk: int, key_chunk: int) -> float:
+    _write_key_index(w, vk, key_strs, buckets, key_chunk)
+    _write_items(w, vk, artifact, item_chunk)
     if artifact.scorer is not None:
         w.set(vk.scorer, artifact.scorer.to_bytes())
     if global_scores is not None:
         w.set(vk.global_list, pack_pairs(*topk_of_scores(global_scores, top_k)))
-        for c, lo in enumerate(range(0, artifact.n_items, ITEM_CHUNK)):
-            w.set(vk.global_scores(c), pack_f32(np.asarray(global_scores[lo:lo + ITEM_CHUNK],
+        for c, lo in enumerate(range(0, artifact.n_items, item_chunk)):
+            w.set(vk.global_scores(c), pack_f32(np.asarray(global_scores[lo:lo + item_chunk],
                                                            np.float32)))
     bar = None
     if progress and kind_of(artifact.kind).per_key:

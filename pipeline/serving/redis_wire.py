@@ -44,18 +44,23 @@ def round_trips(batches: list[tuple]) -> list[list]:
 
 
 class MsetWriter:
-    """Sends ``MSET`` commands of at most ``mset_keys`` keys (so the server never blocks other
-    clients for long), packed by hiredis (no per-argument Python work) and sent every
-    ``flush_bytes`` like a non-transactional pipeline. The replies of one send are read just
-    before the next one (and by :meth:`finish`), so the server works through a send while the
-    caller prepares the next. Use it as a context manager: the connection goes back to its
-    pool, or is dropped after an error (replies may be unread).
+    """Sends ``MSET`` commands of at most ``mset_keys`` keys and ``mset_bytes`` bytes (one key
+    alone may be more), so the server never blocks other clients for long: Redis runs one
+    command at a time, so the time of the longest command is added to a lookup that arrives
+    during it (``bench/publish_load.py`` reports the slowest ones). Packed by hiredis (no
+    per-argument Python work) and sent every ``flush_bytes`` like a non-transactional pipeline
+    (the server parses a send command by command and serves its other clients in between).
+    The replies of one send are read just before the next one (and by :meth:`finish`), so the
+    server works through a send while the caller prepares the next. Use it as a context
+    manager: the connection goes back to its pool, or is dropped after an error (replies may
+    be unread).
 
     ``client`` is a redis-py client or a connection pool (one node of a cluster: every key of
     one ``MSET`` must then be in one slot, which the caller arranges).
     """
 
-    def __init__(self, client, flush_bytes: int = 8 << 20, mset_keys: int = 1000):
+    def __init__(self, client, flush_bytes: int = 8 << 20, mset_keys: int = 1000,
+                 mset_bytes: int = 1 << 20):
         self.pool = getattr(client, "connection_pool", client)
         self.conn = self.pool.get_connection()
         try:
@@ -65,6 +70,7 @@ class MsetWriter:
         self.pack = pack_command
         self.flush_bytes = flush_bytes
         self.mset_keys = mset_keys
+        self.mset_bytes = mset_bytes
         self.chunks: list = []
         self.n_cmds = 0
         self.unread = 0
@@ -73,18 +79,27 @@ class MsetWriter:
 
     def mset(self, keys: list[str], values: list) -> None:
         for i in range(0, len(keys), self.mset_keys):
-            ks, vs = keys[i:i + self.mset_keys], values[i:i + self.mset_keys]
-            args: list = [None] * (2 * len(ks) + 1)
-            args[0] = "MSET"
-            args[1::2] = ks
-            args[2::2] = vs
-            packed = self.pack(tuple(args))
-            self.chunks.append(packed)
-            self.n_cmds += 1
-            self.pending += len(packed) if isinstance(packed, bytes) else self.flush_bytes
-            self.n_keys += len(ks)
-            if self.pending >= self.flush_bytes:
-                self.flush()
+            self._mset(keys[i:i + self.mset_keys], values[i:i + self.mset_keys])
+
+    def _mset(self, ks: list[str], vs: list) -> None:
+        """One ``MSET``, or halves of it while it packs to over ``mset_bytes``."""
+        args: list = [None] * (2 * len(ks) + 1)
+        args[0] = "MSET"
+        args[1::2] = ks
+        args[2::2] = vs
+        packed = self.pack(tuple(args))
+        size = len(packed) if isinstance(packed, bytes) else sum(map(len, packed))
+        if size > self.mset_bytes and len(ks) > 1:
+            half = len(ks) // 2
+            self._mset(ks[:half], vs[:half])
+            self._mset(ks[half:], vs[half:])
+            return
+        self.chunks.append(packed)
+        self.n_cmds += 1
+        self.pending += size
+        self.n_keys += len(ks)
+        if self.pending >= self.flush_bytes:
+            self.flush()
 
     def set(self, key: str, value) -> None:
         self.mset([key], [value])

@@ -3,6 +3,10 @@ list and (loaded on first need) item factors or on-demand scorer. Versions are i
 this is read once per version and process; a version that disappears while being read raises
 :class:`Vanished` and the caller re-resolves ``current``.
 
+Item-sized arrays are read a few chunks per round trip (about :data:`TRIP_BYTES` each), not
+all in one pipeline: Redis writes a reply while its other clients wait, so one reply of a whole
+version's factors (hundreds of MiB for wide factors) would stall every lookup on the server.
+
 Examples
 --------
 >>> keys = ModelKeys("rankstream", "movies")
@@ -29,6 +33,8 @@ from pipeline.serving.layout import (
     unpack_ids,
 )
 from pipeline.serving.version_listing import parse_watermark
+
+TRIP_BYTES = 4 << 20   # bytes of chunks asked for in one round trip when loading a version
 
 # the version's own answers (a version that serves something else reports that instead); an
 # answer from keys the refresher rewrote reports "fresh", whatever the version serves
@@ -144,18 +150,10 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     except ValueError:
         raise LayoutError(f"{vk.meta} field 'fold_in' is not JSON") from None
     st.watermark = parse_watermark(meta.get("watermark"), vk.meta)
-    pipe = client.pipeline(transaction=False)
-    for c in range(st.n_item_chunks):
-        pipe.get(vk.items(c))
-    pipe.get(vk.global_list)
-    replies = pipe.execute(raise_on_error=False)
-    for i, r in enumerate(replies):
-        if isinstance(r, Exception):
-            key = vk.items(i) if i < st.n_item_chunks else vk.global_list
-            raise LayoutError(f"{key} does not hold what the layout says ({r})")
-    chunks, global_raw = replies[:-1], replies[-1]
-    if any(c is None for c in chunks):
-        raise Vanished(version)
+    id_bytes = 8 if meta.get("item_id_type") == "int64" else 64   # a guess for strings
+    chunks = read_chunks(client, [vk.items(c) for c in range(st.n_item_chunks)],
+                         _chunk_rows(meta) * id_bytes, version)
+    global_raw = _ask(client, vk.global_list, lambda: client.get(vk.global_list))
     ids: list = []
     for c, value in enumerate(chunks):
         ids += unpack_ids(value, meta.get("item_id_type", "?"), vk.items(c))
@@ -173,6 +171,37 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     return st
 
 
+def _chunk_rows(meta: dict) -> int:
+    """Rows per item chunk of a version (65536 for versions published before it varied)."""
+    try:
+        return max(1, int(meta.get("item_chunk", 65536)))
+    except ValueError:
+        raise LayoutError(f"meta field 'item_chunk' is {meta.get('item_chunk')!r}, expected "
+                          "an integer") from None
+
+
+def read_chunks(client, names: list[str], value_bytes: int, version: int,
+                per: int = 1) -> list[bytes]:
+    """``GET`` of every key of ``names`` (chunks of one version, ``value_bytes`` each at most
+    for ``per`` consecutive keys) in round trips of about :data:`TRIP_BYTES`; :class:`Vanished`
+    when one is gone, :class:`LayoutError` when one is not a string."""
+    step = per * max(1, TRIP_BYTES // max(1, value_bytes))
+    out: list = []
+    for lo in range(0, len(names), step):
+        batch = names[lo:lo + step]
+        pipe = client.pipeline(transaction=False)
+        for name in batch:
+            pipe.get(name)
+        replies = pipe.execute(raise_on_error=False)
+        for name, r in zip(batch, replies):
+            if isinstance(r, Exception):
+                raise LayoutError(f"{name} does not hold what the layout says ({r})")
+            if r is None:
+                raise Vanished(version)
+        out += replies
+    return out
+
+
 def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | None]:
     """Item factors (n_items x rank float32) and bias of a version, read once and kept."""
     if st.item_factors is not None:
@@ -180,14 +209,13 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
     if st.rank == 0:
         raise LayoutError(f"model {st.model!r} version {st.version} has no factors")
     vk = st.vkeys
-    pipe = client.pipeline(transaction=False)
+    names = []
     for c in range(st.n_item_chunks):
-        pipe.get(vk.item_factors(c))
+        names.append(vk.item_factors(c))
         if st.has_bias:
-            pipe.get(vk.item_bias(c))
-    replies = _ask(client, vk.prefix + "V:*", pipe.execute)
-    if any(r is None for r in replies):
-        raise Vanished(st.version)
+            names.append(vk.item_bias(c))
+    replies = read_chunks(client, names, _chunk_rows(st.meta) * 4 * (st.rank + st.has_bias),
+                          st.version, per=2 if st.has_bias else 1)
     step = 2 if st.has_bias else 1
     V = np.concatenate([unpack_f32(r, vk.item_factors(c), st.rank)
                         for c, r in enumerate(replies[::step])])
@@ -206,12 +234,8 @@ def load_global_scores(client, st: VersionState) -> np.ndarray | None:
     ranks)."""
     if st.global_scores is not None or st.meta.get("has_global_scores") != "1":
         return st.global_scores
-    pipe = client.pipeline(transaction=False)
-    for c in range(st.n_item_chunks):
-        pipe.get(st.vkeys.global_scores(c))
-    replies = _ask(client, st.vkeys.prefix + "gs:*", pipe.execute)
-    if any(r is None for r in replies):
-        raise Vanished(st.version)
+    replies = read_chunks(client, [st.vkeys.global_scores(c) for c in range(st.n_item_chunks)],
+                          _chunk_rows(st.meta) * 4, st.version)
     scores = np.concatenate([unpack_f32(r, st.vkeys.global_scores(c))
                              for c, r in enumerate(replies)])
     if scores.shape != (st.n_items,):

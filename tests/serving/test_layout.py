@@ -46,6 +46,13 @@ def test_meta_table_matches_code():
     assert doc == L.META_FIELDS
 
 
+def test_value_sizes_table_matches_code_and_covers_every_key():
+    doc = {_unquote(r[0]): r[1] for r in _table("Value sizes")}
+    assert doc == L.VALUE_BOUNDS
+    assert set(L.VALUE_BOUNDS) == set(L.KEY_PATTERNS)
+    assert L.MAX_VALUE_BYTES == 1 << 20 and "at most 1 MiB" in DOC
+
+
 def test_format_version_and_kinds_are_documented():
     assert f"format {L.FORMAT_VERSION}" in DOC.splitlines()[0]
     assert f"Format version: **{L.FORMAT_VERSION}**" in DOC
