@@ -65,6 +65,31 @@ def topk_of_scores(scores: np.ndarray, k: int, exclude=None) -> tuple[np.ndarray
 
 
 SMALL = 2_000_000  # users x items below which plain numpy selects the top K
+SPARSE_ROWS = 1 / 32  # user factors at most this dense (and >= 256 wide) are multiplied sparsely
+
+
+def sparse_rows(U: np.ndarray):
+    """``U`` as a CSR matrix when it is wide and mostly zeros (an item-item model's user rows
+    are the user's 0/1 met items: EASE's are thousands of columns with a handful set), else
+    None. Its scores ``U Vᵀ`` then cost nnz(U) x items instead of users x rank x items: on
+    amazon-beauty (6 items per user, EASE 823 columns wide) 137x fewer multiply-adds. The
+    sums skip the zero terms, so a score may differ from the dense product in its last bit.
+    """
+    if U.ndim != 2 or U.shape[1] < 256 or U.size == 0:
+        return None
+    if np.count_nonzero(U) > SPARSE_ROWS * U.size:
+        return None
+    from scipy.sparse import csr_matrix
+
+    return csr_matrix(U)
+
+
+def factor_scores(U, rows: slice, VT: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``U[rows] @ VT`` into ``out``: ``U`` a dense array or :func:`sparse_rows`' CSR."""
+    if isinstance(U, np.ndarray):
+        return np.matmul(U[rows], VT, out=out)
+    out[:] = U[rows] @ VT
+    return out
 
 
 def _block_topk_numpy(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, counts):
@@ -130,6 +155,8 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
     VT = np.ascontiguousarray(np.asarray(item_factors, dtype=np.float32).T)
     bias = None if item_bias is None else np.asarray(item_bias, dtype=np.float32)
     U, VT, bias, unshift = _unit_scale(U, VT, bias)
+    sparse = sparse_rows(U) if n_users * n_items > SMALL else None
+    U = U if sparse is None else sparse
     if seen_indptr is None:
         seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
         seen_indices = np.zeros(0, dtype=np.int32)
@@ -151,8 +178,7 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
         buf = buffers.get(tid)
         if buf is None:
             buf = buffers[tid] = np.empty((block, n_items), dtype=np.float32)
-        scores = buf[: stop - start]
-        np.matmul(U[start:stop], VT, out=scores)
+        scores = factor_scores(U, slice(start, stop), VT, buf[: stop - start])
         if bias is not None:
             scores += bias
         out = TopKBlock(start, np.empty((stop - start, k), np.int32),

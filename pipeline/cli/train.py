@@ -101,8 +101,9 @@ def _fit_lines(tr: dict) -> list[str]:
     if tuning:
         chosen = ", ".join(f"{k}={v}" for k, v in tuning["choice"].items())
         tried = tuning["tried"]
+        sample = f" (fits on a sample of {tuning['users']:,} users)" if "users" in tuning else ""
         how = {"tuned": f"{len(tried)} settings scored on validation in "
-                        f"{tuning['seconds']:.1f} s",
+                        f"{tuning['seconds']:.1f} s{sample}",
                "config": f"the config's settings ({tried[0].get('skipped') if tried else ''})"
                }.get(tuning["source"], "the last run's choice (the data grew less than 25%)")
         ratio = f", reg_ratio {tuning['reg_ratio']:.3g}" if "reg_ratio" in tuning else ""

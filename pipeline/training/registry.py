@@ -116,6 +116,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                # implicit: comparisons per user in all instead of per met item (0: per item),
                # and the least rating that makes a winner (0: every met item wins)
                "implicit_per_user": 0, "implicit_min_rating": 0.0,
+               # implicit per user: at most this many per liked item (0: no cap), so the
+               # comparisons, the fit's time and memory grow with the positives
+               "implicit_max_per_positive": 0,
                # comparisons of each kind per user (0: no cap); a bot with millions of
                # ratings would otherwise make all its pairs (the report says what was dropped)
                "max_pairs_per_user": 10_000,

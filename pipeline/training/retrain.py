@@ -87,12 +87,13 @@ def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
     summary = {"model": ctx.model, "algorithm": ctx.cfg.algorithm}
     if ingest:
         summary["ingest"] = ingest_step(ctx, progress=progress)
-    ds = summary["dataset"] = dataset_step(ctx, cold=cold)
+    built: dict = {}
+    ds = summary["dataset"] = dataset_step(ctx, cold=cold, hand_over=built)
     if ds["decision"] in (Decision.NO_DATA, Decision.UNCHANGED):
         return _unchanged(ctx, ds, summary, publish)
     ctx = ctx.at(ds["run_dir"])
     dataset_upload = ctx.runs.start_push(ctx.run_dir)     # overlaps the fit
-    summary["train"] = train_step(ctx, trial=not publish)
+    summary["train"] = train_step(ctx, trial=not publish, arrays=built.pop("arrays", None))
     if dataset_upload is not None:
         dataset_upload.result()
     if not publish:

@@ -83,9 +83,12 @@ def ingest_step(ctx: RunContext, *, progress: bool = False) -> dict:
             "seconds": round(summary.seconds, 3), "mode": "kafka"}
 
 
-def dataset_step(ctx: RunContext, *, cold: bool = False) -> dict:
+def dataset_step(ctx: RunContext, *, cold: bool = False, hand_over: dict | None = None) -> dict:
     """Build the dataset of the current store snapshot into a (new or existing) run dir.
-    ``started_at`` (epoch seconds) starts the clock of the run's outcome."""
+    ``started_at`` (epoch seconds) starts the clock of the run's outcome. ``hand_over`` (a
+    dict) receives the dataset's arrays as ``hand_over["arrays"]``, derived ones included,
+    for a train step in the same process (:func:`train_step`'s ``arrays``): the bundle is
+    written for a step elsewhere or a resumed run, not read back by this one."""
     cfg, model, settings = ctx.cfg, ctx.model, ctx.settings
     started_at, started = time.time(), time.perf_counter()
     if not cold:
@@ -103,8 +106,8 @@ def dataset_step(ctx: RunContext, *, cold: bool = False) -> dict:
         return {"model": model, "decision": Decision.UNCHANGED, "run_dir": None,
                 "checkpoint": str(previous.path), "started_at": started_at,
                 "reason": f"checkpoint {previous.run_id} was trained on this exact window"}
-    arrays, info = cfg.family.new_trainer().build(
-        store, cfg, None if previous is None else previous.arrays)
+    trainer = cfg.family.new_trainer()
+    arrays, info = trainer.build(store, cfg, None if previous is None else previous.arrays)
     data_key = _digest({"window": info["window"], "config": config_key})
     fingerprint = _digest({"data": data_key, "cold": cold,
                            "warm_from": None if previous is None else previous.run_id})
@@ -122,8 +125,11 @@ def dataset_step(ctx: RunContext, *, cold: bool = False) -> dict:
                "started_at": started_at,
                "dataset_seconds": round(time.perf_counter() - started, 3),
                "decision": Decision.NO_DATA if info["n_train"] == 0 else Decision.PENDING}
-    write_bundle(run_dir / "dataset", arrays,
+    write_bundle(run_dir / "dataset",
+                 {k: v for k, v in arrays.items() if k not in trainer.derived},
                  {"format": DATASET_FORMAT, "format_version": 1, **summary})
+    if hand_over is not None:
+        hand_over["arrays"] = arrays
     return summary
 
 
@@ -171,15 +177,20 @@ def _fit(ctx: RunContext, trainer, arrays, ds: dict, trial: bool):
     return fitted, info, last_arrays, False, failed
 
 
-def train_step(ctx: RunContext, *, trial: bool = False) -> dict:
+def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = None) -> dict:
     """Fit, warm-started from the checkpoint the dataset step chose; evaluate; write the
-    run's artifact, its trivial lists, its challenger and its checkpoint, once."""
+    run's artifact, its trivial lists, its challenger and its checkpoint, once. ``arrays``:
+    the dataset as the dataset step of this process built it (else read from the run
+    directory's bundle)."""
     run_dir, cfg, model = ctx.run_dir, ctx.cfg, ctx.model
     done = read_json(run_dir / "train.json")
     if done:
         return done
     trainer = cfg.family.new_trainer()
-    ds, arrays = read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT, version=1)
+    if arrays is None:
+        ds, arrays = read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT, version=1)
+    else:
+        ds = dataset_summary(run_dir)
     fitted, fit_info, last_arrays, warm, warm_failed = _fit(ctx, trainer, arrays, ds, trial)
     metrics = trainer.evaluate(fitted.model, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()

@@ -223,3 +223,20 @@ def test_popularity_sampling_prefers_popular_items():
         implicit_comparisons(users, items, 300, sampling="zipf")
     with pytest.raises(ValueError, match="items holds 299, but n_items is 10"):
         implicit_comparisons(users, items, 10)
+
+
+def test_implicit_comparisons_per_user_capped_per_positive():
+    """With ``max_per_positive`` a user's comparisons are min(per_user, positives x cap): they
+    grow with the positives, and a user with many positives keeps the per-user budget."""
+    rng = np.random.default_rng(5)
+    counts = [1, 3, 60]
+    users = np.repeat(np.arange(3), counts)
+    items = np.concatenate([rng.choice(500, n, replace=False) for n in counts])
+    capped = implicit_comparisons(users, items, 500, per_user=100, max_per_positive=10,
+                                  random_state=2)
+    assert np.bincount(capped[:, 0], minlength=3).tolist() == [10, 30, 100]
+    # the capped rows of a user are the uncapped draws of the same (user, item, k): no new draws
+    full = implicit_comparisons(users, items, 500, per_user=100, random_state=2)
+    assert set(map(tuple, capped[capped[:, 0] < 2].tolist())) <= set(map(tuple, full.tolist()))
+    with pytest.raises(ValueError, match="max_per_positive is 0"):
+        implicit_comparisons(users, items, 500, per_user=100, max_per_positive=0)

@@ -142,3 +142,23 @@ def test_item_factors_of_any_layout_give_the_same_lists(layout):
              "strided": V[:, ::2], "float64": V[:, ::2].astype(np.float64)}[layout]
     items, scores = T.user_topk(U, given, 15, workers=2)
     assert np.array_equal(items, want_items) and np.array_equal(scores, want_scores)
+
+
+def test_wide_sparse_user_rows_rank_as_the_dense_product():
+    """An item-item model's user rows (0/1 met items, thousands of columns) are multiplied
+    sparsely: the same lists and scores as the dense product, up to the last bit."""
+    from solvers.topk import SMALL, sparse_rows, user_topk
+
+    rng = np.random.default_rng(0)
+    n_users, width, n_items = 3000, 600, 900
+    assert n_users * n_items > SMALL
+    U = np.zeros((n_users, width), np.float32)
+    for u in range(n_users):
+        U[u, rng.choice(width, 5, replace=False)] = 1.0
+    V = rng.standard_normal((n_items, width)).astype(np.float32)
+    assert sparse_rows(U) is not None and sparse_rows(np.ones((4, 600), np.float32)) is None
+    items, scores = user_topk(U, V, 10)
+    dense = U @ V.T
+    expected = np.argsort(-dense, axis=1, kind="stable")[:, :10]
+    assert np.allclose(scores, np.take_along_axis(dense, expected, 1), rtol=1e-5, atol=1e-5)
+    assert (items == expected).mean() > 0.999      # a near-tie may order two items apart

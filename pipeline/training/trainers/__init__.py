@@ -121,6 +121,9 @@ class Trainer(abc.ABC):
     """
 
     id_maps: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()
+    """Arrays of a dataset made from its other arrays on demand: handed to the fit in memory,
+    never written to the dataset bundle (a step in another process makes them again)."""
 
     def __init__(self, family):
         self.family = family

@@ -143,6 +143,8 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
 
 def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     """Tune (see the module), fit and score ALS; ``warm``: its arrays of the last run."""
+    from pipeline.training.trainers.altsvm_data import tuning_view
+
     started = time.perf_counter()
     seed = int(cfg.evaluation["seed"])
     relevant = trainer._relevant(arrays, cfg)
@@ -153,11 +155,14 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     if last is not None and n_rows <= REUSE_GROWTH * last["n_rows"]:
         choice, source = last["choice"], "last tuning"
     else:
+        view = tuning_view(arrays)     # the searched users' rows (every user's, up to a count)
+        view_relevant = trainer._relevant(view, cfg)
+
         def score(params: dict):
-            X = interactions(arrays, relevant, (TRAIN,), params["input"])
+            X = interactions(view, view_relevant, (TRAIN,), params["input"])
             trained[setting_key(params)] = fit_als(X, params, iterations=ITERATIONS, seed=seed)
             U, V = trained[setting_key(params)]
-            return trainer.topk_metrics((U, V, None), arrays, cfg, VALIDATION).get(metric)
+            return trainer.topk_metrics((U, V, None), view, cfg, VALIDATION).get(metric)
 
         best, tried, warning = pattern_search(
             ALS_AXES, last["choice"] if last else ALS_START, score,

@@ -19,7 +19,13 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
-from pipeline.training.trainers.altsvm_data import collaborative, parse_rating_range
+from pipeline.training.trainers.altsvm_data import (
+    DERIVED,
+    collaborative,
+    parse_rating_range,
+    training_comparisons,
+    tuning_view,
+)
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
 from pipeline.training.tuning import REUSE_GROWTH
 
@@ -64,6 +70,7 @@ def _csr(users, items, n_users):
 
 class AltSVMTrainer(Trainer):
     id_maps = ("user_ids", "item_ids")
+    derived = DERIVED
 
     def __init__(self, family):
         super().__init__(family)
@@ -83,11 +90,25 @@ class AltSVMTrainer(Trainer):
             implicit_sampling=param("implicit_sampling"),
             implicit_per_user=int(param("implicit_per_user")),
             implicit_min_rating=_number_or(param("implicit_min_rating"), "relevance"),
+            implicit_max_per_positive=int(param("implicit_max_per_positive")),
             max_pairs_per_user=param("max_pairs_per_user") or None,
             relevance=_number_or(ev["relevance"], "auto"),
-            rating_range=param("rating_range"), seed=int(ev["seed"]))
+            rating_range=param("rating_range"),
+            validation_users=int(cfg.tune.get("sample_users", 0)) if cfg.tune else 0,
+            seed=int(ev["seed"]))
         return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
                                   "n_train": int(len(data.comparisons))}
+
+    def comparisons(self, arrays: dict, cfg, parts=(TRAIN, VALIDATION)) -> np.ndarray:
+        """The comparisons of ``parts`` under the config's parameters: the dataset's (TRAIN +
+        VALIDATION) or the λ path's (TRAIN), made once per run from the met rows and kept in
+        ``arrays`` (never in the bundle: :data:`~.altsvm_data.DERIVED`)."""
+        name = DERIVED[0] if tuple(parts) == (TRAIN, VALIDATION) else DERIVED[1]
+        if name not in arrays:
+            param = lambda p: self.family.dataset_param(cfg.params, p)   # noqa: E731
+            arrays[name] = training_comparisons(arrays, param, parts,
+                                                int(cfg.evaluation["seed"]))
+        return arrays[name]
 
     # ------------------------------------------------------------------ fitting
 
@@ -104,21 +125,34 @@ class AltSVMTrainer(Trainer):
         ``validated`` (the tuner's factors fitted without the validation rows, for the
         challenger's blend)."""
         sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
-        n = len(arrays["comparisons"])
         if cfg.tune and "reg" not in cfg.params and "reg_ratio" not in cfg.params:
             learned = {}
             tuning = altsvm_tuning.reuse(model, arrays, cfg, self.family, warm)
             if tuning is None:
-                tuning = altsvm_tuning.tune(model, arrays, cfg, self.family, warm, sizes,
-                                            self._validation_score(arrays, cfg))
+                view = tuning_view(arrays)       # the sample of users the search fits
+                tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes,
+                                            self._validation_score(view, cfg))
+                tuning["comparisons"] = altsvm_tuning.final_comparisons(
+                    arrays, cfg, self.family, tuning["choice"])
+                tuning["path_n"] = len(tuning["comparisons"])
                 learned["validated"] = factors_of(tuning.pop("validated"))
                 warm = None    # the choice may change the rank: the final fit starts afresh
-            model.reg = tuning["reg_per_comparison"] * len(tuning["comparisons"])
-            model.fit(tuning.pop("comparisons"), warm_start=warm, **sizes)
+            arrays.pop(DERIVED[0], None)   # the config's own, not fitted: made again if asked
+            comparisons = tuning.pop("comparisons")
+            if "validated" in learned and "tuning_users" in arrays:
+                # searched on a sample: λ carries over as its ratio to reg_max, which does not
+                # grow in proportion to the comparisons (per comparison it overshot reg_max)
+                model.reg, model.reg_ratio = None, tuning["reg_ratio"]
+            else:
+                model.reg = tuning["reg_per_comparison"] * len(comparisons)
+            model.fit(comparisons, warm_start=warm, **sizes)
+            tuning["reg_per_comparison"] = model.reg_ / len(comparisons)   # warm runs keep it
             return {**learned, "tuning": tuning}
+        comparisons = self.comparisons(arrays, cfg)
+        n = len(comparisons)
         if "reg" in cfg.params or "reg_ratio" in cfg.params \
                 or not self.family.dataset_param(cfg.params, "reg_path"):
-            model.fit(arrays["comparisons"], warm_start=warm, **sizes)
+            model.fit(comparisons, warm_start=warm, **sizes)
             return {}
         last = {k: float(np.asarray(warm[k])) for k in ("path_n", "reg_per_comparison",
                                                         "reg_ratio")
@@ -136,7 +170,7 @@ class AltSVMTrainer(Trainer):
             learned["tuning"] = {"path_n": n, "reg_per_comparison": model.reg / n,
                                  "reg_ratio": model.reg / chosen.reg_max_,
                                  "reg_source": "path", "reg_max": chosen.reg_max_}
-        model.fit(arrays["comparisons"], warm_start=warm, **sizes)
+        model.fit(comparisons, warm_start=warm, **sizes)
         return learned
 
     def refit(self, fitted: Fitted, arrays: dict, cfg) -> dict:
@@ -154,6 +188,7 @@ class AltSVMTrainer(Trainer):
         everything = altsvm_tuning.comparisons(
             arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
+        arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
         refitted = type(model)(**{**model.get_params(),
                                   "reg": tuning["reg_per_comparison"] * len(everything)})
         refitted.fit(everything, warm_start=model.warm_state(),
@@ -177,12 +212,12 @@ class AltSVMTrainer(Trainer):
         ratios = PATH_RATIOS if last_ratio is None else \
             np.array([last_ratio * WARM_STEP, last_ratio, last_ratio / WARM_STEP])
         path_model = type(model)(**model.get_params())
-
-        score = self._validation_score(arrays, cfg)
+        view = tuning_view(arrays)
+        score = self._validation_score(view, cfg)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # the final fit below warns as a plain fit does
-            path_model.fit_path(arrays["path_comparisons"], score=score, ratios=ratios,
-                                patience=2, warm_start=None, **sizes)
+            path_model.fit_path(self.comparisons(view, cfg, (TRAIN,)), score=score,
+                                ratios=ratios, patience=2, warm_start=None, **sizes)
         return path_model
 
     def fit_info(self, model, learned: dict) -> dict:
@@ -195,7 +230,8 @@ class AltSVMTrainer(Trainer):
                 "source": t["source"], "choice": t["choice"],
                 "reg_ratio": round(float(t["reg_ratio"]), 5),
                 "validation": t.get("validation"), "seconds": round(t.get("seconds", 0.0), 3),
-                "tried": t["tried"]}, "rank": int(model.rank), "loss": model.loss,
+                **({"users": t["users"]} if "users" in t else {}), "tried": t["tried"]},
+                "rank": int(model.rank), "loss": model.loss,
                 "comparisons": int(len(model._comparisons[0]))}
         if tuning is not None:
             info.update(reg_ratio=tuning["reg_ratio"], reg_source=tuning["reg_source"])
@@ -320,7 +356,7 @@ class AltSVMTrainer(Trainer):
         n_items = len(arrays["item_ids"])
         train = arrays["met_part"] != TEST
         liked = train & self._relevant(arrays, cfg)
-        c = arrays["comparisons"]
+        c = self.comparisons(arrays, cfg)
         found = {"popularity": np.bincount(arrays["met_item"][liked], minlength=n_items),
                  "global": (np.bincount(c[:, 1], minlength=n_items)
                             - np.bincount(c[:, 2], minlength=n_items))}
@@ -362,6 +398,8 @@ class AltSVMTrainer(Trainer):
                 "rating_range": None if range_ is None else [float(x) for x in range_]}
         if int(param("implicit_per_user") or 0) > 0:
             spec["per_user"] = int(param("implicit_per_user"))
+            if int(param("implicit_max_per_positive") or 0) > 0:
+                spec["max_per_positive"] = int(param("implicit_max_per_positive"))
         return spec
 
     def factor_artifact(self, model, arrays: dict, **describe):

@@ -27,30 +27,41 @@ from pipeline.training.datasets import (
 )
 from pipeline.training.idmap import IdMap
 
+DERIVED = ("comparisons", "path_comparisons")
+"""Arrays made from the met rows on demand (:func:`training_comparisons`), never stored: a
+dataset bundle holds the events' rows (bytes per met row: 25), not their comparisons (24 bytes
+each, up to ``implicit_per_user`` per user), which a resumed step makes again, the same bits
+from the same rows and seed."""
+
 
 @dataclass
 class CollaborativeData:
     """AltSVM's inputs. ``met`` holds one row per (user, item) the user met in the window (a
     rating or an interaction), with its rating (NaN for an interaction) and its part: TRAIN,
     VALIDATION (a holdout inside the training data, for choosing λ) or TEST (the evaluation
-    holdout). ``comparisons`` come from TRAIN and VALIDATION rows (the final fit);
-    ``path_comparisons`` from TRAIN rows alone (the fits scored on VALIDATION)."""
+    holdout). ``comparison_events`` are the window's comparison events (user, winner, loser).
+    ``comparisons`` come from TRAIN and VALIDATION rows (the final fit), made by
+    :func:`training_comparisons` under the config's parameters: kept in memory for the fit of
+    the same process, left out of the bundle (:data:`DERIVED`)."""
 
     users: IdMap
     items: IdMap
     comparisons: np.ndarray           # (n, 3) int64: user, winner, loser
-    path_comparisons: np.ndarray
+    comparison_events: np.ndarray     # (n, 3) int64
     met: dict                         # user, item, rating, part
     window: Window
     stats: dict = field(default_factory=dict)
+    tuning_users: np.ndarray | None = None   # the searches' users, when not every user
 
     def to_arrays(self) -> dict:
-        """The dataset bundle's arrays: the id maps, the resolved relevance threshold, both
-        comparison sets and the ``met_*`` rows."""
+        """The dataset's arrays: the id maps, the resolved relevance threshold, the
+        comparison events, the ``met_*`` rows, the searches' sample of users (when there is
+        one) and (in memory only) the comparisons."""
+        sample = {} if self.tuning_users is None else {"tuning_users": self.tuning_users}
         return {"user_ids": self.users.ids, "item_ids": self.items.ids,
                 "relevance": np.float64(self.stats["relevance"]),
-                "comparisons": self.comparisons, "path_comparisons": self.path_comparisons,
-                **{f"met_{k}": v for k, v in self.met.items()}}
+                "comparison_events": self.comparison_events, "comparisons": self.comparisons,
+                **sample, **{f"met_{k}": v for k, v in self.met.items()}}
 
 
 RELEVANT_SHARE = 0.75   # "auto" relevance: this far from the lowest to the highest rating
@@ -98,8 +109,9 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                   fraction: float = 0.2, min_train: int = 5, comparisons: str = "implicit",
                   implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                   implicit_per_user: int = 0, implicit_min_rating=0.0,
-                  max_pairs_per_user: int | None = None, relevance="auto",
-                  rating_range=None, seed: int = 0) -> CollaborativeData:
+                  implicit_max_per_positive: int = 0, max_pairs_per_user: int | None = None,
+                  relevance="auto", rating_range=None, validation_users: int = 0,
+                  seed: int = 0) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
     Every (user, item) a user met (rated or interacted with; the latest event wins) is a
@@ -107,15 +119,20 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``holdout`` latest rows of each user with at least ``holdout + min_train`` of them; with
     ``split="random"`` a stable ``fraction`` chosen by a hash of (user, item, seed), so a row
     stays on its side as data grows. VALIDATION is carved out of the rest the same way (seed
-    + 1), for choosing λ on the regularization path.
+    + 1), for choosing λ on the regularization path and every other setting; past
+    ``validation_users`` users (0: no limit) only from that many of them
+    (:func:`tuning_sample`), and the searches fit and score those users alone
+    (:func:`tuning_view`): a search's cost is a count, the chosen setting is fitted on all.
 
     Comparisons (``comparisons``): ``"explicit"``, within-user pairs of TRAIN ratings with
     different ratings (plus comparison events); ``"implicit"``, "the user met item i, so i
     beats a sampled item the user never met", ``implicit_per_item`` per met row, or
     ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
-    popularity); only rows rated at least ``implicit_min_rating`` (and interactions) win, the
-    others are met and never sampled as losers (``"relevance"``: the relevance threshold);
+    popularity; at most ``implicit_max_per_positive`` per winning row when it is not 0, so a
+    user's comparisons grow with their positives); only rows rated at least
+    ``implicit_min_rating`` (and interactions) win, the others are met and never sampled as
+    losers (``"relevance"``: the relevance threshold);
     ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a stable hash, and
     the stats say how many were dropped. ``relevance`` is resolved by
     :func:`relevance_threshold` on the window's ratings (``stats["relevance"]``).
@@ -140,19 +157,19 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     part = np.full(len(u), TRAIN, np.int8)
     part[_split(u, i, ts, split, holdout, fraction, min_train, seed)] = TEST
     rest = np.flatnonzero(part == TRAIN)
-    part[rest[_split(u[rest], i[rest], ts[rest], split, holdout, fraction, min_train,
-                     seed + 1)]] = VALIDATION
+    validation = _split(u[rest], i[rest], ts[rest], split, holdout, fraction, min_train, seed + 1)
+    sample = tuning_sample(u[rest], validation_users, seed)
+    if sample is not None:
+        validation &= np.isin(u[rest], sample)
+    part[rest[validation]] = VALIDATION
 
-    def build(rows) -> tuple[np.ndarray, dict]:
-        return make_comparisons(u[rows], i[rows], r[rows], len(items), explicit=explicit,
-                                comparisons=comparisons, implicit_per_item=implicit_per_item,
-                                implicit_sampling=implicit_sampling,
-                                implicit_per_user=implicit_per_user,
-                                implicit_min_rating=implicit_min_rating,
-                                max_pairs_per_user=max_pairs_per_user, seed=seed)
-
-    comps, dropped = build(np.flatnonzero(part != TEST))
-    path_comps, _ = build(np.flatnonzero(part == TRAIN))
+    rows = part != TEST
+    comps, dropped = make_comparisons(
+        u[rows], i[rows], r[rows], len(items), explicit=explicit, comparisons=comparisons,
+        implicit_per_item=implicit_per_item, implicit_sampling=implicit_sampling,
+        implicit_per_user=implicit_per_user, implicit_min_rating=implicit_min_rating,
+        implicit_max_per_positive=implicit_max_per_positive,
+        max_pairs_per_user=max_pairs_per_user, seed=seed)
     stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
@@ -160,8 +177,10 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
              "max_pairs_per_user": max_pairs_per_user or 0, "relevance": relevance,
              **{f"comparisons_dropped_{k}": int(v) for k, v in dropped.items()}}
     _warnings(stats, u, win, known_users, int(outside.sum()), (low, high), relevance_warning)
+    if sample is not None:
+        stats["tuning_users"] = int(len(sample))
     return CollaborativeData(users=users, items=items, comparisons=comps,
-                             path_comparisons=path_comps,
+                             comparison_events=explicit, tuning_users=sample,
                              met={"user": u, "item": i, "rating": r, "part": part},
                              window=win, stats=stats)
 
@@ -246,7 +265,7 @@ def parse_rating_range(declared) -> tuple[float, float]:
 def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",
                      implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                      implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
-                     max_pairs_per_user: int | None = None,
+                     implicit_max_per_positive: int = 0, max_pairs_per_user: int | None = None,
                      seed: int = 0) -> tuple[np.ndarray, dict]:
     """Comparisons (user, winner, loser) of met rows ``(u, i, r)`` (NaN rating: an
     interaction), as :func:`collaborative` describes, and how many each kind dropped."""
@@ -261,14 +280,71 @@ def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str =
         made += [pairs] + ([explicit] if explicit is not None else [])
     if comparisons in ("implicit", "mixed"):
         wins = ~(r < implicit_min_rating)          # NaN (an interaction) wins
+        per_user = implicit_per_user or None
         imp = implicit_comparisons(u, i, max(n_items, 1), implicit_per_item, implicit_sampling,
                                    max_per_user=max_pairs_per_user, random_state=seed,
-                                   positive=wins, per_user=implicit_per_user or None)
-        asked = (np.count_nonzero(np.bincount(u[wins])) * implicit_per_user
-                 if implicit_per_user else int(wins.sum()) * implicit_per_item)
+                                   positive=wins, per_user=per_user,
+                                   max_per_positive=implicit_max_per_positive or None)
+        asked = int(wins.sum()) * implicit_per_item
+        if per_user:          # each user's min(per_user, positives x the cap)
+            positives = np.bincount(u[wins])
+            positives = positives[positives > 0]
+            cap = implicit_max_per_positive or per_user
+            asked = int(np.minimum(per_user, positives * cap).sum())
         dropped["implicit"] = asked - len(imp)
         made.append(imp)
     return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
+
+
+def training_comparisons(arrays: dict, param, parts, seed: int) -> np.ndarray:
+    """The comparisons of the met rows in ``parts`` (and, with explicit ones, the comparison
+    events), made as :func:`collaborative` makes them; ``param(name)`` is the dataset
+    parameter ``name`` (the config's, or a tuned value). The same bits for the same rows,
+    parameters and seed, in any process."""
+    rows = np.isin(arrays["met_part"], parts)
+    min_rating = param("implicit_min_rating")
+    if min_rating == "relevance":
+        min_rating = float(arrays["relevance"])
+    return make_comparisons(
+        arrays["met_user"][rows], arrays["met_item"][rows], arrays["met_rating"][rows],
+        len(arrays["item_ids"]), explicit=arrays.get("comparison_events"),
+        comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
+        implicit_sampling=param("implicit_sampling"),
+        implicit_per_user=int(param("implicit_per_user")),
+        implicit_min_rating=float(min_rating),
+        implicit_max_per_positive=int(param("implicit_max_per_positive")),
+        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
+
+
+def tuning_sample(users: np.ndarray, n: int, seed: int) -> np.ndarray | None:
+    """The ``n`` users (sorted indices) of ``users`` whose hash of (index, seed) is smallest,
+    or None when there are at most ``n`` (or ``n`` is 0): every user. Stable as data grows:
+    user indices never change, and a new user enters the sample only by a smaller hash.
+
+    >>> tuning_sample(np.array([3, 3, 1, 7, 9]), 2, 0).size, tuning_sample(np.arange(5), 5, 0)
+    (2, None)
+    """
+    distinct = np.unique(users)
+    if n <= 0 or distinct.size <= n:
+        return None
+    from solvers._random import GOLDEN, mix64
+
+    with np.errstate(over="ignore"):
+        h = mix64(distinct.astype(np.uint64) + np.uint64(seed + 2) * GOLDEN)
+    return np.sort(distinct[np.argsort(h, kind="stable")[:n]])
+
+
+def tuning_view(arrays: dict) -> dict:
+    """``arrays`` with the met rows of the searches' users alone (the dataset's
+    ``tuning_users``; the id maps as they are, so factors keep their shapes), or ``arrays``
+    itself when every user is searched. Its TRAIN rows are what a search fits, its
+    VALIDATION rows (only those users have any) what it scores. Memory: the sample's rows."""
+    if "tuning_users" not in arrays:
+        return arrays
+    rows = np.isin(arrays["met_user"], arrays["tuning_users"])
+    view = {k: v for k, v in arrays.items() if k not in DERIVED}
+    view.update({k: v[rows] for k, v in arrays.items() if k.startswith("met_")})
+    return view
 
 
 def _split(u, i, ts, split: str, holdout: int, fraction: float, min_train: int,

@@ -42,7 +42,7 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import cheapest_near_best, setting_key
-from pipeline.training.trainers.altsvm_data import make_comparisons
+from pipeline.training.trainers.altsvm_data import training_comparisons
 from pipeline.training.tuning import REUSE_GROWTH, coordinate_search, settings_for_size
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
@@ -54,21 +54,10 @@ SWEEP = ("implicit_per_user", "rank", "reg_ratio", "loss", "implicit_sampling")
 
 
 def comparisons(arrays: dict, family, params: dict, parts, seed: int) -> np.ndarray:
-    """Implicit comparisons of the met rows in ``parts`` under ``params`` (the config's
-    ``params`` with tuned values), made as the dataset builder makes them."""
-    rows = np.isin(arrays["met_part"], parts)
-    param = lambda name: params.get(name, family.dataset_params.get(name))   # noqa: E731
-    min_rating = param("implicit_min_rating")
-    if min_rating == "relevance":
-        min_rating = float(arrays["relevance"])
-    return make_comparisons(
-        arrays["met_user"][rows], arrays["met_item"][rows], arrays["met_rating"][rows],
-        len(arrays["item_ids"]), comparisons="implicit",
-        implicit_per_item=int(param("implicit_per_item")),
-        implicit_sampling=param("implicit_sampling"),
-        implicit_per_user=int(param("implicit_per_user")),
-        implicit_min_rating=float(min_rating),
-        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
+    """The comparisons of the met rows in ``parts`` under ``params`` (the config's ``params``
+    with tuned values), made as the dataset builder makes them."""
+    return training_comparisons(arrays, lambda name: family.dataset_param(params, name), parts,
+                                seed)
 
 
 def _axes(cfg, family) -> dict:
@@ -96,9 +85,10 @@ def _current(cfg, family, axis: str):
 
 def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score) -> dict:
     """Choose the settings on VALIDATION (fits on TRAIN), set them on ``model`` and return
-    ``{"choice", "tried", "validated", "comparisons", "reg_ratio", ...}``: ``validated`` is the
-    best TRAIN fit's factors (for a blend), ``comparisons`` those of TRAIN + VALIDATION under
-    the choice (the final fit's)."""
+    ``{"choice", "tried", "validated", "reg_ratio", ...}``: ``validated`` is the best TRAIN
+    fit's factors (for a blend); ``users``, on a sample, how many users the fits learned from.
+    ``arrays`` is the sample the search runs on (:func:`~.altsvm_data.tuning_view`); the
+    final fit's comparisons are :func:`final_comparisons` of every user's rows."""
     seed = int(cfg.evaluation["seed"])
     axes = _axes(cfg, family)
     last = _last_choice(warm, axes)
@@ -168,12 +158,25 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
         if axis in chosen["params"]:
             setattr(model, axis, chosen["params"][axis])
     choice = {a: chosen["params"][a] for a in axes}
-    final = _comparisons_of(arrays, family, cfg.params, choice, (TRAIN, VALIDATION), seed, {})
     reg_per_comparison, ratio = fits[setting_key(chosen["params"])]
     return {"choice": choice, "tried": tried, "validated": best["model"],
-            "validation": chosen["validation"], "comparisons": final, "reg_ratio": ratio,
-            "reg_per_comparison": reg_per_comparison, "path_n": len(final),
+            "validation": chosen["validation"], "reg_ratio": ratio,
+            "reg_per_comparison": reg_per_comparison, **_searched_users(arrays),
             "seconds": time.perf_counter() - began, "source": "tuned"}
+
+
+def final_comparisons(arrays: dict, cfg, family, choice: dict) -> np.ndarray:
+    """The comparisons of every user's TRAIN + VALIDATION rows under ``choice``: what the
+    evaluated fit learns from (λ per comparison carried over from the search)."""
+    return _comparisons_of(arrays, family, cfg.params, choice, (TRAIN, VALIDATION),
+                           int(cfg.evaluation["seed"]), {})
+
+
+def _searched_users(arrays: dict) -> dict:
+    """``{"users": n}``, the users a search on a sample fitted ({} when it fitted all)."""
+    if "tuning_users" not in arrays:
+        return {}
+    return {"users": int(np.unique(arrays["met_user"][arrays["met_part"] == TRAIN]).size)}
 
 
 def _warn_if_clock(seconds: float, budget: float, n_tried: int, max_settings: int) -> None:
@@ -209,9 +212,7 @@ def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:
 
 
 def _comparisons_of(arrays, family, params, choice, parts, seed, cache) -> np.ndarray:
-    """Comparisons under ``choice``; the dataset's own when no comparison axis is tuned."""
-    if not any(a in choice for a in COMPARISON_AXES):
-        return arrays["path_comparisons"] if tuple(parts) == (TRAIN,) else arrays["comparisons"]
+    """Comparisons under ``choice`` (the config's where it tunes no comparison axis)."""
     key = (tuple(choice.get(a) for a in COMPARISON_AXES), tuple(parts))
     if key not in cache:
         cache[key] = comparisons(arrays, family, {**params, **{

@@ -30,11 +30,13 @@ MAX_BLOCK = 256             # users per block of score rows (fewer when the cata
 BLOCK_BYTES = 64 << 20      # a worker's score rows: every candidate's and their mix
 
 
-def spread(factors: tuple, seed: int) -> float:
-    """Standard deviation of a model's scores over a sample of (user, item) pairs."""
+def spread(factors: tuple, seed: int, users=None) -> float:
+    """Standard deviation of a model's scores over a sample of (user, item) pairs: of any
+    user, or of ``users`` (the searched ones, for fits that learned from them alone)."""
     U, V, b = factors
     rng = np.random.default_rng(seed)
-    u = rng.integers(0, len(U), 4096)
+    u = (rng.integers(0, len(U), 4096) if users is None
+         else np.asarray(users)[rng.integers(0, len(users), 4096)])
     i = rng.integers(0, len(V), 4096)
     s = np.einsum("ij,ij->i", U[u], V[i]) + (0.0 if b is None else b[i])
     return float(np.std(s)) or 1.0
@@ -146,11 +148,20 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     indptr = np.ascontiguousarray(exclude.indptr, np.int64)
     indices = np.ascontiguousarray(exclude.indices, np.int32)
     names = sorted({n for pair in pairs for n in pair})
-    scales = {n: 1.0 / spread(fits[n], seed) for n in names}
+    searched = arrays.get("tuning_users") if part == VALIDATION else None
+    scales = {n: 1.0 / spread(fits[n], seed, searched) for n in names}
     n_items = len(arrays["item_ids"])
     k = min(k, n_items)
     block = int(max(1, min(MAX_BLOCK, BLOCK_BYTES // (4 * n_items * (len(names) + 1)))))
     select = T._block_topk_numpy if len(users) * n_items <= T.SMALL else block_topk
+    rows_of = {}        # each candidate's factors of the scored users, sparse where it pays
+    for n in names:
+        U, V, b = fits[n]
+        U = np.asarray(U[users], np.float32)
+        sparse = T.sparse_rows(U)
+        rows_of[n] = (U if sparse is None else sparse,
+                      np.ascontiguousarray(np.asarray(V, np.float32).T),
+                      None if b is None else np.asarray(b, np.float32))
 
     def run(start: int) -> list[float]:
         """The block's sum of the metric over its users, per key (every user of
@@ -158,10 +169,10 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
         stop = min(start + block, len(users))
         scores = {}
         for n in names:
-            U, V, b = fits[n]
-            s = np.asarray(U[users[start:stop]], np.float32) @ np.asarray(V, np.float32).T
-            scores[n] = (s if b is None else s + np.asarray(b, np.float32)) * np.float32(
-                scales[n])
+            U, VT, b = rows_of[n]
+            s = T.factor_scores(U, slice(start, stop), VT,
+                                np.empty((stop - start, n_items), np.float32))
+            scores[n] = (s if b is None else s + b) * np.float32(scales[n])
         mixed = np.empty((stop - start, n_items), np.float32)
         idx, top = (np.empty((stop - start, k), t) for t in (np.int32, np.float32))
         counts = np.empty(stop - start, np.int32)

@@ -1,0 +1,93 @@
+"""A retrain whose cost grows with the data: comparisons made from the met rows, never stored;
+the steps of one process handing the dataset over in memory; searches on a sample of users."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.settings import Settings
+from pipeline.training import retrain, steps
+from pipeline.training.config import parse_model
+from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.run_types import RunContext
+from pipeline.training.trainers.altsvm_data import tuning_sample, tuning_view
+from solvers.persist import read_bundle
+
+
+def _config(**tune):
+    spec = {"algorithm": "altsvm", "kinds": ["rating"],
+            "params": {"rank": 4, "max_iter": 10, "random_state": 0, "n_threads": 1,
+                       "comparisons": "implicit", "implicit_per_user": 200,
+                       "implicit_max_per_positive": 5},
+            "evaluation": {"split": "random", "fraction": 0.2}, "gate": {"tolerance": 0.5}}
+    if tune:
+        spec["tune"] = {"max_settings": 2, "challenger_settings": 2, "budget_seconds": 600,
+                        "rank": [4], "loss": ["squared_hinge"], **tune}
+    return {"movies": parse_model("movies", spec, "test")}
+
+
+def _ingest(settings, n_users=120):
+    events = synthetic.rating_events(n_users=n_users, n_items=80, per_user=12, seed=3)
+    path = synthetic.write_jsonl(events, settings.home / "in" / "r.jsonl")
+    ingest_files([path], "rating", settings=settings, progress=False)
+
+
+def test_comparisons_are_handed_over_in_memory_and_made_again_the_same(tmp_path):
+    settings = Settings(home=tmp_path / "home")
+    _ingest(settings)
+    models = _config()
+    ctx = RunContext.of(models, "movies", settings)
+    built: dict = {}
+    ds = steps.dataset_step(ctx, hand_over=built)
+    in_memory = built["arrays"]["comparisons"]
+    _, stored = read_bundle(f"{ds['run_dir']}/dataset", fmt="rankstream.dataset")
+    assert "comparisons" not in stored and "path_comparisons" not in stored
+    assert ds["stats"]["comparisons"] == len(in_memory) > 0
+    # a step in another process makes them again from the stored rows: the same bits
+    trainer = models["movies"].family.new_trainer()
+    again = trainer.comparisons(dict(stored), models["movies"])
+    assert again.dtype == in_memory.dtype and np.array_equal(again, in_memory)
+    # at most 5 per liked item (12 rated items, some liked, 80% outside the holdout): not 200
+    per_user = np.bincount(in_memory[:, 0])
+    assert 0 < per_user.max() <= 5 * 12
+
+
+def test_train_step_in_memory_equals_train_step_from_the_bundle(tmp_path):
+    fits = []
+    for name in ("memory", "bundle"):
+        settings = Settings(home=tmp_path / name)
+        _ingest(settings)
+        ctx = RunContext.of(_config(), "movies", settings)
+        built: dict = {}
+        ds = steps.dataset_step(ctx, hand_over=built)
+        arrays = built["arrays"] if name == "memory" else None
+        out = steps.train_step(ctx.at(ds["run_dir"]), trial=True, arrays=arrays)
+        fits.append((out["objective"], out["n_iter"], out["metrics"]))
+    assert fits[0] == fits[1]
+
+
+def test_searches_fit_and_score_a_sample_of_users_and_the_summary_says_so(tmp_path):
+    settings = Settings(home=tmp_path / "home")
+    _ingest(settings, n_users=150)
+    out = retrain.run("movies", _config(sample_users=40), settings=settings, publish=False)
+    stats = out["dataset"]["stats"]
+    assert stats["tuning_users"] == 40
+    _, arrays = read_bundle(f"{out['dataset']['run_dir']}/dataset", fmt="rankstream.dataset")
+    sample = arrays["tuning_users"]
+    validating = np.unique(arrays["met_user"][arrays["met_part"] == VALIDATION])
+    assert len(sample) == 40 and set(validating) <= set(sample)
+    assert out["train"]["tuning"]["users"] <= 40          # what the search fitted
+    view = tuning_view(dict(arrays))
+    assert set(np.unique(view["met_user"])) == set(sample)
+    # every user's rows are still trained on and evaluated
+    assert np.unique(arrays["met_user"][arrays["met_part"] == TRAIN]).size > 100
+    assert (arrays["met_part"] == TEST).any()
+
+
+def test_tuning_sample_is_stable_as_users_arrive():
+    first = tuning_sample(np.arange(1_000), 100, seed=0)
+    grown = tuning_sample(np.arange(1_100), 100, seed=0)
+    assert len(set(first) & set(grown)) >= 85       # ~100 * 1000/1100 stay
+    assert tuning_sample(np.arange(50), 100, seed=0) is None
