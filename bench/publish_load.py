@@ -47,11 +47,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.serving import artifact_kinds  # noqa: E402
+from pipeline.serving import publish as publisher  # noqa: E402
 from pipeline.serving.artifact import ModelArtifact  # noqa: E402
 from pipeline.serving.embedded_redis import EmbeddedRedis  # noqa: E402
 from pipeline.serving.layout import MAX_VALUE_BYTES  # noqa: E402
 from pipeline.serving.lookup import TopK  # noqa: E402
 from pipeline.serving.publish import publish  # noqa: E402
+from pipeline.serving.redis_wire import MsetWriter  # noqa: E402
 from solvers.topk import TopKBlock  # noqa: E402
 
 NAMESPACE = "bench"
@@ -185,8 +187,17 @@ def main(argv=None) -> int:
     p.add_argument("--idle", type=float, default=5.0, help="seconds of each quiet phase")
     p.add_argument("--slowlog-us", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-value-bytes", type=int, default=MAX_VALUE_BYTES,
+                   help="the publisher's chunk bound (8388608 with --mset-keys 1000 "
+                        "--mset-bytes 8388608: as before issue 50, for comparison)")
+    p.add_argument("--mset-keys", type=int, default=publisher.MSET_KEYS)
+    p.add_argument("--mset-bytes", type=int, default=1 << 20)
     args = p.parse_args(argv)
     artifact_kinds.user_topk_blocks = random_topk_blocks(args.seed)
+    publisher.MAX_VALUE_BYTES, publisher.MSET_KEYS = args.max_value_bytes, args.mset_keys
+    MsetWriter.__init__.__defaults__ = (8 << 20, 1000, args.mset_bytes)
+    print(f"publisher: chunks of at most {args.max_value_bytes:,} bytes, MSETs of at most "
+          f"{args.mset_keys} keys and {args.mset_bytes:,} bytes")
 
     t = time.perf_counter()
     live = synthetic(min(args.live_users, args.users), args.items, args.rank, args.seed + 1)
@@ -243,7 +254,7 @@ def main(argv=None) -> int:
           f"keys/s; item_chunk {int(meta[b'item_chunk']):,} rows, "
           f"{int(meta[b'n_item_chunks'])} chunks)")
     print(f"largest value: {largest} {largest_len:,} bytes (MEMORY USAGE {usage:,}); "
-          f"{over} of {n_keys:,} string keys over {MAX_VALUE_BYTES:,} bytes")
+          f"{over} of {n_keys:,} string keys over {MAX_VALUE_BYTES:,} bytes (1 MiB)")
     print(show_slow("while publishing", slow_publish))
     print(show_slow("while loading factors", slow_load))
     idle = percentiles(starts, took, ok, t_idle, t_pub)

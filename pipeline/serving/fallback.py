@@ -237,8 +237,8 @@ class Guard:
     def run(self, model: str, attempt, failed):
         from pipeline.serving.transport import Down
 
-        if not self.breaker.allow():
-            return failed(self.breaker.error, False)
+        if not self.breaker.allow():   # (error is None only if it closed in between)
+            return failed(self.breaker.error or RedisUnavailable("circuit breaker open"), False)
         try:
             return self.resolver.retrying(model, attempt)
         except Down as down:
