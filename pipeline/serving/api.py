@@ -16,8 +16,8 @@ An answer is ``{"items": [{"item": …, "score": …}, …], "source": …, "ver
 Handlers run on the event loop, not in a thread pool: a lookup is one or two Redis round
 trips of tens of microseconds, less than a thread hop costs, and ``rankstream serve`` runs one
 process per core for concurrency. A Redis that stops answering costs one request the lookup
-client's ``timeout`` (0.1 s by default); after that the client does not try Redis for its
-retry interval.
+client's ``timeout`` (0.1 s by default); once half of its last round trips failed (or a
+connection was refused) its circuit breaker answers without Redis until a probe succeeds.
 """
 
 from __future__ import annotations

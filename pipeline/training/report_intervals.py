@@ -50,7 +50,7 @@ def candidate_scorers(model, metrics: dict, baselines: dict, challenger, seed: i
     each fitted challenger and the blend (their evaluated factors: TRAIN + VALIDATION, what
     the holdout scored), and each trivial model (``baselines``: the trainer's ``{name:
     (metrics, item scores)}``)."""
-    from pipeline.training.trainers.altsvm import factors_of
+    from pipeline.training.trainers.factors import factors_of
 
     out = {"model": (model, metrics)}
     fitted = {"model": model}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.training.trainers.altsvm import pair_scores
+from pipeline.training.trainers.factors import pair_scores
 
 
 @pytest.mark.parametrize("rank, block", [(2, 1 << 22), (400, 1 << 22), (400, 700)])

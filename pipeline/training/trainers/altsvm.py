@@ -8,12 +8,22 @@ Evaluation measures what is published: each held-out user's top-k over the items
 meet in training, against their held-out positives (``topk_*`` metrics), beside the paper's
 NDCG over the rated held-out items. The trivial models (popularity, and the global ranking of
 the training comparisons' wins − losses) are scored the same way, for the gate.
+
+**Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
+user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
+comparisons, so C ≤ P · implicit_max_per_positive in all (20 shipped: amazon-beauty's 52k
+users with 6 liked items each make 6M, not the 52M of 1,000 per user). The comparisons are made
+from the met rows when a fit needs them and handed over in memory, never stored. Peak memory
+of the fit: 25 bytes per met row (the dataset) + about 130 per comparison (24 for the rows,
+up to 107 more inside the solver, 31 of them kept as its warm state; measured with
+tracemalloc at 2M comparisons, rank 20) + 8 · rank · (users + items) per copy of the factors.
+The searches (:mod:`.altsvm_tuning`, the challengers') fit and score a stable sample of
+``tune.sample_users`` users, so their cost is a count, not the data's size.
 """
 
 from __future__ import annotations
 
 import warnings
-import zlib
 
 import numpy as np
 
@@ -27,6 +37,7 @@ from pipeline.training.trainers.altsvm_data import (
     tuning_view,
 )
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
+from pipeline.training.trainers.factors import content_key, csr_rows, factors_of, pair_scores
 from pipeline.training.tuning import REUSE_GROWTH
 
 HOLDOUT_LISTS_KEPT = 16     # a run's candidates: model, ALS, EASE, blend, two baselines, ...
@@ -42,30 +53,6 @@ def _relevance(arrays: dict, cfg) -> float:
     if "relevance" in arrays:
         return float(arrays["relevance"])
     return float(cfg.evaluation["relevance"])
-
-
-def factors_of(scorer) -> tuple:
-    """``(U, V, b or None)`` of a fitted AltSVM, of factors, or of one score per item (then
-    U is a single row of ones, the same list for everyone)."""
-    if isinstance(scorer, np.ndarray):
-        return (np.ones((1, 1), np.float32), scorer.reshape(-1, 1).astype(np.float32), None)
-    if isinstance(scorer, tuple):
-        return scorer
-    return (scorer.user_factors_, scorer.item_factors_,
-            scorer.item_bias_ if scorer.item_bias else None)
-
-
-def content_key(a) -> tuple | None:
-    """Shape, dtype and CRC-32 of an array's bytes (None for None): equal for equal contents."""
-    if a is None:
-        return None
-    a = np.ascontiguousarray(a)
-    return a.shape, a.dtype.str, zlib.crc32(a.view(np.uint8).reshape(-1))
-
-
-def _csr(users, items, n_users):
-    order = np.argsort(users, kind="stable")
-    return np.r_[0, np.cumsum(np.bincount(users, minlength=n_users))], items[order]
 
 
 class AltSVMTrainer(Trainer):
@@ -408,7 +395,7 @@ class AltSVMTrainer(Trainer):
         from pipeline.serving.artifact import ModelArtifact
 
         U, V, b = factors_of(model)
-        indptr, indices = _csr(arrays["met_user"], arrays["met_item"], len(arrays["user_ids"]))
+        indptr, indices = csr_rows(arrays["met_user"], arrays["met_item"], len(arrays["user_ids"]))
         return ModelArtifact.user_item(
             user_ids=arrays["user_ids"], item_ids=arrays["item_ids"], user_factors=U,
             item_factors=V, item_bias=b, seen=(indptr, indices), **describe)
@@ -434,26 +421,3 @@ class AltSVMTrainer(Trainer):
             if k != "reg_source":
                 out[WARM_PREFIX + k] = np.array(v)
         return out
-
-
-def pair_scores(U, V, b, users, items, block: int = 1 << 22) -> np.ndarray:
-    """``U[u]·V[i] (+ b[i])`` of each (user, item) pair, by whichever way moves fewer numbers:
-    gathering both factors of every pair (pairs x rank), or the users' whole score rows by
-    BLAS, ``block`` scores at a time (users x items). An item-item model's factors are as wide
-    as the catalogue: gathering them for 100k rated pairs moves gigabytes, while MovieLens's
-    943 x 1,682 score rows are 1.6M numbers."""
-    users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
-    wanted = np.unique(users)
-    if len(users) * U.shape[1] <= len(wanted) * V.shape[0]:
-        s = np.einsum("ij,ij->i", U[users], V[items])
-        return s if b is None else s + b[items]
-    out = np.empty(len(users), np.result_type(U, V))
-    order = np.argsort(users, kind="stable")
-    ends = np.searchsorted(users[order], wanted, side="right")
-    step = max(1, block // max(V.shape[0], 1))
-    for lo in range(0, len(wanted), step):
-        rows = U[wanted[lo:lo + step]] @ V.T         # (users in the block) x items
-        first = 0 if lo == 0 else ends[lo - 1]
-        at = order[first:ends[min(lo + step, len(wanted)) - 1]]
-        out[at] = rows[np.searchsorted(wanted[lo:lo + step], users[at]), items[at]]
-    return out if b is None else out + b[items]
