@@ -156,7 +156,8 @@ class FoldIn:
 class PairwiseFoldIn(FoldIn):
     """AltSVM's own problem with V fixed, on the user's comparisons and implicit ones made
     from their items: ``per_item`` each, or, when the spec's ``per_user`` is above 0 (training's
-    ``implicit_per_user``: comparisons per user in all), ``ceil(per_user / items)`` each.
+    ``implicit_per_user``: comparisons per user in all), ``ceil(per_user / items)`` each, at
+    most the spec's ``max_per_positive`` (training's ``implicit_max_per_positive``) when set.
 
     The spec may also say how training derived a user's inputs from their events, for whoever
     derives them (the refresher): ``relevance`` and ``min_rating`` (the resolved relevance
@@ -171,7 +172,8 @@ class PairwiseFoldIn(FoldIn):
         """Implicit comparisons per met item."""
         per_user = int(spec.get("per_user") or 0)
         if per_user > 0:
-            return -(-per_user // max(n_met, 1))
+            per = -(-per_user // max(n_met, 1))
+            return min(per, int(spec.get("max_per_positive") or per))
         return int(spec.get("per_item", 10))
 
     def user_factor(self, st, V, b, met, pairs, spec, start=None):

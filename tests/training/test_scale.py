@@ -91,3 +91,21 @@ def test_tuning_sample_is_stable_as_users_arrive():
     grown = tuning_sample(np.arange(1_100), 100, seed=0)
     assert len(set(first) & set(grown)) >= 85       # ~100 * 1000/1100 stay
     assert tuning_sample(np.arange(50), 100, seed=0) is None
+
+
+def test_fold_in_draws_as_many_per_item_as_training_at_most():
+    """A new user folded in gets training's comparisons per item: per_user spread over their
+    items, at most max_per_positive each (training's implicit_max_per_positive)."""
+    from pipeline.serving.item_queries import PairwiseFoldIn
+
+    assert PairwiseFoldIn.per_item({"per_user": 1000}, 6) == 167
+    assert PairwiseFoldIn.per_item({"per_user": 1000, "max_per_positive": 20}, 6) == 20
+    assert PairwiseFoldIn.per_item({"per_user": 1000, "max_per_positive": 20}, 200) == 5
+    spec = _config()["movies"]
+    trainer = spec.family.new_trainer()
+
+    class Fit:
+        reg_, loss = 1.0, "squared_hinge"
+
+    arrays = {"relevance": np.float64(4.0)}
+    assert trainer.fold_in_spec(Fit(), arrays, spec)["max_per_positive"] == 5
