@@ -109,3 +109,22 @@ def test_fold_in_draws_as_many_per_item_as_training_at_most():
 
     arrays = {"relevance": np.float64(4.0)}
     assert trainer.fold_in_spec(Fit(), arrays, spec)["max_per_positive"] == 5
+
+
+def test_als_on_a_sample_fits_the_rows_and_columns_it_met():
+    from scipy.sparse import csr_matrix
+
+    from pipeline.training.trainers.als import fit_als, fit_als_on_met
+
+    rng = np.random.default_rng(1)
+    dense = (rng.random((30, 40)) < 0.3).astype(np.float32)
+    dense[5] = 0          # a user and an item outside the sample
+    dense[:, 7] = 0
+    params = {"factors": 4, "regularization": 0.1, "alpha": 1.0}
+    U, V = fit_als_on_met(csr_matrix(dense), params, iterations=3, seed=0)
+    assert U.shape == (30, 4) and V.shape == (40, 4)
+    assert not U[5].any() and not V[7].any()
+    kept = np.delete(np.delete(dense, 5, axis=0), 7, axis=1)
+    U2, V2 = fit_als(csr_matrix(kept), params, iterations=3, seed=0)
+    assert np.array_equal(np.delete(U, 5, axis=0), U2)
+    assert np.array_equal(np.delete(V, 7, axis=0), V2)

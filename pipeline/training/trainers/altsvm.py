@@ -11,8 +11,8 @@ the training comparisons' wins − losses) are scored the same way, for the gate
 
 **Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
 user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
-comparisons, so C ≤ P · implicit_max_per_positive in all (20 shipped: amazon-beauty's 52k
-users with 6 liked items each make 6M, not the 52M of 1,000 per user). The comparisons are made
+comparisons, so C ≤ P · implicit_max_per_positive in all (10 shipped: amazon-beauty's 52k
+users with 6 liked items each make 3M, not the 52M of 1,000 per user). The comparisons are made
 from the met rows when a fit needs them and handed over in memory, never stored. Peak memory
 of the fit: 25 bytes per met row (the dataset) + about 130 per comparison (24 for the rows,
 up to 107 more inside the solver, 31 of them kept as its warm state; measured with
