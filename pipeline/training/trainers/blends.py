@@ -24,6 +24,7 @@ from itertools import combinations
 import numpy as np
 
 from pipeline.training.datasets import TEST, VALIDATION
+from pipeline.training.trainers.altsvm_data import tuning_view
 
 BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
 MAX_BLOCK = 256             # users per block of score rows (fewer when the catalogue is large)
@@ -88,7 +89,9 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
     Why both splits: on Last.fm the validation split alone chose the AltSVM+ALS blend at 0.75
     (0.997x the grid's ALS on held-out data); together, ALS+EASE (1.034x). The blend's holdout
     figure is then the best of the pairs and weights tried there: a small optimism that the
-    gate's comparison on both splits halves."""
+    gate's comparison on both splits halves. Past ``tune.sample_users`` users both splits are
+    scored on the searched sample (:func:`~.altsvm_data.tuning_view`): on amazon-beauty every
+    pair and weight ranked over 57k items for 47k holdout users was minutes of a run."""
     seed, metric = int(cfg.evaluation["seed"]), cfg.metric
     sign = 1.0 if trainer.family.higher_is_better(metric) else -1.0
     ranked = sorted(candidates, key=lambda n: (candidates[n].validation is None,
@@ -112,8 +115,9 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
             eligible.append((pair, curve))
     if not eligible:
         return None, None, None, tried
+    # on a sample of users, its holdout rows alone: a choice is made on the searched users
     on_holdout = curves(trainer, {n: c.evaluated for n, c in candidates.items()},
-                        [pair for pair, _ in eligible], arrays, cfg, TEST, seed)
+                        [pair for pair, _ in eligible], tuning_view(arrays), cfg, TEST, seed)
     best = None       # (validation and holdout together, pair, weight, validation)
     for pair, curve in eligible:
         for t in curve:
