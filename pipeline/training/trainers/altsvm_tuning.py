@@ -16,7 +16,9 @@ What is searched, and why these ranges (the registry's ``tune_axes``; a config m
 * ``loss`` squared hinge (the paper's L2-SVM), hinge or logistic: their ranking of the sampled
   pairs differs most on noisy data.
 * ``implicit_sampling`` uniform or by popularity: popularity-sampled losers are harder
-  negatives, which helps on long-tailed catalogues (Last.fm) and hurts on short ones.
+  negatives. With at most ``implicit_max_per_positive`` losers per liked item they help
+  everywhere measured (the shipped config starts there): amazon-beauty's AltSVM Recall@20
+  0.0565 against 0.0210, MovieLens 100K P@10 0.2523 against 0.2421, Last.fm unchanged.
 
 Of the settings within ``tune.tolerance`` (relative, default 0.5%) of the best validation
 score, the cheapest (comparisons x rank) is chosen: a difference that small is the validation
