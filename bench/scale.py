@@ -24,7 +24,9 @@ gates and publishes). A third child reads every test user's served top-20 with
 in batches of 256 (users/s). Each step is a child process reaped with ``os.wait4``, so its
 peak RSS (``ru_maxrss``) is its own; the children import the code of the tree this file is in
 (``PYTHONPATH``), with ``RANKSTREAM_HOME`` and the XDG directories in a fresh temp directory
-that the bench removes (``--keep`` keeps it).
+that the bench removes (``--keep`` keeps it). The solvers' kernels are compiled (or loaded
+from numba's cache) once before the first step, as ``infra/setup.sh`` does, and that time is
+printed apart: in a fresh checkout it was 40 s and 0.4 GB of the first ``train``.
 
 Everyone is scored on test with full ranking: a user's candidates are all items minus their
 train + valid items; over the users with at least one test item,
@@ -788,6 +790,13 @@ def main(argv=None) -> int:
         ap.error(f"--data {','.join(unknown)}: expected some of {', '.join(CHOICES)}")
     tmp = Path(tempfile.mkdtemp(prefix="rs-scale-"))
     print(f"code: {REPO}; temp: {tmp}{' (kept)' if args.keep else ''}; {os.cpu_count()} cores")
+    # numba caches compiled kernels beside the sources of the tree that runs: a fresh checkout
+    # compiles them (tens of seconds, hundreds of MB) in the first child that calls them. That
+    # is `infra/setup.sh`'s job, not a retrain's: done once here, its time printed apart.
+    warm = run_step("warm-up", [sys.executable, "-c", "import solvers; solvers.warm_up()"],
+                    child_env(tmp, tmp / "warm-home"), tmp)
+    print(f"kernels compiled or loaded from numba's cache: {warm['wall']:.1f} s, peak RSS "
+          f"{warm['peak_rss'] / GB:.2f} GB (not in the steps' figures)")
     lines = []
     try:
         for name in names:
