@@ -263,6 +263,35 @@ def user_topk(user_factors: np.ndarray, item_factors: np.ndarray, k: int, *,
     return items, scores
 
 
+def global_topk(scores: np.ndarray, k: int, *, seen_indptr: np.ndarray,
+                seen_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`user_topk` of one score per item, the same for every user (a popularity or
+    global list), each user's seen items excluded: the items are sorted once, then each
+    user walks the order past their seen ones, O(k + seen) a user instead of a score per
+    item (on amazon-beauty's 54k items and 47k users, 2.6 billion scores per list).
+    Ties rank the lower index first, as :func:`user_topk` does.
+
+    >>> items, _ = global_topk(np.array([1.0, 3.0, 2.0], np.float32), 2,
+    ...                        seen_indptr=np.array([0, 1, 1]), seen_indices=np.array([1]))
+    >>> items.tolist()
+    [[2, 0], [1, 2]]
+    """
+    scores = np.asarray(scores, np.float32)
+    order = np.argsort(-scores, kind="stable")
+    order = order[np.isfinite(scores[order]) & (scores[order] > -np.inf)]
+    n_users = len(seen_indptr) - 1
+    items = np.full((n_users, k), -1, dtype=np.int64)
+    for u in range(n_users):
+        seen = seen_indices[seen_indptr[u]:seen_indptr[u + 1]]
+        head = order[:k + len(seen)]
+        if len(seen):
+            head = head[~np.isin(head, seen)]
+        head = head[:k]
+        items[u, :len(head)] = head
+    out = np.where(items >= 0, scores[np.maximum(items, 0)].astype(np.float64), -np.inf)
+    return items, out
+
+
 def warm_up() -> float:
     """Compile (or load from cache) the selection kernel, so timings exclude it; returns the
     seconds."""

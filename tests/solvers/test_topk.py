@@ -162,3 +162,24 @@ def test_wide_sparse_user_rows_rank_as_the_dense_product():
     expected = np.argsort(-dense, axis=1, kind="stable")[:, :10]
     assert np.allclose(scores, np.take_along_axis(dense, expected, 1), rtol=1e-5, atol=1e-5)
     assert (items == expected).mean() > 0.999      # a near-tie may order two items apart
+
+
+def test_one_list_for_everyone_ranks_as_the_per_user_scores():
+    """A popularity-like list (one score per item, many ties) with each user's seen items
+    left out: sorted once, the same lists and scores as scoring every user's row."""
+    from solvers.topk import global_topk, user_topk
+
+    rng = np.random.default_rng(3)
+    n_users, n_items, k = 400, 300, 10
+    scores = rng.integers(0, 20, n_items).astype(np.float32)       # ties everywhere
+    seen = [np.sort(rng.choice(n_items, rng.integers(0, 40), replace=False))
+            for _ in range(n_users)]
+    seen[0] = np.arange(n_items - 5)                                # fewer than k remain
+    indptr = np.r_[0, np.cumsum([len(s) for s in seen])]
+    indices = np.concatenate(seen).astype(np.int32)
+    want_items, want_scores = user_topk(np.ones((n_users, 1), np.float32), scores[:, None], k,
+                                        seen_indptr=indptr, seen_indices=indices)
+    items, got_scores = global_topk(scores, k, seen_indptr=indptr, seen_indices=indices)
+    assert np.array_equal(items, want_items)
+    assert np.array_equal(got_scores, want_scores)
+    assert (items[0] >= 0).sum() == 5
