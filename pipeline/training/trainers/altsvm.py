@@ -124,8 +124,9 @@ class AltSVMTrainer(Trainer):
                 tuning["path_n"] = len(tuning["comparisons"])
                 learned["validated"] = factors_of(tuning.pop("validated"))
                 warm = None    # the choice may change the rank: the final fit starts afresh
-            arrays.pop(DERIVED[0], None)   # the config's own, not fitted: made again if asked
             comparisons = tuning.pop("comparisons")
+            if comparisons is not arrays.get(DERIVED[0]):
+                arrays.pop(DERIVED[0], None)   # the config's own, not fitted: made again if asked
             if "validated" in learned and "tuning_users" in arrays:
                 # searched on a sample: λ carries over as its ratio to reg_max, which does not
                 # grow in proportion to the comparisons (per comparison it overshot reg_max)

@@ -172,7 +172,7 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
 
 def final_comparisons(arrays: dict, cfg, family, choice: dict) -> np.ndarray:
     """The comparisons of every user's TRAIN + VALIDATION rows under ``choice``: what the
-    evaluated fit learns from (λ per comparison carried over from the search)."""
+    evaluated fit learns from."""
     return _comparisons_of(arrays, family, cfg.params, choice, (TRAIN, VALIDATION),
                            int(cfg.evaluation["seed"]), {})
 
@@ -217,7 +217,12 @@ def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:
 
 
 def _comparisons_of(arrays, family, params, choice, parts, seed, cache) -> np.ndarray:
-    """Comparisons under ``choice`` (the config's where it tunes no comparison axis)."""
+    """Comparisons under ``choice`` (the config's where it tunes no comparison axis): the
+    dataset's own TRAIN + VALIDATION ones, made once, when the choice is the config's."""
+    own = all(choice[a] == family.dataset_param(params, a) for a in COMPARISON_AXES
+              if a in choice)
+    if own and tuple(parts) == (TRAIN, VALIDATION) and "comparisons" in arrays:
+        return arrays["comparisons"]
     key = (tuple(choice.get(a) for a in COMPARISON_AXES), tuple(parts))
     if key not in cache:
         cache[key] = comparisons(arrays, family, {**params, **{
