@@ -410,9 +410,9 @@ def factor_topk(U, V, bias, seen: sp.csr_matrix, users: np.ndarray) -> np.ndarra
     top-K, :func:`solvers.topk.user_topk`)."""
     from solvers.topk import user_topk
 
-    rows = seen[users]
-    return user_topk(np.ascontiguousarray(U[users], np.float32), V, K, item_bias=bias,
-                     seen_indptr=rows.indptr, seen_indices=rows.indices)[0]
+    rows, U = seen[users], U[users]
+    return user_topk(U if sp.issparse(U) else np.ascontiguousarray(U, np.float32), V, K,
+                     item_bias=bias, seen_indptr=rows.indptr, seen_indices=rows.indices)[0]
 
 
 def item_topk(X: sp.csr_matrix, W, seen: sp.csr_matrix, users: np.ndarray) -> np.ndarray:
@@ -491,48 +491,22 @@ def als_fit(X: sp.csr_matrix, params: dict):
     return np.asarray(als.user_factors, np.float32), np.asarray(als.item_factors, np.float32)
 
 
-def knn_candidates(X: sp.csr_matrix, shrinks, kmax: int) -> dict:
-    """Per shrinkage s, every item's ``kmax`` most similar items by cosine with shrinkage,
-    sim(i, j) = |U_i ∩ U_j| / (sqrt(|U_i| |U_j|) + s): {s: (rows, cols, sims, rank)}, column j
-    holding j's neighbours i ranked 0.. by similarity. Built over blocks of columns, each
-    block's co-occurrences pruned before the next (at most about 2e7 at a time)."""
-    n_items = X.shape[1]
-    Xc = sp.csc_matrix(X)
-    XT = sp.csr_matrix(Xc.T)
-    norm = np.sqrt(np.diff(Xc.indptr).astype(np.float64))
-    block = max(16, int(2e7 // max(n_items, 1)))
-    kept: dict = {s: [] for s in shrinks}
-    for start in range(0, n_items, block):
-        co = (XT @ Xc[:, start:start + block]).tocoo()
-        cols = co.col.astype(np.int64) + start
-        off = co.row != cols
-        rows, cols, both = co.row[off].astype(np.int64), cols[off], co.data[off]
-        for s in shrinks:
-            sim = both / (norm[rows] * norm[cols] + s)
-            order = np.lexsort((-sim, cols))
-            c = cols[order]
-            rank = np.arange(len(order)) - np.searchsorted(c, c, side="left")
-            top = order[rank < kmax]
-            kept[s].append((rows[top], cols[top], sim[top].astype(np.float32),
-                            rank[rank < kmax]))
-    return {s: tuple(np.concatenate(p) for p in zip(*parts)) if parts else None
-            for s, parts in kept.items()}
-
-
 def knn_peer(split: Split) -> dict:
     """Item-kNN tuned on valid over ``KNN_NEIGHBOURS`` x ``KNN_SHRINK`` (one candidate build
-    per data: the largest k, every shrinkage), refit on train + valid."""
+    per data: the largest k, every shrinkage; :mod:`solvers.neighbours`, the product's own
+    challenger's code, here tuned on the split's valid part by a plain grid), refit on train
+    + valid."""
+    from solvers.neighbours import cosine_neighbours, neighbour_rows
+
     cache = {}
 
     def fit(X, params):
         key = id(X)
         if key not in cache:
             cache.clear()
-            cache[key] = knn_candidates(X, KNN_SHRINK, max(KNN_NEIGHBOURS))
-        rows, cols, sims, rank = cache[key][params["shrink"]]
-        keep = rank < params["k"]
-        n = X.shape[1]
-        return X, sp.csr_matrix((sims[keep], (rows[keep], cols[keep])), shape=(n, n))
+            cache[key] = cosine_neighbours(X, KNN_SHRINK, max(KNN_NEIGHBOURS))
+        V = neighbour_rows(cache[key][params["shrink"]], X.shape[1], params["k"])
+        return X, V.T.tocsr()          # W: column j holds j's neighbours
 
     grid = [{"k": k, "shrink": s} for k in KNN_NEIGHBOURS for s in KNN_SHRINK]
     return tune("item-kNN", grid, fit, lambda m, X, seen, users: item_topk(m[0], m[1], seen,

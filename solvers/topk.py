@@ -84,12 +84,29 @@ def sparse_rows(U: np.ndarray):
     return csr_matrix(U)
 
 
-def factor_scores(U, rows: slice, VT: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``U[rows] @ VT`` into ``out``: ``U`` a dense array or :func:`sparse_rows`' CSR."""
-    if isinstance(U, np.ndarray):
+def factor_scores(U, rows: slice, VT, out: np.ndarray) -> np.ndarray:
+    """``U[rows] @ VT`` into ``out``: ``U`` a dense array or a CSR matrix (:func:`sparse_rows`,
+    an item-kNN's 0/1 rows), ``VT`` a dense array or a sparse matrix (an item-kNN's
+    neighbours: :mod:`solvers.neighbours`)."""
+    if isinstance(U, np.ndarray) and isinstance(VT, np.ndarray):
         return np.matmul(U[rows], VT, out=out)
-    out[:] = U[rows] @ VT
+    product = U[rows] @ VT
+    out[:] = product.toarray() if hasattr(product, "toarray") else product
     return out
+
+
+def as_factors(a, name: str = "factors"):
+    """``a`` as C-contiguous float32, or as a float32 CSR matrix when it is sparse (an
+    item-kNN's factors: the users' 0/1 rows, the items' neighbour rows)."""
+    import scipy.sparse as sp
+
+    if sp.issparse(a):
+        out = sp.csr_matrix(a, dtype=np.float32)
+        if not np.isfinite(out.data).all():
+            raise ValueError(f"{name} has {int((~np.isfinite(out.data)).sum())} non-finite "
+                             "values")
+        return out
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _block_topk_numpy(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, counts):
@@ -151,12 +168,15 @@ def user_topk_blocks(user_factors: np.ndarray, item_factors: np.ndarray, k: int,
     n_users = user_factors.shape[0]
     n_items = item_factors.shape[0]
     k = int(min(k, n_items))
-    U = np.ascontiguousarray(user_factors, dtype=np.float32)
-    VT = np.ascontiguousarray(np.asarray(item_factors, dtype=np.float32).T)
+    U, V = as_factors(user_factors), as_factors(item_factors)
     bias = None if item_bias is None else np.asarray(item_bias, dtype=np.float32)
-    U, VT, bias, unshift = _unit_scale(U, VT, bias)
-    sparse = sparse_rows(U) if n_users * n_items > SMALL else None
-    U = U if sparse is None else sparse
+    if isinstance(U, np.ndarray) and isinstance(V, np.ndarray):
+        VT = np.ascontiguousarray(V.T)
+        U, VT, bias, unshift = _unit_scale(U, VT, bias)
+        sparse = sparse_rows(U) if n_users * n_items > SMALL else None
+        U = U if sparse is None else sparse
+    else:   # an item-kNN's or its blend's: similarities near 1, no tiny scale to mend
+        VT, unshift = (V.T.tocsr() if hasattr(V, "tocsr") else np.ascontiguousarray(V.T)), 0
     if seen_indptr is None:
         seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
         seen_indices = np.zeros(0, dtype=np.int32)

@@ -31,6 +31,7 @@ import numpy as np
 from pipeline.refresh.history import UserHistory, fold_in_inputs
 from pipeline.refresh.stats import RefreshStats
 from pipeline.serving.layout import UnknownModelError
+from pipeline.serving.sparse_factors import is_sparse
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ class Refresher:
         fresh = [FreshUser(user, u, seen.astype(np.int32), pairs, stamp)
                  for (user, u, seen), pairs in zip(made, lists)]
         done = write_fresh(self.topk.transport.client, self.topk.versions.keys(self.model),
-                           st.version, st.publish_id, fresh)
+                           st.version, st.publish_id, fresh, sparse=is_sparse(st.meta))
         return None if not all(done) else len(fresh)
 
     def _factors(self, st, factors, users: list[str]) -> list[tuple]:
@@ -245,8 +246,9 @@ class Refresher:
             st, V, b, met, [x.pairs for _, x in inputs], spec,
             starts=[self.last.get(user) for user, _ in inputs])
         U = np.asarray(U, np.float32).reshape(len(inputs), st.rank)
-        for n, (user, _) in enumerate(inputs):
-            self.last[user] = U[n]
+        if not is_sparse(st.meta):   # a sparse version's factor is as wide as its catalogue
+            for n, (user, _) in enumerate(inputs):
+                self.last[user] = U[n]
         return [(user, U[n], x.seen) for n, (user, x) in enumerate(inputs)]
 
 

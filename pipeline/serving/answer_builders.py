@@ -24,7 +24,8 @@ import numpy as np
 
 from pipeline.serving.answers import Prediction, Recommendation
 from pipeline.serving.item_filter import ItemFilter
-from pipeline.serving.layout import LayoutError, pair_struct, unpack_f32, unpack_i32
+from pipeline.serving.layout import LayoutError, pair_struct, unpack_i32
+from pipeline.serving.sparse_factors import is_sparse, unpack_factor
 from pipeline.serving.version_cache import VersionState
 from solvers.topk import topk_of_scores
 
@@ -130,9 +131,7 @@ def scored_items(st: VersionState, factors, u_raw: bytes, seen_raw: bytes | None
     """The top ``k`` of ``s = V u + b`` over the version's items (``factors``: ``(V, b)``),
     the user's seen items and what ``filt`` takes out left aside."""
     V, b = factors
-    u = unpack_f32(u_raw, key)
-    if u.shape != (st.rank,):
-        raise LayoutError(f"{key} holds {u.size} floats, the version has rank {st.rank}")
+    u = unpack_factor(u_raw, key, st.rank, sparse=is_sparse(st.meta))
     scores = V @ u if b is None else V @ u + b
     if filt is not None:
         scores = filt.mask(scores)

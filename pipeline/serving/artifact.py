@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.artifact_kinds import kind_of, payload_fields
 from pipeline.serving.item_queries import FOLD_INS, fold_in_method
@@ -40,6 +41,7 @@ from solvers.persist import read_bundle, write_bundle
 
 FORMAT = "rankstream.artifact"
 ARTIFACT_FORMAT = 1
+SPARSE = ".csr_"   # a sparse field F is stored as F.csr_data, F.csr_indices, F.csr_indptr, ...
 
 
 def _ids(name: str, values) -> np.ndarray:
@@ -215,9 +217,15 @@ class ModelArtifact:
         >>> ModelArtifact.load(d).item_ids.tolist()
         [1, 2]
         """
-        arrays = {"item_ids": self.item_ids,
-                  **{f.name: getattr(self.data, f.name) for f in fields(self.data)
-                     if getattr(self.data, f.name) is not None}}
+        arrays = {"item_ids": self.item_ids}
+        for f in fields(self.data):
+            value = getattr(self.data, f.name)
+            if sp.issparse(value):      # sparse factors: their CSR arrays
+                arrays.update({f.name + SPARSE + part: np.asarray(getattr(value, part))
+                               for part in ("data", "indices", "indptr")})
+                arrays[f.name + SPARSE + "shape"] = np.array(value.shape, np.int64)
+            elif value is not None:
+                arrays[f.name] = value
         if self.scorer is not None:
             arrays["scorer"] = np.frombuffer(self.scorer.to_bytes(), dtype=np.uint8)
         manifest = {"format": FORMAT, "format_version": ARTIFACT_FORMAT,
@@ -240,6 +248,11 @@ class ModelArtifact:
         scorer = arrays.get("scorer")
         if scorer is not None:
             scorer = Scorer.from_bytes(scorer.tobytes(), f"{path}: scorer")
+        for f in fields(payload):
+            if f.name + SPARSE + "shape" in arrays:
+                parts = [arrays[f.name + SPARSE + p] for p in ("data", "indices", "indptr")]
+                arrays[f.name] = sp.csr_matrix(tuple(parts),
+                                               shape=tuple(arrays[f.name + SPARSE + "shape"]))
         data = payload(**{f.name: arrays[f.name] for f in fields(payload) if f.name in arrays})
         return cls(kind=manifest["kind"], item_ids=arrays["item_ids"], data=data, scorer=scorer,
                    algorithm=manifest.get("algorithm", ""),

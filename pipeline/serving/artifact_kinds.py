@@ -7,8 +7,9 @@ payload and one class here and registers it (and its row in ``REDIS_LAYOUT.md``)
 artifact, the publisher and the lookup client ask the registry.
 
 =====================  ==============================================================
-``user_item``          user factors U, item factors V, optional item bias b and seen items
-                       per user (CSR): per-user top-K of ``U @ V.T + b``
+``user_item``          user factors U, item factors V (dense, or both CSR: an item-kNN's),
+                       optional item bias b and seen items per user (CSR): per-user top-K
+                       of ``U @ V.T + b``
 ``global_list``        one score per candidate item: one ranked list
 ``query_docs``         per query a list of (doc, score), ranked per query
 ``predicted_ratings``  one predicted rating per item: one ranked list
@@ -29,6 +30,7 @@ import time
 from dataclasses import dataclass, fields
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.layout import PAIR_DTYPE, key_of, pack_f32, pack_i32, pack_pairs
 from pipeline.serving.plugins import add_entry
@@ -55,7 +57,8 @@ class PredictedRatingsData:
 
 @dataclass(eq=False)
 class UserItemData:
-    """``user_item``: float32 U (n_keys x rank) of the users ``key_ids``, V (n_items x rank),
+    """``user_item``: float32 U (n_keys x rank) of the users ``key_ids``, V (n_items x rank)
+    (both dense arrays, or both CSR matrices: :mod:`~pipeline.serving.sparse_factors`),
     optional b (n_items,); the CSR of the item indices each user has seen (left out of their
     lists); ``precompute``, a bool mask over users (which get a precomputed list; default
     all, the others are scored on demand); ``fallback_scores`` of the list for unknown users
@@ -186,10 +189,16 @@ class UserItem(ArtifactKind):
     def validate(self, art) -> None:
         super().validate(art)
         d, n_keys, n_items = art.data, art.n_keys, art.n_items
-        fac = np.asarray(d.user_factors)
-        rank = fac.shape[1] if fac.ndim == 2 else -1
-        d.user_factors = floats("user_factors", fac, (n_keys, rank))
-        d.item_factors = floats("item_factors", d.item_factors, (n_items, rank))
+        if sp.issparse(d.user_factors) or sp.issparse(d.item_factors):
+            # an item-kNN's (or a blend with one): both stored sparsely (sparse_factors.py)
+            rank = d.item_factors.shape[1] if len(d.item_factors.shape) == 2 else -1
+            d.user_factors = sparse_floats("user_factors", d.user_factors, (n_keys, rank))
+            d.item_factors = sparse_floats("item_factors", d.item_factors, (n_items, rank))
+        else:
+            fac = np.asarray(d.user_factors)
+            rank = fac.shape[1] if fac.ndim == 2 else -1
+            d.user_factors = floats("user_factors", fac, (n_keys, rank))
+            d.item_factors = floats("item_factors", d.item_factors, (n_items, rank))
         if d.item_bias is not None:
             d.item_bias = floats("item_bias", d.item_bias, (n_items,))
         if (d.seen_indptr is None) != (d.seen_indices is None):
@@ -214,7 +223,8 @@ class UserItem(ArtifactKind):
         d = art.data
         if d.fallback_scores is not None:
             return d.fallback_scores, "fallback"
-        scores = d.item_factors @ d.user_factors.mean(axis=0, dtype=np.float64)
+        mean = np.asarray(d.user_factors.mean(axis=0, dtype=np.float64)).ravel()
+        scores = np.asarray(d.item_factors @ mean).ravel()
         if d.item_bias is not None:      # the mean user's list
             scores = scores + d.item_bias
         return scores.astype(np.float32), "fallback"
@@ -222,12 +232,18 @@ class UserItem(ArtifactKind):
     def write_lists(self, w, vk, art, key_strs, buckets, top_k, progress) -> float:
         """Per-user factors, seen lists and precomputed top-K lists."""
         d, n, rank = art.data, art.n_keys, art.rank
-        u_bytes = pack_f32(d.user_factors)
+        if sp.issparse(d.user_factors):       # each user's (column, value) pairs
+            U = d.user_factors
+            u_bytes, ptr = pack_pairs(U.indices, U.data), U.indptr * PAIR_DTYPE.itemsize
+            starts, stops = ptr[:-1].tolist(), ptr[1:].tolist()
+        else:
+            u_bytes = pack_f32(d.user_factors)
+            starts, stops = (range(0, n * rank * 4, rank * 4),
+                             range(rank * 4, (n + 1) * rank * 4, rank * 4))
         prefixes = vk.bucket_prefixes
         bucket_list = buckets.tolist()
         w.mset_buckets([prefixes[b] + "u:" + k for b, k in zip(bucket_list, key_strs)],
-                       _slices(u_bytes, range(0, n * rank * 4, rank * 4),
-                               range(rank * 4, (n + 1) * rank * 4, rank * 4)), buckets)
+                       _slices(u_bytes, starts, stops), buckets)
         if d.seen_indptr is not None:
             has = np.flatnonzero(np.diff(d.seen_indptr) > 0)
             seen_bytes = pack_i32(d.seen_indices)
@@ -349,6 +365,17 @@ def floats(name: str, values, shape: tuple) -> np.ndarray:
         raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
     if not np.isfinite(arr).all():
         raise ValueError(f"{name} has {int((~np.isfinite(arr)).sum())} non-finite values")
+    return arr
+
+
+def sparse_floats(name: str, values, shape: tuple):
+    """``values`` as a float32 CSR matrix of ``shape`` (sorted indices), all finite."""
+    arr = sp.csr_matrix(values, dtype=np.float32)
+    if arr.shape != shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+    if not np.isfinite(arr.data).all():
+        raise ValueError(f"{name} has {int((~np.isfinite(arr.data)).sum())} non-finite values")
+    arr.sort_indices()
     return arr
 
 

@@ -49,8 +49,10 @@ from pipeline.serving.item_queries import (
     FOLD_IN_GAP,
     PairwiseFoldIn,
     UnknownItemError,
+    part_columns,
 )
-from pipeline.serving.layout import LayoutError, bucket_of, key_of, unpack_f32, unpack_i32
+from pipeline.serving.layout import LayoutError, bucket_of, key_of, unpack_i32
+from pipeline.serving.sparse_factors import dense_row, is_sparse, unpack_factor
 from solvers.fold_in import implicit_pairs, pairwise_fold_in
 
 CACHED_USERS = 256      # users' decompositions kept per version (the UI explains a whole list)
@@ -222,7 +224,7 @@ def user_parts(st, V, b, u, met) -> list[Part] | None:
             make = TERMS.get(part.get("method"))
             if make is None or scale == 0.0:
                 return None
-            Vp = V[:, lo:hi]
+            Vp = part_columns(V, lo, hi, sparse_ok=part.get("method") == "item_item")
             bp = b / scale if n == 0 and b is not None else None   # the first part's bias
             terms = make(_Columns(st, lo, hi), Vp, bp, u[lo:hi] / scale, met, part)
             out.append(Part(terms, lo, hi, scale, part["method"]))
@@ -260,7 +262,7 @@ def fill(out: Explanation, parts: list[Part], factors, u, i: int, k: int,
     """``out`` with the served score of item index ``i`` split by ``parts`` (see the module):
     the ``k`` largest terms, the sum of the rest, the bias and the residual."""
     V, b = factors
-    v = np.asarray(V[i], np.float64)
+    v = dense_row(V, i)
     out.bias = float(b[i]) if b is not None else 0.0
     out.score = float(v @ np.asarray(u, np.float64)) + out.bias
     terms = [p.scale * p.terms.of(v[p.lo:p.hi]) for p in parts]
@@ -330,9 +332,9 @@ def explain(lists, st, user, item, k: int) -> Explanation:
         out.note = (f"model {st.model!r} version {st.version} keeps a list for this user but "
                     "no factor: there is no score to split")
         return out
-    u = unpack_f32(u_raw, names[0])
+    u = unpack_factor(u_raw, names[0], st.rank, sparse=is_sparse(st.meta))
     seen = np.zeros(0, np.int64) if seen_raw is None else unpack_i32(seen_raw, names[1])
-    if u.shape != (st.rank,) or (len(seen) and (seen.min() < 0 or seen.max() >= st.n_items)):
+    if len(seen) and (seen.min() < 0 or seen.max() >= st.n_items):
         raise LayoutError(f"{names[0]} / {names[1]} do not fit version {st.version} (rank "
                           f"{st.rank}, {st.n_items} items)")
     factors = lists.factors(st)
@@ -345,7 +347,7 @@ def explain(lists, st, user, item, k: int) -> Explanation:
     if parts is None:
         V, b = factors
         out.bias = float(b[i]) if b is not None else 0.0
-        out.score = float(np.asarray(V[i], np.float64) @ u) + out.bias
+        out.score = float(dense_row(V, i) @ u) + out.bias
         out.residual = out.score - out.bias
         out.note = (f"model {st.model!r} version {st.version} has no fold-in to split its "
                     f"scores by (fold_in method {out.method or 'none'!r})")

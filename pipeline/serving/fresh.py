@@ -26,15 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.layout import (
     ModelKeys,
     bucket_of,
-    pack_f32,
     pack_i32,
     pack_pairs,
 )
 from pipeline.serving.shards import NodeBatch
+from pipeline.serving.sparse_factors import pack_factor
 from solvers.fold_in import sorted_unique
 from solvers.topk import user_topk_blocks
 
@@ -98,9 +99,12 @@ def fresh_lists(st, factors, user_factors, seen: list, top_k: int) -> list[bytes
     derived = getattr(st, "derived", None)
     VT = None if derived is None else derived.get("VT")
     if VT is None:
-        VT = np.ascontiguousarray(np.asarray(V, dtype=np.float32).T)
+        VT = (V.T.tocsr() if sp.issparse(V)
+              else np.ascontiguousarray(np.asarray(V, dtype=np.float32).T))
         if derived is not None:
             derived["VT"] = VT
+    if sp.issparse(VT):     # an item-kNN's: the users' rows are as sparse as their items
+        U = sp.csr_matrix(U)
     out = []
     for blk in user_topk_blocks(U, VT.T, int(top_k), item_bias=b, workers=1, jit=True,
                                 seen_indptr=indptr, seen_indices=indices):
@@ -116,10 +120,10 @@ def fresh_answer_parts(st, factors, user_factor, seen_indices, top_k: int) -> by
 
 
 def write_fresh(client, keys: ModelKeys, version: int, publish_id: str,
-                users: list[FreshUser]) -> list[bool]:
+                users: list[FreshUser], *, sparse: bool = False) -> list[bool]:
     """Rewrite each user's ``topk``, ``u``, ``seen`` and ``fresh`` keys of ``version`` (whose
-    publish is ``publish_id``) and add them to their bucket's ``fresh_keys``: one script per
-    bucket (and :data:`USERS_PER_SCRIPT` users), atomic in the bucket's slot, pipelined per
+    publish is ``publish_id``; ``sparse``: its factors are, ``sparse_factors.py``) and add
+    them to their bucket's ``fresh_keys``: one script per bucket (and :data:`USERS_PER_SCRIPT` users), atomic in the bucket's slot, pipelined per
     node. Returns, per user, whether it was written: False where the bucket's pointer no
     longer names the version (it flipped or rolled back: re-apply to the version it names).
 
@@ -144,8 +148,8 @@ def write_fresh(client, keys: ModelKeys, version: int, publish_id: str,
                 u = users[i]
                 script_keys += [bp + "topk:" + u.key, bp + "u:" + u.key, bp + "seen:" + u.key,
                                 bp + "fresh:" + u.key]
-                args += [u.key, u.pairs, pack_f32(u.factor), pack_i32(u.seen),
-                         str(int(u.stamp_ms))]
+                args += [u.key, u.pairs, pack_factor(u.factor, sparse=sparse),
+                         pack_i32(u.seen), str(int(u.stamp_ms))]
             batch.add(keys.pointer(b), "EVAL", WRITE_FRESH, len(script_keys), *script_keys,
                       *args)
             calls.append(chunk)

@@ -17,10 +17,12 @@ registry.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.answers import Recommendation
 from pipeline.serving.item_filter import ItemFilter
 from pipeline.serving.plugins import add_entry, registered
+from pipeline.serving.sparse_factors import scores_of, unit_rows
 from pipeline.serving.version_cache import VersionState
 from solvers.fold_in import (
     implicit_pairs_many,
@@ -66,12 +68,7 @@ def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recomm
         raise UnknownItemError(f"item {item!r:.60} is not in model {st.model!r} version "
                                f"{st.version}")
     V = factors[0]
-
-    def unit():
-        norms = np.linalg.norm(V, axis=1, keepdims=True)
-        return (V / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-
-    U = _derived(st, "unit", unit)
+    U = _derived(st, "unit", lambda: unit_rows(V))
     # An item's list is a fixed function of the immutable version, and item pages ask for the
     # same items again and again: its head is computed once (per version and process) and a
     # lookup filters that. A filtered head is the head of the filtered list (filtering keeps
@@ -85,7 +82,7 @@ def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recomm
                 del heads[next(iter(heads))]
             except (KeyError, RuntimeError):   # another thread changed the heads meanwhile
                 pass
-        top, scores = topk_of_scores(U @ U[i], SIMILAR_KEPT, exclude=[i])
+        top, scores = topk_of_scores(scores_of(U, U[i]), SIMILAR_KEPT, exclude=[i])
         head = heads[i] = top.astype(np.int32), scores
     idx, sc = head
     if len(filt.excluded) or filt.allowed is not None:
@@ -97,7 +94,7 @@ def similar(st: VersionState, factors, item, k: int, filt: ItemFilter) -> Recomm
         ids = st.item_ids
         items = [(ids[j], s) for j, s in zip(idx[:k].tolist(), sc[:k].tolist())]
         return Recommendation(st.model, item, items, st.version, st.sources["on_demand"])
-    return _answer(st, item, U @ U[i], k, [i], filt, "on_demand")
+    return _answer(st, item, scores_of(U, U[i]), k, [i], filt, "on_demand")
 
 
 def known_items(st: VersionState, items) -> np.ndarray:
@@ -265,7 +262,8 @@ class BlendFoldIn(FoldIn):
             lo, hi = part["columns"]
             scale = float(part["scale"])
             view = _Part(st, n)
-            Vp = _derived(view, "V", lambda lo=lo, hi=hi: np.ascontiguousarray(V[:, lo:hi]))
+            Vp = _derived(view, "V", lambda lo=lo, hi=hi, m=part["method"]: part_columns(
+                V, lo, hi, sparse_ok=m == ItemItemFoldIn.method))
             bp = None
             if n == 0 and b is not None and scale != 0.0:
                 bp = _derived(view, "b", lambda s=scale: (b / s).astype(b.dtype))
@@ -279,8 +277,18 @@ class BlendFoldIn(FoldIn):
         return np.concatenate(out, axis=1)
 
 
+def part_columns(V, lo: int, hi: int, *, sparse_ok: bool):
+    """Columns ``lo:hi`` of the item factors: dense, unless they are sparse and the part's
+    method takes them so (an item-kNN's neighbour rows, as wide as the catalogue)."""
+    cols = V[:, lo:hi]
+    if sp.issparse(cols):
+        return cols.tocsr() if sparse_ok else cols.toarray()
+    return np.ascontiguousarray(cols)
+
+
 class ItemItemFoldIn(FoldIn):
-    """An item-item model's user (EASE, ``trainers/ease.py``), exactly: the version's factors
+    """An item-item model's user (EASE, ``trainers/ease.py``; item-kNN, ``trainers/item_knn.py``,
+    whose V is a CSR matrix of neighbour rows), exactly: the version's factors
     are ``U = X`` (each user's items as a 0/1 row) and ``V = Bᵀ``, so a new user's factor is
     the 0/1 row of the items they met (and the winners of their comparisons), and their
     scores ``V u = x · B``. Nothing to solve, nothing to derive. A model on some items only

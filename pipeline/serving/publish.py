@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.artifact_kinds import kind_of
@@ -45,6 +46,7 @@ from pipeline.serving.layout import (
 )
 from pipeline.serving.redis_client import as_client
 from pipeline.serving.shards import ShardWriter
+from pipeline.serving.sparse_factors import CSR, pack_rows, row_bytes
 from pipeline.serving.versions import (
     FencedError,
     SupersededError,
@@ -110,7 +112,8 @@ def item_chunk_rows(art: ModelArtifact) -> int:
         rows = MAX_VALUE_BYTES // 8
     else:   # a JSON array: its brackets, and each id with its separator
         rows = (MAX_VALUE_BYTES - 2) // _json_item_bytes([str(x) for x in art.item_ids.tolist()])
-    rows = max(1, min(rows, MAX_VALUE_BYTES // max(4 * art.rank, 4)))
+    rows = max(1, min(rows, MAX_VALUE_BYTES // max(row_bytes(art.item_factors)
+                                                   if art.item_factors is not None else 0, 4)))
     return min(ITEM_CHUNK, 1 << (rows.bit_length() - 1))
 
 
@@ -136,6 +139,7 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "item_id_type": "int64" if art.item_ids.dtype.kind in "iu" else "str",
         "item_chunk": item_chunk, "n_item_chunks": n_item_chunks, "rank": art.rank,
         "has_item_bias": int(art.item_bias is not None),
+        "factor_format": CSR if sp.issparse(art.item_factors) else "dense",
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
         "has_global_scores": int(global_role != "none"),
         "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": key_chunk,
@@ -149,7 +153,9 @@ def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, chunk: int
     for c, lo in enumerate(range(0, art.n_items, chunk)):
         hi = min(lo + chunk, art.n_items)
         w.set(vk.items(c), pack_ids(art.item_ids[lo:hi]))
-        if art.item_factors is not None:
+        if sp.issparse(art.item_factors):
+            w.set(vk.item_factors(c), pack_rows(art.item_factors, lo, hi))
+        elif art.item_factors is not None:
             w.set(vk.item_factors(c), pack_f32(art.item_factors[lo:hi]))
         if art.item_bias is not None:
             w.set(vk.item_bias(c), pack_f32(art.item_bias[lo:hi]))

@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.serving.artifact_kinds import KINDS
 from pipeline.serving.layout import (
     BUCKETS,
     FORMAT_VERSION,
+    MAX_VALUE_BYTES,
     LayoutError,
     ModelKeys,
     decode_pairs,
@@ -32,6 +34,7 @@ from pipeline.serving.layout import (
     unpack_f32,
     unpack_ids,
 )
+from pipeline.serving.sparse_factors import is_sparse, unpack_rows
 from pipeline.serving.version_listing import parse_watermark
 
 TRIP_BYTES = 4 << 20   # bytes of chunks asked for in one round trip when loading a version
@@ -203,7 +206,8 @@ def read_chunks(client, names: list[str], value_bytes: int, version: int,
 
 
 def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | None]:
-    """Item factors (n_items x rank float32) and bias of a version, read once and kept."""
+    """Item factors (n_items x rank float32; a CSR matrix for a version with sparse factors)
+    and bias of a version, read once and kept."""
     if st.item_factors is not None:
         return st.item_factors, st.item_bias
     if st.rank == 0:
@@ -214,11 +218,17 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
         names.append(vk.item_factors(c))
         if st.has_bias:
             names.append(vk.item_bias(c))
-    replies = read_chunks(client, names, _chunk_rows(st.meta) * 4 * (st.rank + st.has_bias),
-                          st.version, per=2 if st.has_bias else 1)
+    rows, sparse = _chunk_rows(st.meta), is_sparse(st.meta)
+    replies = read_chunks(client, names, rows * 4 * (st.rank + st.has_bias) if not sparse
+                          else MAX_VALUE_BYTES, st.version, per=2 if st.has_bias else 1)
     step = 2 if st.has_bias else 1
-    V = np.concatenate([unpack_f32(r, vk.item_factors(c), st.rank)
-                        for c, r in enumerate(replies[::step])])
+    if sparse:     # chunks of CSR rows (sparse_factors.py): one matrix
+        V = sp.vstack([unpack_rows(r, vk.item_factors(c), min(rows, st.n_items - c * rows),
+                                   st.rank) for c, r in enumerate(replies[::step])],
+                      format="csr")
+    else:
+        V = np.concatenate([unpack_f32(r, vk.item_factors(c), st.rank)
+                            for c, r in enumerate(replies[::step])])
     b = (np.concatenate([unpack_f32(r, vk.item_bias(c)) for c, r in enumerate(replies[1::2])])
          if st.has_bias else None)
     if V.shape != (st.n_items, st.rank) or (b is not None and b.shape != (st.n_items,)):

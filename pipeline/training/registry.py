@@ -135,8 +135,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                        "seed": 0},
            splits=("per_user_last", "random"), artifact_kind="user_item",
            # implicit's ALS: the model recommendation teams would otherwise run; EASE: the
-           # closed-form item-item model (trainers/ease.py); a config may name both
-           challengers=("als", "ease"),
+           # closed-form item-item model (trainers/ease.py); knn: the sparse item-item model
+           # that scales past EASE's catalogue (trainers/item_knn.py); a config names any
+           challengers=("als", "ease", "knn"),
            # why these grids: pipeline/training/trainers/altsvm_tuning.py
            tune_axes={"rank": [5, 10, 20, 50, 100],
                       "implicit_per_user": [250, 500, 1000, 2000, 4000],

@@ -1,7 +1,8 @@
-"""AltSVM's challengers: implicit's ALS (Hu, Koren & Volinsky's weighted matrix factorization)
-and EASE (:mod:`.ease`), each trained on the same window, tuned on the same validation split,
-scored on the same holdout by the same top-K code, and published as the same ``user_item``
-artifact when AltSVM loses to it; and the blend of the best pair of candidates.
+"""AltSVM's challengers: implicit's ALS (Hu, Koren & Volinsky's weighted matrix factorization),
+EASE (:mod:`.ease`) and item-kNN (:mod:`.item_knn`), each trained on the same window, tuned on
+the same validation split, scored on the same holdout by the same top-K code, and published
+as the same ``user_item`` artifact when AltSVM loses to it; and the blend of the best pair of
+candidates.
 
 What ALS searches, and why these ranges (:func:`pipeline.training.tuning.pattern_search`):
 
@@ -57,7 +58,8 @@ ALS_START = ALS_DESIGN[0]
 ALS_RIDGES = (("regularization", "alpha"),)
 ITERATIONS = 15
 WARM_ITERATIONS = 6
-EASE_PREFIX = "ease_"      # EASE's warm arrays among the challengers' (ALS's keep no prefix)
+# each item-item challenger's warm arrays among the challengers' (ALS's keep no prefix)
+PREFIXES = {"ease": "ease_", "knn": "knn_"}
 
 
 def interactions(arrays: dict, relevant: np.ndarray, parts, which: str):
@@ -122,22 +124,24 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     TRAIN fit (None when the run reused the last tuning), its evaluated fit (TRAIN +
     VALIDATION) and the fit it publishes, as factors; ``fold_in`` the published fit's own
     fold-in spec. Like AltSVM's, every published fit learned from every met row."""
-    from pipeline.training.trainers import ease
+    from pipeline.training.trainers import ease, item_knn
 
     warm = dict(warm or {})
-    own = {k: v for k, v in warm.items() if not k.startswith(EASE_PREFIX)}
+    own = {k: v for k, v in warm.items() if not k.startswith(tuple(PREFIXES.values()))}
     fits = []
     for name in challenger_names(cfg.gate["challenger"]):
         if name == "als":
             fits.append(als_challenger(trainer, arrays, cfg, own))
-        elif name == "ease":
-            fits.append(ease.challenger(trainer, arrays, cfg, {
-                k[len(EASE_PREFIX):]: v for k, v in warm.items() if k.startswith(EASE_PREFIX)}))
+        elif name in PREFIXES:
+            module = {"ease": ease, "knn": item_knn}[name]
+            fits.append(module.challenger(trainer, arrays, cfg, {
+                k[len(PREFIXES[name]):]: v for k, v in warm.items()
+                if k.startswith(PREFIXES[name])}))
     first, others = fits[0], fits[1:]
     state = dict(first.warm) if first.name == "als" else {}
     for ch in fits:
-        if ch.name == "ease":
-            state.update({EASE_PREFIX + k: v for k, v in ch.warm.items()})
+        if ch.name in PREFIXES:
+            state.update({PREFIXES[ch.name] + k: v for k, v in ch.warm.items()})
     model = Challenger(name="model", metrics={}, artifact=None, validated=validated,
                        evaluated=final, served=published, fold_in=fold_in or {})
     validations = {}        # every candidate's validation metric, for the gate

@@ -22,9 +22,11 @@ import time
 from itertools import combinations
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipeline.training.datasets import TEST, VALIDATION
 from pipeline.training.trainers.altsvm_data import tuning_view
+from pipeline.training.trainers.factors import pair_scores
 
 BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
 MAX_BLOCK = 256             # users per block of score rows (fewer when the catalogue is large)
@@ -36,10 +38,10 @@ def spread(factors: tuple, seed: int, users=None) -> float:
     user, or of ``users`` (the searched ones, for fits that learned from them alone)."""
     U, V, b = factors
     rng = np.random.default_rng(seed)
-    u = (rng.integers(0, len(U), 4096) if users is None
+    u = (rng.integers(0, U.shape[0], 4096) if users is None
          else np.asarray(users)[rng.integers(0, len(users), 4096)])
-    i = rng.integers(0, len(V), 4096)
-    s = np.einsum("ij,ij->i", U[u], V[i]) + (0.0 if b is None else b[i])
+    i = rng.integers(0, V.shape[0], 4096)
+    s = pair_scores(U, V, None, u, i) + (0.0 if b is None else b[i])
     return float(np.std(s)) or 1.0
 
 
@@ -51,8 +53,14 @@ def blend_scales(first: tuple, second: tuple, weight: float, seed: int = 0) -> t
 def blend(first: tuple, second: tuple, weight: float, seed: int = 0) -> tuple:
     """Factors of ``weight · first / σ₁ + (1 − weight) · second / σ₂`` (see the module)."""
     a, b = blend_scales(first, second, weight, seed)
-    U = np.hstack([first[0] * a, second[0] * b], dtype=np.float32)
-    V = np.hstack([first[1], second[1]], dtype=np.float32)  # 15k x 1.6k on Last.fm: one copy
+    if any(sp.issparse(m) for m in (*first[:2], *second[:2])):   # an item-kNN's part
+        U = sp.hstack([sp.csr_matrix(first[0]) * a, sp.csr_matrix(second[0]) * b],
+                      format="csr", dtype=np.float32)
+        V = sp.hstack([sp.csr_matrix(first[1]), sp.csr_matrix(second[1])], format="csr",
+                      dtype=np.float32)
+    else:
+        U = np.hstack([first[0] * a, second[0] * b], dtype=np.float32)
+        V = np.hstack([first[1], second[1]], dtype=np.float32)  # 15k x 1.6k on Last.fm: one copy
     bias = None if first[2] is None else (first[2] * a).astype(np.float32)
     if second[2] is not None:
         bias = (second[2] * b if bias is None else bias + second[2] * b).astype(np.float32)
@@ -160,11 +168,11 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     select = T._block_topk_numpy if len(users) * n_items <= T.SMALL else block_topk
     rows_of = {}        # each candidate's factors of the scored users, sparse where it pays
     for n in names:
-        U, V, b = fits[n]
-        U = np.asarray(U[users], np.float32)
-        sparse = T.sparse_rows(U)
+        U, V, b = (T.as_factors(f) if f is not None else None for f in fits[n])
+        U = U[users]
+        sparse = None if sp.issparse(U) else T.sparse_rows(U)
         rows_of[n] = (U if sparse is None else sparse,
-                      np.ascontiguousarray(np.asarray(V, np.float32).T),
+                      V.T.tocsr() if sp.issparse(V) else np.ascontiguousarray(V.T),
                       None if b is None else np.asarray(b, np.float32))
 
     def run(start: int) -> list[float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import scipy.sparse as sp
 
 
 def factors_of(scorer) -> tuple:
@@ -24,6 +25,9 @@ def content_key(a) -> tuple | None:
     """Shape, dtype and CRC-32 of an array's bytes (None for None): equal for equal contents."""
     if a is None:
         return None
+    if sp.issparse(a):      # an item-kNN's factors: their CSR arrays
+        a = a.tocsr()
+        return (a.shape, *(content_key(x) for x in (a.data, a.indices, a.indptr)))
     a = np.ascontiguousarray(a)
     return a.shape, a.dtype.str, zlib.crc32(a.view(np.uint8).reshape(-1))
 
@@ -42,6 +46,10 @@ def pair_scores(U, V, b, users, items, block: int = 1 << 22) -> np.ndarray:
     943 x 1,682 score rows are 1.6M numbers."""
     users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
     wanted = np.unique(users)
+    if sp.issparse(U) or sp.issparse(V):      # an item-kNN's (or its blend's): sparse rows
+        U, V = sp.csr_matrix(U), sp.csr_matrix(V)
+        s = np.asarray(U[users].multiply(V[items]).sum(axis=1)).ravel()
+        return s if b is None else s + b[items]
     if len(users) * U.shape[1] <= len(wanted) * V.shape[0]:
         s = np.einsum("ij,ij->i", U[users], V[items])
         return s if b is None else s + b[items]
