@@ -124,8 +124,9 @@ def write_fresh(client, keys: ModelKeys, version: int, publish_id: str,
     """Rewrite each user's ``topk``, ``u``, ``seen`` and ``fresh`` keys of ``version`` (whose
     publish is ``publish_id``; ``sparse``: its factors are, ``sparse_factors.py``) and add
     them to their bucket's ``fresh_keys``: one script per bucket (and
-    :data:`USERS_PER_SCRIPT` users), atomic in the bucket's slot, pipelined per node. Returns, per user, whether it was written: False where the bucket's pointer no
-    longer names the version (it flipped or rolled back: re-apply to the version it names).
+    :data:`USERS_PER_SCRIPT` users), atomic in the bucket's slot, pipelined per node. Returns,
+    per user, whether it was written: False where the bucket's pointer no longer names the
+    version (it flipped or rolled back: re-apply to the version it names).
 
     Raises
     ------
