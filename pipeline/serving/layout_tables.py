@@ -22,7 +22,9 @@ KEY_PATTERNS = {
     "meta": ("<tag>:v<version>:meta", "hash", "utf-8 fields, see the meta table"),
     "items": ("<tag>:v<version>:items:<chunk>", "string",
               "item ids of rows chunk*item_chunk...: int64 LE, or a JSON array of strings"),
-    "item_factors": ("<tag>:v<version>:V:<chunk>", "string", "float32 LE, rows x rank, C order"),
+    "item_factors": ("<tag>:v<version>:V:<chunk>", "string",
+                     "float32 LE, rows x rank, C order; `factor_format` csr: int32 LE count of "
+                     "each row, then the rows' (int32 column, float32 value) pairs"),
     "item_bias": ("<tag>:v<version>:b:<chunk>", "string", "float32 LE, one per item"),
     "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
     "global_scores": ("<tag>:v<version>:gs:<chunk>", "string",
@@ -32,7 +34,9 @@ KEY_PATTERNS = {
     "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
     "topk": ("<btag>:v<version>:topk:<key>", "string",
              "ranked pairs (int32 index, float32 score)"),
-    "user_factor": ("<btag>:v<version>:u:<key>", "string", "float32 LE, rank values"),
+    "user_factor": ("<btag>:v<version>:u:<key>", "string",
+                    "float32 LE, rank values; `factor_format` csr: (int32 column, float32 value) "
+                    "pairs of the nonzero ones"),
     "seen": ("<btag>:v<version>:seen:<key>", "string", "int32 LE item indices to exclude"),
     "scorer": ("<tag>:v<version>:scorer", "string", "npz without pickle: the on-demand model"),
 }
@@ -57,7 +61,9 @@ VALUE_BOUNDS = {
             "as the trainer gives them",
     "items": "at most 1 MiB: `item_chunk` ids of 8 bytes (int64) or of the longest JSON id",
     "item_factors": "at most 1 MiB: `item_chunk` x `rank` x 4 bytes (one row of over 1 MiB, "
-                    "`rank` > 262,144, would be a chunk of its own)",
+                    "`rank` > 262,144, would be a chunk of its own); csr: `item_chunk` x (4 + "
+                    "8 x the longest row's entries), an item-kNN's k neighbours: 1.6 KB a row "
+                    "at k = 200",
     "item_bias": "`item_chunk` x 4 bytes: at most 256 KiB",
     "item_values": "`item_chunk` x 4 bytes: at most 256 KiB",
     "global_scores": "`item_chunk` x 4 bytes: at most 256 KiB",
@@ -65,7 +71,8 @@ VALUE_BOUNDS = {
     "global": "`top_k` x 8 bytes: at most 1 MiB (publish refuses a `top_k` over 131,072)",
     "topk": "`top_k` x 8 bytes: at most 1 MiB (as `global`)",
     "user_factor": "`rank` x 4 bytes: at most 1 MiB for `rank` up to 262,144 (an EASE blend's "
-                   "5,000 columns: 20 KB)",
+                   "5,000 columns: 20 KB); csr: 8 bytes per nonzero (an item-kNN's: per item "
+                   "the user met)",
     "seen": "4 bytes per item the user met: over 1 MiB only for a user who met over 262,144 "
             "items (not chunked)",
     "scorer": "not bounded: the npz of the on-demand model, e.g. a kernel RankSVM's support "
@@ -95,7 +102,10 @@ META_FIELDS = {
     "item_chunk": "rows per items/V/b/val/gs chunk: a power of two up to 65536, chosen per "
                   "version so that no chunk holds over 1 MiB",
     "n_item_chunks": "number of item chunks", "rank": "factor dimension (0: no factors)",
-    "has_item_bias": "1 if b chunks exist", "has_item_values": "1 if val chunks exist",
+    "has_item_bias": "1 if b chunks exist",
+    "factor_format": "dense | csr: how `V` chunks and `u` keys hold factors (csr: an "
+                     "item-kNN's, or a blend with one; absent means dense)",
+    "has_item_values": "1 if val chunks exist",
     "has_global_scores": "1 if gs chunks exist", "top_k": "longest precomputed list length",
     "n_keys": "user/query keys in the key index",
     "buckets": "number of key buckets (1024 in format 2)",

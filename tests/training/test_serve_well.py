@@ -422,7 +422,7 @@ def test_gate_challenger_and_mode_are_validated():
     assert _models()["movies"].gate["challenger"] == "none"
     assert _models(gate={"challenger": "als"})["movies"].gate["challenger_mode"] == "replace"
     said = _error(gate={"challenger": "xgboost"})
-    assert "gate.challenger is 'xgboost'" in said and "['none', 'als', 'ease']" in said
+    assert "gate.challenger is 'xgboost'" in said and "['none', 'als', 'ease', 'knn']" in said
     assert _models(gate={"challenger": ["als", "ease"]})["movies"].gate["challenger"] == [
         "als", "ease"]
     assert "a list of distinct names" in _error(gate={"challenger": ["als", "xgboost"]})
