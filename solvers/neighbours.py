@@ -9,7 +9,8 @@ With X the binary users x items matrix and ``c_ij = |users of i ∩ users of j|`
 A user u's score for item j is ``Σ_{i ∈ items of u} sim(i, j)`` over the i among j's ``k``
 neighbours: with ``V`` the items x items CSR whose row j holds j's neighbours, the scores are
 ``X Vᵀ``, a factor model whose user rows are the users' 0/1 items and whose item rows are
-sparse. Memory is the kept neighbours (12 bytes each: ``k`` per item) plus one block of
+sparse. Memory is the kept neighbours (16 bytes each per shrinkage while they are ranked, 8
+in ``V``: at most ``k`` per item) plus one block of
 columns' co-occurrences at a time (:data:`BLOCK_ENTRIES` bounds the block's dense width), never
 the items x items matrix.
 
@@ -53,18 +54,20 @@ def cosine_neighbours(X, shrinks, k_max: int) -> dict:
     kept: dict = {s: [] for s in shrinks}
     for start in range(0, n_items, block):
         co = (XT @ Xc[:, start:start + block]).tocoo()
-        items = co.col.astype(np.int64) + start
+        items = co.col.astype(np.int32) + np.int32(start)
         off = co.row != items
-        nbr, items, both = co.row[off].astype(np.int64), items[off], co.data[off]
+        nbr, items, both = co.row[off].astype(np.int32), items[off], co.data[off]
         for s in shrinks:
             sim = both / (norm[nbr] * norm[items] + s)
             order = np.lexsort((nbr, -sim, items))   # per item: similarity desc, index asc
             it = items[order]
-            position = np.arange(len(order)) - np.searchsorted(it, it, side="left")
+            position = (np.arange(len(order)) - np.searchsorted(it, it, side="left")).astype(
+                np.int32)
             top = order[position < k_max]
+            # 16 bytes per kept neighbour and shrinkage
             kept[s].append((nbr[top], items[top], sim[top].astype(np.float32),
                             position[position < k_max]))
-    empty = (np.zeros(0, np.int64),) * 2 + (np.zeros(0, np.float32), np.zeros(0, np.int64))
+    empty = (np.zeros(0, np.int32),) * 2 + (np.zeros(0, np.float32), np.zeros(0, np.int32))
     return {s: tuple(np.concatenate(p) for p in zip(*parts)) if parts else empty
             for s, parts in kept.items()}
 

@@ -111,6 +111,11 @@ def test_a_large_catalogue_gets_its_most_met_items_and_too_little_memory_skips_i
     assert met[items].min() >= np.delete(met, items).max()          # the most met
     items, reason = ease.columns(counts(3000), 50, _cfg(ease_max_items=500))
     assert items is None and "3,000 items leave 83 columns" in reason and "\n" not in reason
+    flat = csr_matrix((np.ones(2000, np.float32), (np.arange(2000) % 50, np.arange(2000) % 1000)),
+                      shape=(50, 1000))     # every item met twice: 250 columns hold 25%
+    items, reason = ease.columns(flat, 50, _cfg(ease_max_items=500))
+    assert items is None and "its 250 most-met of 1,000 items hold 25% of the met rows, " \
+        "under 50%" in reason and "\n" not in reason
     monkeypatch.setattr(ease, "available_memory", lambda: 2 * 2**20)
     items, reason = ease.columns(counts(1000), 50, _cfg())
     assert "over half of the 0.0 GiB of memory available" in reason and "\n" not in reason

@@ -5,15 +5,16 @@ level with or ahead of most published deep recommenders on sparse implicit data;
 dense items x items inverse does not fit (amazon-beauty's 57k items: 13 GB), it is the
 item-item model that scales.
 
-**Cost.** Memory is the kept neighbours, 12 bytes x ``k`` per item (57k items at k = 200:
-0.14 GB), plus a block of co-occurrences at a time; time is the co-occurrences' count
+**Cost.** Memory is the kept neighbours, 8 bytes x ``k`` per item (57k items at k = 200:
+0.09 GB; while the search ranks them, 16 bytes x the longest ``k`` per item, twice),
+plus a block of co-occurrences at a time; time is the co-occurrences' count
 (Σ over users of their item count squared). Nothing is as wide as the catalogue squared.
 
 **Tuning.** ``k`` of :data:`NEIGHBOURS` and the shrinkage of :data:`SHRINKS` are chosen on the
 validation split (fits on TRAIN, the searched users' lists scored: ``tune.sample_users``) by a
-compass search from :data:`START` (at most :data:`MAX_SETTINGS` settings); the neighbours of
-every shrinkage are built in one pass over the co-occurrences, each shrinkage's ``k`` is a
-slice of its longest lists. The chosen setting is refitted on TRAIN + VALIDATION (scored on
+compass search from :data:`START` (at most :data:`MAX_SETTINGS` settings); a shrinkage's
+neighbours are built once, to the longest ``k``, and each ``k`` is a slice of them (the last
+two shrinkages' are kept: a compass search moves one axis at a time). The chosen setting is refitted on TRAIN + VALIDATION (scored on
 the holdout) and on every met row (published). A warm run reuses the last setting until the
 rows grew by ``REUSE_GROWTH``, then searches from it.
 
@@ -39,8 +40,10 @@ from pipeline.training.tuning import REUSE_GROWTH, pattern_search, skipped
 from solvers.neighbours import cosine_neighbours, neighbour_rows
 
 NEIGHBOURS = (25, 50, 100, 200, 400)     # k: neighbours kept per item
-SHRINKS = (0.0, 10.0, 50.0, 200.0)       # the similarity's shrinkage (co-occurrence counts)
-START = {"k": 100, "shrink": 10.0}
+# the similarity's shrinkage (in co-occurrence counts): on amazon-beauty the search moved from
+# 10 to 200, the grid's edge then; sparse catalogues want much of it
+SHRINKS = (0.0, 10.0, 50.0, 200.0, 1000.0)
+START = {"k": 100, "shrink": 50.0}
 MAX_SETTINGS = 8
 MIN_ITEMS = 2
 
@@ -71,10 +74,15 @@ def challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     else:
         view = tuning_view(arrays)          # the searched users' rows, up to a count
         X_train = met_matrix(arrays, (TRAIN,))
-        built = cosine_neighbours(X_train, SHRINKS, max(NEIGHBOURS))
+        built: dict = {}       # shrinkage -> its longest lists, the last two searched
 
         def score(params: dict):
-            V = neighbour_rows(built[params["shrink"]], n_items, params["k"])
+            shrink = params["shrink"]
+            if shrink not in built:
+                if len(built) >= 2:
+                    del built[next(iter(built))]
+                built[shrink] = cosine_neighbours(X_train, (shrink,), max(NEIGHBOURS))[shrink]
+            V = neighbour_rows(built[shrink], n_items, params["k"])
             factors = validated[params["k"], params["shrink"]] = (X_train, V, None)
             return trainer.topk_metrics(factors, view, cfg, VALIDATION).get(metric)
 
