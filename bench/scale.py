@@ -85,6 +85,7 @@ ALS_ITERATIONS = 15
 KNN_NEIGHBOURS = (50, 100, 200)
 KNN_SHRINK = (0.0, 10.0, 100.0)
 EASE_MAX_ITEMS = 20_000
+WARM_SHARE = 0.02                     # --warm: the events the warm retrain adds
 GB = 1e9
 # (train movies seconds, peak RSS bytes) by size
 TARGETS = {"1M": (120.0, 2 * GB), "10M": (1200.0, 8 * GB)}
@@ -244,18 +245,24 @@ SYNTHETIC = {"synthetic-1m": (40_000, 40_000, 25.0, "1M"),
 CHOICES = (*FOLDERS, *SYNTHETIC)
 
 
-def write_events(split: Split, path: Path, seed: int) -> int:
+def write_events(split: Split, path: Path, seed: int, later: Path | None = None) -> int:
     """train + valid as a CSV of interaction events, rows in a seeded random order, ts
-    increasing in file order; returns the number of events."""
+    increasing in file order; returns the number of events. With ``later``, the newest
+    ``WARM_SHARE`` of them go there instead (the events a warm retrain adds)."""
     coo = split.seen().tocoo()
     order = np.random.default_rng(seed).permutation(coo.nnz)
     users, items = coo.row[order], coo.col[order]
-    with open(path, "w") as fh:
-        fh.write("event_id,ts,kind,user,item\n")
-        for start in range(0, coo.nnz, 500_000):
-            stop = min(start + 500_000, coo.nnz)
-            fh.write("".join(f"e{n},{BASE_TS + n},interaction,{u},{i}\n" for n, u, i in zip(
-                range(start, stop), users[start:stop].tolist(), items[start:stop].tolist())))
+    first = coo.nnz if later is None else coo.nnz - int(round(WARM_SHARE * coo.nnz))
+    for target, lo, hi in ((path, 0, first), (later, first, coo.nnz)):
+        if target is None:
+            continue
+        with open(target, "w") as fh:
+            fh.write("event_id,ts,kind,user,item\n")
+            for start in range(lo, hi, 500_000):
+                stop = min(start + 500_000, hi)
+                fh.write("".join(f"e{n},{BASE_TS + n},interaction,{u},{i}\n" for n, u, i in zip(
+                    range(start, stop), users[start:stop].tolist(),
+                    items[start:stop].tolist())))
     return coo.nnz
 
 
@@ -343,8 +350,11 @@ def lookups_child(url: str, users_path: str, out_path: str) -> int:
     return 0
 
 
-def product(split: Split, tmp: Path, events: Path, repeat: int) -> dict:
-    """ingest, ``train movies`` and lookups through the product, each step a child."""
+def product(split: Split, tmp: Path, events: Path, repeat: int,
+            later: Path | None = None) -> dict:
+    """ingest, ``train movies`` and lookups through the product, each step a child; with
+    ``later`` (``--warm``), then ingest it and ``train movies`` again, warm (the run reuses
+    the last one's checkpoint and choices), before the lookups."""
     from pipeline.serving.embedded_redis import EmbeddedRedis
 
     home = tmp / f"home-{repeat}"
@@ -370,6 +380,19 @@ def product(split: Split, tmp: Path, events: Path, repeat: int) -> dict:
             return out
         if not (out["summary"].get("publish") or {}).get("published"):
             return out
+        if later is not None:
+            steps["ingest later"] = run_step("ingest", cli(
+                "ingest", "--files", str(later), "--format", "csv", "--home", str(home),
+                "--no-progress", "--json"), env, logs)
+            steps["warm train"] = run_step(
+                "train", cli("train", MODEL, "--config", str(REPO / "dags" / "models.toml"),
+                             "--home", str(home), "--redis-url", server.url, "--json"), env,
+                logs)
+            try:
+                out["cold summary"], out["summary"] = out["summary"], json.loads(
+                    steps["warm train"]["stdout"])
+            except ValueError:
+                return out
         steps["lookups"] = run_step("lookups", [sys.executable, str(Path(__file__).resolve()),
                                                 "--lookups-child", server.url,
                                                 str(logs / "users.npy"),
@@ -606,6 +629,12 @@ def report_run(split: Split, n_events: int, runs: list[dict]) -> None:
             info = json.loads(run["steps"]["ingest"]["stdout"].strip().splitlines()[-1])
             print(f"     ingest: {info['events']} events, dead letters {info['dead_letters']}, "
                   f"{n_events / run['steps']['ingest']['wall']:,.0f} events/s of wall time")
+            if "warm train" in run["steps"]:
+            ratio = run["steps"]["warm train"]["wall"] / run["steps"]["train movies"]["wall"]
+            print(f"     warm retrain after {WARM_SHARE:.0%} more events: "
+                  f"{run['steps']['warm train']['wall']:.1f} s = {ratio:.2f}x the cold one "
+                  f"(<= 0.3x: {_mark(ratio <= 0.3)}), decision "
+                  f"{run['summary'].get('decision')}")
         if "lookup_seconds" in run:
             s, info = run["lookup_seconds"] * 1e6, run["lookup_info"]
             print(f"     lookups: {info['users']:,} users, recommend p50 {_pct(s, 50):.0f} µs, "
@@ -704,17 +733,20 @@ def run_set(split: Split, args, tmp: Path) -> str:
           f"ingested; test {split.test.nnz:,} pairs ({tv_test} also in train/valid), "
           f"{len(_users_with(split.test)):,} users scored; targets of {split.size}", flush=True)
     events = tmp / "events.csv"
+    later = tmp / "later.csv" if args.warm else None
     t = time.perf_counter()
-    n_events = write_events(split, events, args.seed)
+    n_events = write_events(split, events, args.seed, later)
     print(f"   events.csv: {n_events:,} rows, {events.stat().st_size / 1e6:.0f} MB written in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     runs = []
     for repeat in range(args.repeats):
-        runs.append(product(split, tmp, events, repeat))
+        runs.append(product(split, tmp, events, repeat, later))
         for label, st in runs[-1]["steps"].items():
             print(f"   {label}: {st['wall']:.1f} s, peak RSS {st['peak_rss'] / GB:.2f} GB, "
                   f"exit {st['rc']}", flush=True)
     events.unlink()
+    if later is not None:
+        later.unlink()
     report_run(split, n_events, runs)
     lists, info = {}, {}
     last = runs[-1]
@@ -751,6 +783,9 @@ def main(argv=None) -> int:
                     help=f"comma-separated of {', '.join(CHOICES)}")
     ap.add_argument("--repeats", type=int, default=1, help="product runs per data set")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    ap.add_argument("--warm", action="store_true",
+                    help=f"hold back the newest {WARM_SHARE:.0%} of the events, ingest them "
+                         "after the first train and train again (warm)")
     ap.add_argument("--skip-peers", action="store_true", help="popularity only, no ALS/kNN/EASE")
     ap.add_argument("--max-users", type=int, help="a random subsample of users (smoke runs)")
     ap.add_argument("--seed", type=int, default=0)

@@ -170,10 +170,10 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     for n in names:
         U, V, b = (T.as_factors(f) if f is not None else None for f in fits[n])
         U = U[users]
-        sparse = None if sp.issparse(U) else T.sparse_rows(U)
-        rows_of[n] = (U if sparse is None else sparse,
-                      V.T.tocsr() if sp.issparse(V) else np.ascontiguousarray(V.T),
-                      None if b is None else np.asarray(b, np.float32))
+        if not sp.issparse(U) and not sp.issparse(V):
+            sparse = T.sparse_rows(U)
+            U = U if sparse is None else sparse
+        rows_of[n] = (T.factor_pairs(U, V), None if b is None else np.asarray(b, np.float32))
 
     def run(start: int) -> list[float]:
         """The block's sum of the metric over its users, per key (every user of
@@ -181,9 +181,9 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
         stop = min(start + block, len(users))
         scores = {}
         for n in names:
-            U, VT, b = rows_of[n]
-            s = T.factor_scores(U, slice(start, stop), VT,
-                                np.empty((stop - start, n_items), np.float32))
+            pairs, b = rows_of[n]
+            s = T.pairs_scores(pairs, slice(start, stop),
+                               np.empty((stop - start, n_items), np.float32))
             scores[n] = (s if b is None else s + b) * np.float32(scales[n])
         mixed = np.empty((stop - start, n_items), np.float32)
         idx, top = (np.empty((stop - start, k), t) for t in (np.int32, np.float32))
