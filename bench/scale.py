@@ -629,7 +629,7 @@ def report_run(split: Split, n_events: int, runs: list[dict]) -> None:
             info = json.loads(run["steps"]["ingest"]["stdout"].strip().splitlines()[-1])
             print(f"     ingest: {info['events']} events, dead letters {info['dead_letters']}, "
                   f"{n_events / run['steps']['ingest']['wall']:,.0f} events/s of wall time")
-            if "warm train" in run["steps"]:
+        if "warm train" in run["steps"]:
             ratio = run["steps"]["warm train"]["wall"] / run["steps"]["train movies"]["wall"]
             print(f"     warm retrain after {WARM_SHARE:.0%} more events: "
                   f"{run['steps']['warm train']['wall']:.1f} s = {ratio:.2f}x the cold one "
