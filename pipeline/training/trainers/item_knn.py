@@ -15,8 +15,9 @@ validation split (fits on TRAIN, the searched users' lists scored: ``tune.sample
 compass search from :data:`START` (at most :data:`MAX_SETTINGS` settings); a shrinkage's
 neighbours are built once, to the longest ``k``, and each ``k`` is a slice of them (the last
 two shrinkages' are kept: a compass search moves one axis at a time). The chosen setting is
-refitted on TRAIN + VALIDATION (scored on the holdout) and on every met row (published). A warm run reuses the last setting until the
-rows grew by ``REUSE_GROWTH``, then searches from it.
+refitted on TRAIN + VALIDATION (scored on the holdout) and on every met row (published). A
+warm run reuses the last setting until the rows grew by ``REUSE_GROWTH``, then searches from
+it.
 
 **Published sparsely, exactly.** Scores ``X Vᵀ`` with ``U = X`` (each user's met items as a
 0/1 CSR row) and ``V`` the items' neighbour rows (CSR): a ``user_item`` artifact with sparse
