@@ -26,13 +26,13 @@ def _setup(tmp_path):
     return settings, events
 
 
-def _models(challengers, mode="replace"):
+def _models(challengers, mode="replace", **tune):
     # AltSVM with one factor and λ fixed cannot say much: a challenger wins
     raw = {"algorithm": "altsvm", "kinds": ["rating"], "evaluation": {"holdout": 4},
            "params": {"item_bias": True, "max_iter": 40, "random_state": 0, "n_threads": 1,
                       "rank": 1, "reg_ratio": 0.3},
            "gate": {"challenger": challengers, "challenger_mode": mode},
-           "tune": {"budget_seconds": 30, "max_settings": 3, "challenger_settings": 4}}
+           "tune": {"budget_seconds": 30, "max_settings": 3, "challenger_settings": 4, **tune}}
     return {"movies": parse_model("movies", raw, "test")}
 
 
@@ -125,3 +125,19 @@ def test_a_run_with_als_and_knn_in_blend_mode_completes_and_serves(tmp_path, red
     assert run["decision"] == "published", run["gate"]
     with TopK(redis_url, namespace=settings.namespace) as topk:
         assert len(topk.recommend("movies", events[0]["user"], k=5).items) == 5
+
+
+@pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+def test_knn_is_skipped_where_ease_fits_every_item_and_runs_where_it_does_not(tmp_path,
+                                                                             redis_url):
+    settings, _ = _setup(tmp_path)
+    run = retrain.run("movies", _models(["ease", "knn"]), settings=settings, publish=False)
+    ch = run["train"]["challenger"]
+    knn = next(c for c in ch["others"] if c["name"] == "knn")
+    assert knn["skipped"] == ("item-kNN skipped: EASE fits every one of the 147 items (the "
+                              "ones the events met), the stronger item-item model where it "
+                              "fits"), knn
+    models = _models(["ease", "knn"], ease_max_items=100)   # EASE on the 68 most met
+    run = retrain.run("movies", models, settings=settings, publish=False, cold=True)
+    knn = next(c for c in run["train"]["challenger"]["others"] if c["name"] == "knn")
+    assert knn.get("skipped") is None and knn["metrics"], knn

@@ -133,10 +133,13 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
         if name == "als":
             fits.append(als_challenger(trainer, arrays, cfg, own))
         elif name in PREFIXES:
-            module = {"ease": ease, "knn": item_knn}[name]
-            fits.append(module.challenger(trainer, arrays, cfg, {
-                k[len(PREFIXES[name]):]: v for k, v in warm.items()
-                if k.startswith(PREFIXES[name])}))
+            own_warm = {k[len(PREFIXES[name]):]: v for k, v in warm.items()
+                        if k.startswith(PREFIXES[name])}
+            if name == "ease":
+                fits.append(ease.challenger(trainer, arrays, cfg, own_warm))
+            else:       # skipped where an EASE fitted before it covers every item
+                fits.append(item_knn.challenger(trainer, arrays, cfg, own_warm, ease=next(
+                    (c for c in fits if c.name == "ease"), None)))
     first, others = fits[0], fits[1:]
     state = dict(first.warm) if first.name == "als" else {}
     for ch in fits:
