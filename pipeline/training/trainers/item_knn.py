@@ -42,7 +42,9 @@ from pipeline.training.trainers.ease import met_matrix
 from pipeline.training.tuning import REUSE_GROWTH, pattern_search, skipped
 from solvers.neighbours import cosine_neighbours, neighbour_rows
 
-NEIGHBOURS = (25, 50, 100, 200, 400)     # k: neighbours kept per item
+# k: neighbours kept per item (the peers' grid tops out at 200; on synthetic-1m, 39k Zipf
+# items, 400 was 57 s and most of a 3 GB run for a list no better than popularity's)
+NEIGHBOURS = (25, 50, 100, 200)
 # the similarity's shrinkage (in co-occurrence counts): on amazon-beauty the search moved from
 # 10 to 200, the grid's edge then; sparse catalogues want much of it
 SHRINKS = (0.0, 10.0, 50.0, 200.0, 1000.0)
