@@ -141,3 +141,82 @@ def block_topk(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, c
         for p in range(seen_indptr[u], seen_indptr[u + 1]):
             row[seen_indices[p]] = -np.inf
         counts[r] = row_topk(row, k, out_i[r], out_s[r], keys, sample)
+
+
+@nb.njit(cache=True, nogil=True)
+def _ranked(scores, cols, take, out_i, out_s, r, m):
+    """Write the best ``take`` of (score, column) pairs into row ``r`` of the outputs from
+    position ``m``, ranked as :func:`_key` ranks (score descending, then the lower column);
+    returns the next position."""
+    bits = scores.view(np.uint32)
+    keys = np.empty(scores.shape[0], np.uint64)
+    for j in range(scores.shape[0]):
+        b = bits[j]
+        b = ~b if b & _SIGN else b | _SIGN
+        keys[j] = (np.uint64(b) << _SHIFT) | (_LOW - np.uint64(cols[j]))
+    keys = np.sort(keys)[::-1][:take]
+    head = np.empty(keys.shape[0], np.uint32)
+    for j in range(keys.shape[0]):
+        b = np.uint32(keys[j] >> _SHIFT)
+        head[j] = b ^ _SIGN if b & _SIGN else ~b
+        out_i[r, m + j] = _index(keys[j])
+    out_s[r, m:m + keys.shape[0]] = head.view(np.float32)
+    return m + keys.shape[0]
+
+
+@nb.njit(cache=True, nogil=True)
+def sparse_block_topk(indptr, indices, data, n_items, seen_indptr, seen_indices, row_offset,
+                      k, out_i, out_s, counts, mark):
+    """:func:`block_topk` of a CSR block of scores whose absent entries score 0 (an
+    item-kNN's ``X Vᵀ``), without making its rows dense: per row the positive entries, then
+    zeros in column order (absent entries and stored zeros), then the negative entries, each
+    group ranked as the dense order ranks it; seen columns and NaN never rank. ``mark``: int8
+    scratch of ``n_items`` zeros, left zero. The same lists and scores as the dense rows."""
+    for r in range(indptr.shape[0] - 1):
+        u = row_offset + r
+        for j in range(seen_indptr[u], seen_indptr[u + 1]):
+            mark[seen_indices[j]] = 1
+        lo, hi = indptr[r], indptr[r + 1]
+        n_pos = 0
+        n_neg = 0
+        for j in range(lo, hi):
+            c = indices[j]
+            s = data[j]
+            if mark[c] == 1 or s != s or s == 0.0:
+                continue
+            mark[c] = 2          # a nonzero entry: not among the zeros
+            if s > 0.0:
+                n_pos += 1
+            else:
+                n_neg += 1
+        pos_s = np.empty(n_pos, np.float32)
+        pos_c = np.empty(n_pos, np.int64)
+        neg_s = np.empty(n_neg, np.float32)
+        neg_c = np.empty(n_neg, np.int64)
+        p = 0
+        q = 0
+        for j in range(lo, hi):
+            c = indices[j]
+            if mark[c] == 2:
+                if data[j] > 0.0:
+                    pos_s[p] = data[j]
+                    pos_c[p] = c
+                    p += 1
+                else:
+                    neg_s[q] = data[j]
+                    neg_c[q] = c
+                    q += 1
+        m = _ranked(pos_s, pos_c, min(k, n_pos), out_i, out_s, r, 0)
+        t = 0
+        while m < k and t < n_items:
+            if mark[t] == 0:
+                out_i[r, m] = t
+                out_s[r, m] = 0.0
+                m += 1
+            t += 1
+        m = _ranked(neg_s[neg_s > -np.inf], neg_c[neg_s > -np.inf], k - m, out_i, out_s, r, m)
+        counts[r] = m
+        for j in range(seen_indptr[u], seen_indptr[u + 1]):
+            mark[seen_indices[j]] = 0
+        for j in range(lo, hi):
+            mark[indices[j]] = 0

@@ -183,3 +183,35 @@ def test_one_list_for_everyone_ranks_as_the_per_user_scores():
     assert np.array_equal(items, want_items)
     assert np.array_equal(got_scores, want_scores)
     assert (items[0] >= 0).sum() == 5
+
+
+def test_sparse_rows_are_ranked_as_their_dense_rows():
+    """The sparse kernel (an item-kNN's score rows, never made dense) against the dense
+    selection: positive entries, zeros in column order (absent or stored), negative entries;
+    ties by the lower column; seen columns out; the scratch left clean."""
+    import scipy.sparse as sp
+
+    from solvers._topk_kernels import sparse_block_topk
+    from solvers.topk import _block_topk_numpy
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        n_users, n_items, k = 20, int(rng.integers(5, 60)), int(rng.integers(1, 15))
+        S = sp.random(n_users, n_items, density=rng.random() * 0.5, random_state=trial,
+                      format="csr", dtype=np.float32)
+        S.data = np.round((rng.random(S.nnz) - 0.3) * 4).astype(np.float32)  # ties, 0, < 0
+        seen = sp.random(n_users, n_items, density=0.2, random_state=100 + trial, format="csr")
+        ip, ix = seen.indptr.astype(np.int64), seen.indices.astype(np.int32)
+        got = (np.empty((n_users, k), np.int32), np.empty((n_users, k), np.float32),
+               np.empty(n_users, np.int32))
+        mark = np.zeros(n_items, np.int8)
+        sparse_block_topk(S.indptr.astype(np.int64), S.indices.astype(np.int32), S.data,
+                          n_items, ip, ix, 0, k, *got, mark)
+        want = (np.empty((n_users, k), np.int32), np.empty((n_users, k), np.float32),
+                np.empty(n_users, np.int32))
+        _block_topk_numpy(S.toarray(), ip, ix, 0, k, *want)
+        np.testing.assert_array_equal(got[2], want[2])
+        for r, n in enumerate(want[2].tolist()):
+            np.testing.assert_array_equal(got[0][r, :n], want[0][r, :n])
+            np.testing.assert_array_equal(got[1][r, :n], want[1][r, :n])
+        assert not mark.any()
