@@ -19,6 +19,7 @@ from pipeline.ingest.validate import Limits
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20      # a poll's records are decoded this many message bytes at a time
+POLL_RETRY_SECONDS = 0.5   # the pause after a poll failed with a retriable client error
 
 
 class KafkaRun:
@@ -302,7 +303,7 @@ class KafkaRun:
                 return "stop requested"
             if timeout is not None and time.monotonic() - started > timeout:
                 return f"timeout after {timeout:g} s"
-            records = self.consumer.poll(timeout_ms=500, max_records=self.max_poll_records)
+            records = self._poll()
             self.dropped.clear()
             self.apply_pending()
             self.settle_done()
@@ -324,6 +325,22 @@ class KafkaRun:
             self.flush_due()
             if until_end and self.joined and self._drained(ends):
                 return "end offsets reached"
+
+    def _poll(self) -> dict:
+        """One ``poll``; a retriable client error (a broker gone mid-run: kafka-python raises
+        its metadata refresh's ``KafkaConnectionError`` from ``poll`` while the cluster elects
+        a new leader) is logged and answers no records, so the loop polls again after a pause
+        instead of ending the run; any other error ends it."""
+        from kafka.errors import KafkaError
+
+        try:
+            return self.consumer.poll(timeout_ms=500, max_records=self.max_poll_records)
+        except KafkaError as err:
+            if not getattr(err, "retriable", False):
+                raise
+            log.warning("poll failed (%s): polling again in %.1f s", err, POLL_RETRY_SECONDS)
+            self.stop_event.wait(POLL_RETRY_SECONDS)
+            return {}
 
     def _drained(self, ends: dict) -> bool:
         """Whether every partition of the topics is drained to its end offset at the start:

@@ -34,9 +34,15 @@ FRESH = "fresh"   # the source of an answer from keys the refresher wrote (any s
 _STRUCTS = [pair_struct(n) for n in range(257)]
 
 
+MAX_K = 1000   # the bound on k: the HTTP API's, `rankstream recommend`'s and the client's
+
+
 def check_k(k: int) -> None:
-    if k < 0:
-        raise ValueError(f"k is {k}, it must be >= 0")
+    """A lookup's ``k``: 0..MAX_K, the bound the API and the CLI keep (ValueError naming it:
+    a ``k`` of 100,000 asked for every item of a catalogue in one answer)."""
+    if not 0 <= k <= MAX_K:
+        raise ValueError(f"k is {k}, expected 0..{MAX_K} (the bound of the HTTP API and "
+                         "`rankstream recommend`)")
 
 
 def fallback_source(st: VersionState) -> str:

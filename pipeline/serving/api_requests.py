@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from pipeline.serving.answer_builders import MAX_K  # the one bound on k
+
 if TYPE_CHECKING:
     from starlette.requests import Request
 
 MAX_BODY = 1 << 20        # bytes of a request body
-MAX_K = 1000              # the bound on k (the API's and `rankstream recommend`'s)
 
 
 class BadBody(ValueError):

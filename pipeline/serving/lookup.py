@@ -153,7 +153,9 @@ class TopK:
         """Top ``k`` (item id, score) for ``user``; ``None``: the model's list for everyone
         (a global-list model's list, or a per-user model's fallback list). ``exclude`` and
         ``allow`` filter the items (:mod:`~pipeline.serving.item_filter`): the answer still
-        holds ``k`` items whenever ``k`` eligible items exist."""
+        holds ``k`` items whenever ``k`` eligible items exist; ``k`` at most ``MAX_K``, as the
+        API and the CLI take."""
+        build.check_k(k)
         if exclude is None and allow is None:
             rec = self.lists.one(model, user, k)
         else:
@@ -165,6 +167,7 @@ class TopK:
                        allow=None) -> list[Recommendation]:
         """:meth:`recommend` for many users in one round trip (all from one version); the
         filters apply to every user."""
+        build.check_k(k)
         if exclude is None and allow is None:
             out = self.lists.many(model, users, k)
         else:

@@ -76,6 +76,23 @@ def test_on_demand_users_and_long_k_match_numpy(redis_client, topk):
     assert mixed[-1].source == "fallback" and len({r.version for r in mixed}) == 1
 
 
+def test_k_past_the_apis_bound_is_refused_as_the_api_and_cli_refuse_it(redis_client, topk):
+    """The client keeps the bound the HTTP API and `rankstream recommend` keep (1,000): a k of
+    100,000 asked for a whole catalogue in one answer (issue 51)."""
+    art = user_model(3)
+    publish("m", art, redis_client, top_k=8)
+    user = art.key_ids.tolist()[0]
+    assert len(topk.recommend("m", user, k=1000).items) > 8    # the bound itself: all unseen
+    for ask in (lambda k: topk.recommend("m", user, k=k),
+                lambda k: topk.recommend_many("m", [user], k=k),
+                lambda k: topk.similar("m", art.item_ids[0].item(), k=k),
+                lambda k: topk.fold_in("m", [art.item_ids[0].item()], k=k)):
+        with pytest.raises(ValueError, match=r"k is 100000, expected 0\.\.1000"):
+            ask(100_000)
+        with pytest.raises(ValueError, match=r"k is -1, expected 0\.\.1000"):
+            ask(-1)
+
+
 def test_unknown_user_gets_the_fallback_list_and_is_told(redis_client, topk):
     art = user_model(4)
     publish("m", art, redis_client, top_k=10)
