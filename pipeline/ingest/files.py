@@ -192,7 +192,46 @@ def check_source(path, fmt: str | None, kind: str | None,
     if plan.kind is None and plan.fmt not in ("movielens", "svmlight") and not _has_kind(plan):
         raise ValueError(f"{path} has no 'kind' field and no --kind was given: add "
                          f"--kind KIND (one of {kinds}); nothing was ingested")
+    missing = _missing_columns(plan)
+    if missing:
+        names = _column_names(plan)
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ValueError(
+            f"{path}: its header ({shown}) has no "
+            f"{' or '.join(', '.join(repr(m) for m in missing).rsplit(', ', 1))} "
+            f"column for {plan.kind} events, so every row would be a dead letter: name the "
+            f"columns with --columns {','.join(f'{m}=COLUMN' for m in missing)}; nothing was "
+            "ingested")
     return plan
+
+
+def _column_names(plan: Plan) -> list[str]:
+    """A CSV's or Parquet file's column names, as the column mapping renames them."""
+    if plan.fmt == "csv":
+        import csv
+
+        with open(plan.path, newline="", encoding="utf-8", errors="replace") as fh:
+            names = next(csv.reader(fh), [])
+    else:
+        import pyarrow.parquet as pq
+
+        names = pq.ParquetFile(plan.path).schema_arrow.names
+    return list(plan.columns.renamed(names) if plan.columns else names)
+
+
+def _missing_columns(plan: Plan) -> list[str]:
+    """The fields every event of the plan's kind needs that a CSV's or Parquet file's header
+    lacks (none when its rows name their own kind, or for other formats); features are left
+    to the row checks (a file may spell them in several ways)."""
+    from pipeline.ingest.events import FEATURES, KINDS
+
+    if plan.fmt not in ("csv", "parquet") or plan.kind not in KINDS:
+        return []
+    names = set(_column_names(plan))
+    if "kind" in names:
+        return []
+    return [f.name for f in KINDS[plan.kind].fields
+            if f.required and f.check != FEATURES and f.name not in names]
 
 
 def _has_kind(plan: Plan) -> bool:
@@ -201,16 +240,7 @@ def _has_kind(plan: Plan) -> bool:
 
     path, fmt = plan.path, plan.fmt
     if fmt in ("csv", "parquet"):
-        if fmt == "csv":
-            import csv
-
-            with open(path, newline="", encoding="utf-8", errors="replace") as fh:
-                names = next(csv.reader(fh), [])
-        else:
-            import pyarrow.parquet as pq
-
-            names = pq.ParquetFile(path).schema_arrow.names
-        return "kind" in (plan.columns.renamed(names) if plan.columns else names)
+        return "kind" in _column_names(plan)
     if fmt == "jsonl":
         with open(path, "rb") as fh:
             first = next((line for line in fh if line.strip()), b"{}")

@@ -131,6 +131,19 @@ def test_a_mapping_that_does_not_fit_the_file_is_one_line(tmp_path, settings, ca
     assert open_store(settings).next_offsets() == {}
 
 
+def test_a_header_that_fits_no_field_is_refused_with_nothing_stored(tmp_path, settings, capsys):
+    """Issue 51: `uid,mid,stars,when` without --columns stored nothing, sent every row to dead
+    letters and exited 0. Now one line names the missing columns, exit 2, nothing stored."""
+    path = tmp_path / "ratings.csv"
+    path.write_text("uid,mid,stars,when\n" + "".join(
+        f"{u},{i},4,{synthetic.BASE_TS + i}\n" for u in range(3) for i in range(5)))
+    code, err = _cli(capsys, settings, path, "--kind", "rating")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert ("its header (uid, mid, stars, when) has no 'user', 'item' or 'rating' column for "
+            "rating events" in err and "--columns user=COLUMN,item=COLUMN,rating=COLUMN" in err)
+    assert open_store(settings).next_offsets() == {}
+
+
 def test_columns_are_for_csv_and_parquet_only(tmp_path, settings, capsys):
     path = synthetic.write_jsonl(synthetic.rating_events(n_users=2, n_items=3, per_user=2),
                                  tmp_path / "r.jsonl")
