@@ -217,6 +217,25 @@ def test_relevance_threshold_warns_when_it_sorts_everything_into_one_class(setti
     assert f"  WARNING  {ds['stats']['warning']}" in format_summary(summary).splitlines()
 
 
+def test_two_stray_ratings_keep_the_scale_and_the_run_names_rating_range(settings):
+    """Issue 51: a rating of 7 and one of -2 among thousands of 1-5 stars moved "auto" from 4
+    to 4.75 (only 5 stars relevant) without a word. The scale is now the bulk's, and the run
+    summary says which ratings lie apart and how to declare the range."""
+    events = _taste()[:3000]
+    events[10]["rating"], events[20]["rating"] = 7.0, -2.0
+    _ingest(events, settings, "strays")
+    ds = steps.dataset_step(RunContext.of(_models(), "movies", settings))
+    assert ds["stats"]["relevance"] == 4.0
+    warning = ds["stats"]["warning"]
+    assert ("2 rating(s) of -2, 7 lie apart from the scale of the rest (1 to 5)" in warning
+            and "params.rating_range = [1, 5]" in warning), warning
+    summary = {"model": "movies", "algorithm": "altsvm", "decision": "pending", "dataset": ds}
+    assert f"  WARNING  {warning}" in format_summary(summary).splitlines()
+    # a rare value next to the scale is no stray: one 1-star among 3,000 ratings of 2-5
+    stars = np.r_[np.tile(np.arange(2.0, 6.0), 750), 1.0]
+    assert relevance_threshold(stars, "auto") == (4.0, None)
+
+
 @pytest.mark.parametrize("value", ["high", True, [4]])
 def test_a_relevance_that_is_no_number_is_refused(value):
     with pytest.raises(ValueError, match=r"evaluation\.relevance is .*expected a number"):

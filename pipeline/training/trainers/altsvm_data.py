@@ -65,6 +65,34 @@ class CollaborativeData:
 
 
 RELEVANT_SHARE = 0.75   # "auto" relevance: this far from the lowest to the highest rating
+# a value at either end of a discrete scale (at most STAR_VALUES distinct ratings) is a stray
+# when it lies more than the scale's step apart from the next one and the strays hold at most
+# this share of the ratings: two ratings of 7 and -2 among MovieLens's 1-5 stars moved "auto"
+# from 4 to 4.75 (only 5 stars relevant) without a word
+STRAY_SHARE = 0.001
+STAR_VALUES = 50
+
+
+def rating_bulk(rated: np.ndarray) -> tuple[float, float, list]:
+    """``(lo, hi, strays)``: the scale of the ratings without the stray values at its ends
+    (see ``STRAY_SHARE``), and those values.
+
+    >>> rating_bulk(np.array([1.0, 2, 3, 4, 5] * 400 + [7.0, -2.0]))
+    (1.0, 5.0, [-2.0, 7.0])
+    >>> rating_bulk(np.array([1.0, 2, 3, 4, 5, 5]))
+    (1.0, 5.0, [])
+    """
+    values, counts = np.unique(rated, return_counts=True)
+    if not 3 <= len(values) <= STAR_VALUES:
+        return float(values[0]), float(values[-1]), []
+    step, budget = float(np.diff(values).min()), STRAY_SHARE * float(counts.sum())
+    a, b, used = 0, len(values) - 1, 0
+    while b - a > 1 and used + counts[a] <= budget and values[a + 1] - values[a] > step:
+        used, a = used + counts[a], a + 1
+    while b - a > 1 and used + counts[b] <= budget and values[b] - values[b - 1] > step:
+        used, b = used + counts[b], b - 1
+    strays = [float(v) for v in np.concatenate([values[:a], values[b + 1:]])]
+    return float(values[a]), float(values[b]), strays
 
 
 def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | None]:
@@ -73,7 +101,8 @@ def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | N
 
     ``"auto"`` follows the data's scale: ``lo + 0.75 (hi − lo)`` over the ratings seen, so 4
     on a 1–5 scale, 3.875 (4 and up) on half stars 0.5–5, 7.75 (8 and up) on 1–10 and 0.75 on
-    0–1 scores; a number is taken as given. Interactions (NaN ratings) are always relevant.
+    0–1 scores, stray values at its ends left out with a warning naming ``rating_range``
+    (:func:`rating_bulk`); a number is taken as given. Interactions (NaN ratings) are always relevant.
 
     >>> relevance_threshold(np.array([1.0, 3, 5, 4, 2]), "auto")
     (4.0, None)
@@ -85,10 +114,17 @@ def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | N
     rated = ratings[np.isfinite(ratings)]
     if rated.size == 0:
         return (float(configured) if configured != "auto" else 0.0), None
-    lo, hi = float(rated.min()), float(rated.max())
+    lo, hi, strays = rating_bulk(rated)
     value = lo + RELEVANT_SHARE * (hi - lo) if configured == "auto" else float(configured)
     share = float(np.mean(rated >= value))
     scale = f"ratings run from {lo:g} to {hi:g}"
+    if strays and configured == "auto":
+        n = int(np.isin(rated, strays).sum())
+        stray = (f"{n} rating(s) of {', '.join(f'{v:g}' for v in strays)} lie apart from the "
+                 f"scale of the rest ({lo:g} to {hi:g}): the automatic relevance threshold "
+                 f"{value:g} is taken on that scale; declare it with params.rating_range = "
+                 f"[{lo:g}, {hi:g}] to leave them out, or fix the source")
+        return value, stray
     if share == 0.0:
         return value, (f"no rating reaches the relevance threshold {value:g} ({scale}): every "
                        "rated item counts as not relevant; set evaluation.relevance within "
