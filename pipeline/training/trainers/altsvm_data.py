@@ -102,7 +102,8 @@ def relevance_threshold(ratings: np.ndarray, configured) -> tuple[float, str | N
     ``"auto"`` follows the data's scale: ``lo + 0.75 (hi − lo)`` over the ratings seen, so 4
     on a 1–5 scale, 3.875 (4 and up) on half stars 0.5–5, 7.75 (8 and up) on 1–10 and 0.75 on
     0–1 scores, stray values at its ends left out with a warning naming ``rating_range``
-    (:func:`rating_bulk`); a number is taken as given. Interactions (NaN ratings) are always relevant.
+    (:func:`rating_bulk`); a number is taken as given. Interactions (NaN ratings) are always
+    relevant.
 
     >>> relevance_threshold(np.array([1.0, 3, 5, 4, 2]), "auto")
     (4.0, None)
