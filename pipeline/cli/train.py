@@ -24,6 +24,9 @@ def add_arguments(parser) -> None:
                         metavar="SECONDS", help="if another run of the model is going on, wait "
                         "for it (up to SECONDS, default an hour) instead of exiting")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no status line (the phase, the settings scored, the seconds) "
+                             "on a terminal")
     add_redis_arguments(parser)
 
 
@@ -61,6 +64,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"  publish  version {pub['version']} serves "
                      f"{Candidate(gate.get('publishes') or 'model', None).label} "
                      f"({pub['publish_seconds']:.2f} s)")
+    if "seconds" in s:
+        lines.append(f"  total    {s['seconds']:.1f} s wall time")
     return "\n".join(lines)
 
 
@@ -181,7 +186,8 @@ def run(args) -> int:
                 check_redis(url)      # before minutes of training, not after
             summary = retrain.run(args.model, models, settings=settings,
                                   redis_url=url, cold=args.cold, publish=not args.no_publish,
-                                  ingest=args.ingest, progress=sys.stderr.isatty(),
+                                  ingest=args.ingest,
+                                  progress=sys.stderr.isatty() and not args.no_progress,
                                   wait=args.wait)
     except (ValueError, KeyError, OSError, ModelBusyError) as err:
         return fail("train", err)

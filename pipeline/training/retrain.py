@@ -21,6 +21,7 @@ from pathlib import Path
 from pipeline.durable import write_json
 from pipeline.settings import Settings
 from pipeline.training.lock import model_lock
+from pipeline.training.progress import phase, showing
 from pipeline.training.run_types import Decision, RunContext
 from pipeline.training.steps import (
     dataset_step,
@@ -43,7 +44,8 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
     with model_lock(ctx.settings, model, wait=wait,
                     redis_url=ctx.redis_url if publish else None) as lease:
         ctx = replace(ctx, fence=lease and lease.token)
-        summary = _run_steps(ctx, cold, publish, ingest, progress)
+        with showing(progress, f"train {model}"):
+            summary = _run_steps(ctx, cold, publish, ingest, progress)
         if summary["dataset"].get("run_dir"):
             ctx.runs.push_run(summary["dataset"]["run_dir"])
         outcome = finish_run(ctx, summary)
@@ -86,26 +88,33 @@ def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
                progress: bool) -> dict:
     summary = {"model": ctx.model, "algorithm": ctx.cfg.algorithm}
     if ingest:
+        phase("ingest")
         summary["ingest"] = ingest_step(ctx, progress=progress)
     built: dict = {}
+    phase("dataset")
     ds = summary["dataset"] = dataset_step(ctx, cold=cold, hand_over=built)
     if ds["decision"] in (Decision.NO_DATA, Decision.UNCHANGED):
         return _unchanged(ctx, ds, summary, publish)
     ctx = ctx.at(ds["run_dir"])
     dataset_upload = ctx.runs.start_push(ctx.run_dir)     # overlaps the fit
+    phase("fit")
     summary["train"] = train_step(ctx, trial=not publish, arrays=built.pop("arrays", None))
     if dataset_upload is not None:
         dataset_upload.result()
     if not publish:
+        phase("report")
         summary["report"] = report_step(ctx)["report"]
         summary["decision"] = Decision.TRAINED
         return summary
     ctx.client()     # a Redis URL is given (the train command checked Redis is up)
+    phase("gate")
     summary["gate"] = gate_step(ctx)
     # before the version goes live: a run killed after its flip leaves its run directory
     # (the window a served version was trained on) where every host finds it
     ctx.runs.push_run(ctx.run_dir)
+    phase("publish")
     summary["publish"] = publish_step(ctx)
+    phase("report")
     summary["report"] = report_step(ctx)["report"]
     summary["prune"] = prune_step(ctx)
     summary["decision"] = Decision.of_publish(summary["publish"])

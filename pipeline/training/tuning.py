@@ -47,6 +47,7 @@ import time
 
 import numpy as np
 
+from pipeline.training import progress
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.selection import cheapest_near_best, collected_warnings, setting_key
 
@@ -89,6 +90,7 @@ def coordinate_search(axes: dict, start: dict, score, *, max_settings: int,
         seen[key] = value
         tried.append({"params": dict(params), "validation": value,
                       "seconds": round(time.perf_counter() - t, 3)})
+        progress.step(len(tried), max_settings)
         return value
 
     def better(a, b) -> bool:
@@ -162,6 +164,7 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
         seen[key] = value
         tried.append({"params": dict(params), "validation": value,
                       "seconds": round(time.perf_counter() - t, 3)})
+        progress.step(len(tried), max_settings)
         return value
 
     def out_of_budget() -> bool:

@@ -39,3 +39,44 @@ def test_train_without_a_config_says_how_to_give_one(tmp_path, redis_url, capsys
     monkeypatch.delenv("RANKSTREAM_CONFIG", raising=False)
     assert main(["train", "movies", "--home", str(tmp_path), "--redis-url", redis_url]) == 1
     assert "pass --config" in capsys.readouterr().err
+
+
+CONFIG_TUNED = CONFIG.replace('evaluation = { holdout = 4 }', '''evaluation = { holdout = 4 }
+gate = { challenger = "als" }
+tune = { budget_seconds = 30, max_settings = 3, challenger_settings = 3 }''').replace(
+    "rank = 6, ", "")
+
+
+def _train(tmp_path, redis_url, *flags):
+    config = tmp_path / "models.toml"
+    config.write_text(CONFIG_TUNED)
+    home = tmp_path / "home"
+    events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
+                 settings=Settings(home=home), progress=False)
+    return main(["train", "movies", "--config", str(config), "--home", str(home),
+                 "--redis-url", redis_url, "--namespace", f"p{tmp_path.name[-10:]}", *flags])
+
+
+def test_train_shows_its_phases_on_a_terminal_and_its_wall_time(tmp_path, redis_url, capsys,
+                                                                monkeypatch):
+    """Issue 51: `train` was silent for its whole run and its summary had no total. On a
+    terminal one status line names each phase (the searches' settings k/n) and is cleared
+    before the summary, which ends with the wall time."""
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert _train(tmp_path, redis_url) == 0
+    captured = capsys.readouterr()
+    shown = [s.split("  [")[0] for s in captured.err.split("\r") if s.startswith("train movies")]
+    for name in ("dataset", "tuning altsvm", "fit", "challenger als", "blends", "gate",
+                 "publish", "report"):
+        assert any(s.startswith(f"train movies: {name}") for s in shown), (name, shown)
+    assert "train movies: tuning altsvm 1/" in "\n".join(shown)
+    assert captured.err.endswith("\r\x1b[K")             # cleared for the summary
+    assert captured.out.splitlines()[-1].startswith("  total    ")
+    assert captured.out.splitlines()[-1].endswith(" s wall time")
+
+
+def test_train_no_progress_draws_nothing(tmp_path, redis_url, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert _train(tmp_path, redis_url, "--no-progress") == 0
+    assert "train movies:" not in capsys.readouterr().err

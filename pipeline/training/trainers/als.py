@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.progress import phase
 from pipeline.training.selection import setting_key
 from pipeline.training.trainers import Challenger, blends, challenger_names
 from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search
@@ -130,6 +131,7 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     own = {k: v for k, v in warm.items() if not k.startswith(tuple(PREFIXES.values()))}
     fits = []
     for name in challenger_names(cfg.gate["challenger"]):
+        phase(f"challenger {name}")
         if name == "als":
             fits.append(als_challenger(trainer, arrays, cfg, own))
         elif name in PREFIXES:
@@ -148,6 +150,7 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     model = Challenger(name="model", metrics={}, artifact=None, validated=validated,
                        evaluated=final, served=published, fold_in=fold_in or {})
     validations = {}        # every candidate's validation metric, for the gate
+    phase("blends")
     blended, blend_tried, pair, weight = _blend(trainer, model, fits, arrays, cfg, warm,
                                                 validations)
     errors = _holdout_errors(trainer, {

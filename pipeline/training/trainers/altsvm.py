@@ -28,6 +28,7 @@ import warnings
 import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.progress import phase
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
 from pipeline.training.trainers.altsvm_data import (
     DERIVED,
@@ -119,6 +120,7 @@ class AltSVMTrainer(Trainer):
                 view = tuning_view(arrays)       # the sample of users the search fits
                 tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes,
                                             self._validation_score(view, cfg))
+                phase("fit")
                 tuning["comparisons"] = altsvm_tuning.final_comparisons(
                     arrays, cfg, self.family, tuning["choice"])
                 tuning["path_n"] = len(tuning["comparisons"])
