@@ -197,9 +197,14 @@ def least_squares_fold_in_many(V, items_of_users, *, reg: float, alpha: float,
     return np.linalg.solve(A, rhs)[:, :, 0] if len(A) else np.zeros((0, V.shape[1]))
 
 
-def load_kernels() -> None:
+def warm_up() -> float:
     """Load the jitted fold-in kernels (from numba's cache, or compiled) with a tiny problem,
-    so a server worker's first fold-in does not pay for it (a few hundred ms, once)."""
+    so a server worker's or the refresher's first fold-in does not pay for it (six seconds on
+    a fresh clone's first demo run, once); returns the seconds."""
+    import time
+
+    started = time.perf_counter()
     V = np.eye(3)
     pairwise_fold_in_many(V, None, implicit_pairs_many([np.array([0])], 3, [2]), reg=1.0,
                           loss="squared_hinge")
+    return time.perf_counter() - started

@@ -40,11 +40,16 @@ def run(args) -> int:
 
     from pipeline.refresh.kafka_source import KafkaRefresh
     from pipeline.training.config import load_models
+    from solvers.fold_in import warm_up as load_fold_in
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s refresh %(message)s")
+    # kafka-python says every metadata refresh at INFO (103 lines in 8 minutes of a quiet
+    # refresher): its warnings and errors are what an operator acts on
+    logging.getLogger("kafka").setLevel(logging.WARNING)
     # one user's fold-in is a few small products and solves: BLAS threads would only spin
     # against each other (a third of the time at 2 threads on a busy machine)
     threadpool_limits(1)
+    load_fold_in()     # compiled or loaded now, not on the first event (6 s on a fresh clone)
     try:
         settings = settings_of(args)
         models = load_models(model_config(settings))

@@ -55,12 +55,12 @@ def app_from_environment():
     from pipeline.serving.lookup import TopK
     from pipeline.serving.ui import UiSources
     from pipeline.training.config import item_titles, load_models
-    from solvers.fold_in import load_kernels
+    from solvers.fold_in import warm_up as load_fold_in
 
     # one server process per core: a BLAS thread pool in each would fight the others for the
     # cores (fold-in's solve and the similar-items product are BLAS calls)
     threadpool_limits(1)
-    load_kernels()          # before the first request, not during it
+    load_fold_in()          # before the first request, not during it
     options = json.loads(os.environ[OPTIONS])
     settings = settings_of(Namespace(**options["redis"]))
     models = list(load_models(settings.config)) if settings.config else []
