@@ -6,6 +6,8 @@ from pipeline.cli._redis import add_redis_arguments, fail, model_config, redis_c
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per model (for scripts and monitors)")
     add_redis_arguments(parser)
 
 
@@ -33,7 +35,7 @@ def run(args) -> int:
         with redis_client(args) as (settings, client):
             rows = [("model", "algorithm", "served", "metric", "fallback answers",
                      "last checkpoint")]
-            notes = []
+            notes, records = [], []
             for name, cfg in models.items():
                 current = [v for v in served_versions(name, client, namespace=settings.namespace)
                            if v.current]
@@ -47,11 +49,23 @@ def run(args) -> int:
                 metric = f"{cfg.metric} {value:.4f}" if value is not None else cfg.metric
                 open_run_store(settings).pull_checkpoints(name)   # another host's (object store)
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
-                rows.append((name, cfg.algorithm, served, metric,
-                             _fallback_share(client, name, settings.namespace, current),
+                share = _fallback_share(client, name, settings.namespace, current)
+                rows.append((name, cfg.algorithm, served, metric, share,
                              ckpt.run_id if ckpt else "-"))
+                records.append({
+                    "model": name, "algorithm": cfg.algorithm,
+                    "served_version": current[0].version if current else None,
+                    "served_as": current[0].served_as if current else None,
+                    "metric": cfg.metric, "value": value,
+                    "fallback_answers": None if share == "-" else share,
+                    "last_checkpoint": ckpt.run_id if ckpt else None, "warning": warning})
     except (ValueError, OSError, redis.RedisError) as err:
         return fail("models", err)
+    if args.json:
+        import json
+
+        print(json.dumps(records, indent=2, default=str))
+        return 0
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())

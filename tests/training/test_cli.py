@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pipeline.cli import main
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
@@ -31,6 +33,11 @@ def test_train_then_models(tmp_path, redis_url, redis_client, capsys):
     assert main(["models", *common]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert listing[1].split()[:3] == ["movies", "altsvm", "v1"]
+    assert main(["models", "--json", *common]) == 0           # issue 51: for scripts
+    (record,) = json.loads(capsys.readouterr().out)
+    assert record["model"] == "movies" and record["served_version"] == 1
+    assert record["served_as"] == "model" and isinstance(record["value"], float)
+    assert record["last_checkpoint"] and record["metric"] == "topk_ndcg@10"
     assert main(["train", "movies", *common]) == 0
     assert "unchanged" in capsys.readouterr().out
 
