@@ -25,16 +25,23 @@ def add_arguments(parser) -> None:
 
 
 def artifact_dir(path) -> Path:
-    """The artifact to publish: ``path`` itself, or a run directory's ``artifact/``; once a run
-    has published, its artifact lives in the checkpoint that ``published.json`` names."""
+    """The artifact to publish: ``path`` itself, or what a run directory's quality gate chose
+    (``gate.json``'s ``publishes``: the model's ``artifact/``, a challenger's, a blend's or a
+    trivial list's directory; once the run has published, the checkpoint that
+    ``published.json`` names holds it), else the run's ``artifact/``. A run whose gate chose
+    a challenger no longer publishes the model it rejected by default."""
     from pipeline.durable import read_json
+    from pipeline.training.run_types import Choice
 
     path = Path(path)
-    if (path / "artifact").is_dir():
-        return path / "artifact"
     checkpoint = (read_json(path / "published.json") or {}).get("checkpoint")
     if checkpoint and (Path(checkpoint) / "artifact").is_dir():
         return Path(checkpoint) / "artifact"
+    chosen = (read_json(path / "gate.json") or {}).get("publishes")
+    if chosen and (path / Choice.parse(chosen).dir_name).is_dir():
+        return path / Choice.parse(chosen).dir_name
+    if (path / "artifact").is_dir():
+        return path / "artifact"
     return path
 
 
@@ -79,7 +86,12 @@ def run(args) -> int:
     from pipeline.serving.versions import served_versions
 
     try:
-        artifact = ModelArtifact.load(artifact_dir(args.path))
+        where = artifact_dir(args.path)
+        artifact = ModelArtifact.load(where)
+        if artifact.served_as != "model":
+            print(f"rankstream publish: {args.path} serves {artifact.served_as}, what its quality "
+                  f"gate chose (from {where}); give {Path(args.path) / 'artifact'} for the "
+                  "model itself")
         with redis_client(args) as (settings, client):
             served = served_versions(args.model, client, namespace=settings.namespace)
             said = check_publishable(args.model, args.path, artifact, served, args.force)

@@ -141,3 +141,29 @@ def test_knn_is_skipped_where_ease_fits_every_item_and_runs_where_it_does_not(tm
     run = retrain.run("movies", models, settings=settings, publish=False, cold=True)
     knn = next(c for c in run["train"]["challenger"]["others"] if c["name"] == "knn")
     assert knn.get("skipped") is None and knn["metrics"], knn
+
+
+@pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+def test_publish_of_a_run_directory_publishes_what_its_gate_chose(tmp_path, redis_url, capsys):
+    """Issue 51: `rankstream publish MODEL RUN_DIR` published the run's own model although its
+    gate had chosen the challenger, with no --force and no line. It publishes the gate's
+    choice and says so; RUN_DIR/artifact is the model itself."""
+    from pathlib import Path
+
+    from pipeline.cli import main
+
+    settings, events = _setup(tmp_path)
+    run = retrain.run("movies", _models(["knn"]), settings=settings, redis_url=redis_url)
+    assert run["gate"]["publishes"] == "challenger-knn"
+    run_dir = run["dataset"]["run_dir"]
+    again = ["--redis-url", redis_url, "--namespace", f"o{tmp_path.name[-10:]}",
+             "--no-progress"]
+    assert main(["publish", "movies", run_dir, *again]) == 0
+    out = capsys.readouterr().out
+    assert f"{run_dir} serves challenger-knn, what its quality gate chose" in out
+    with TopK(redis_url, namespace=f"o{tmp_path.name[-10:]}") as topk:
+        assert topk.recommend("movies", events[0]["user"], k=3).source == "challenger-knn"
+    assert main(["publish", "movies", str(Path(run_dir) / "artifact"), *again]) == 0
+    assert "serves" not in capsys.readouterr().out.splitlines()[0]
+    with TopK(redis_url, namespace=f"o{tmp_path.name[-10:]}") as topk:
+        assert topk.recommend("movies", events[0]["user"], k=3).source == "precomputed"
