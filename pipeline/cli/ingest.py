@@ -97,7 +97,7 @@ def run(args) -> int:
                           "segments": summary.segments, "seconds": round(summary.seconds, 3),
                           "stopped": summary.stopped, "recreated": summary.recreated,
                           "already_stored": summary.already_stored,
-                          "removed": summary.removed}))
+                          "removed": summary.removed, "warnings": summary.warnings}))
     else:
         print(summary)
     return 0

@@ -413,6 +413,7 @@ class IngestSummary:
     recreated: list = field(default_factory=list)   # "topic/partition -> its new generation"
     already_stored: int = 0                          # file records the store held already
     removed: list = field(default_factory=list)      # "path: n" records gone from a file
+    warnings: list = field(default_factory=list)     # what a file held that was odd
 
     def add(self, flushed: Flushed) -> None:
         self.events.update(flushed.events)
@@ -437,7 +438,8 @@ class IngestSummary:
                    if self.already_stored else "")
                 + (f"; RECORDS REMOVED OR CHANGED IN FILES since their last ingestion (what "
                    f"was stored stays; a changed event is stored again and wins): "
-                   f"{', '.join(self.removed)}" if self.removed else ""))
+                   f"{', '.join(self.removed)}" if self.removed else "")
+                + "".join(f"\nWARNING {said}" for said in self.warnings))
 
 
 def progress_bar(enabled: bool, total=None, unit="msg", **kwargs):

@@ -145,6 +145,7 @@ def _ingest_file(run: _Run, plan: Plan) -> None:
             buf.add_rows(chunk.rows, offsets)
         summary.add(buf.flush(run.store))
         run.offset += len(new)
+    summary.warnings += plan.notes
     if inherited:
         run.ledger.add_legacy(path, inherited)
     if before is not None:

@@ -97,6 +97,8 @@ class Plan:
     fmt: str
     kind: str | None
     columns: Columns | None = None
+    # what reading it found odd (a CSV: rows without a time, records spanning many lines)
+    notes: list = field(default_factory=list, compare=False)
 
     def key(self) -> bytes:
         """How its records are read, for the file ledger's keys: the same record read another
@@ -149,7 +151,8 @@ def read_plan(plan: Plan, chunk_size: int = 100_000) -> Iterator[Chunk]:
         return Chunk(lines=[] if fmt == "jsonl" else None, rows=None if fmt == "jsonl" else [])
 
     chunk = fresh()
-    for number, content, record in readers[fmt](plan.path, plan.kind, plan.columns):
+    extra = {"notes": plan.notes} if fmt == "csv" else {}
+    for number, content, record in readers[fmt](plan.path, plan.kind, plan.columns, **extra):
         chunk.numbers.append(number)
         chunk.contents.append(content)
         chunk.records().append(record)
@@ -202,10 +205,14 @@ def _parquet_sample(path: Path, column: str) -> list:
     return []
 
 
-def _csv(path: Path, kind, columns):
+def _csv(path: Path, kind, columns, notes: list | None = None):
     """Records after the header; a record the csv module cannot read (a cell over its 128 KiB
-    field limit, a broken quote) is a :class:`Malformed` record, and reading goes on."""
+    field limit, a broken quote) is a :class:`Malformed` record, and reading goes on. What
+    was odd goes to ``notes`` at the end, one line each: rows without a time (they get the
+    file's modification time), and far fewer records than lines (a quote left open makes one
+    record of every line up to the next quote), with the line of the longest record."""
     default_ts = int(path.stat().st_mtime * 1000)
+    no_time, longest = 0, (0, 0)      # rows without ts; (lines, first line) of the longest
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
@@ -213,15 +220,19 @@ def _csv(path: Path, kind, columns):
             return
         number = 0
         while True:
+            start = reader.line_num + 1
             try:
                 cells = next(reader)
             except StopIteration:
+                _csv_notes(notes, path, reader.line_num, number, no_time, longest)
                 return
             except csv.Error as err:
                 reason = f"CSV record on line {reader.line_num}: {err}"
                 yield number, reason.encode(), Malformed(reason)
                 number += 1
                 continue
+            if reader.line_num - start + 1 > longest[0]:
+                longest = (reader.line_num - start + 1, start)
             if cells:
                 content = json.dumps(sorted(zip(header, cells))).encode()   # ASCII escapes
                 row = dict(zip(header, cells))
@@ -229,8 +240,26 @@ def _csv(path: Path, kind, columns):
                     row = coerce_text_row(row, kind)
                 else:           # names mapped first, so that cells convert for their field
                     row = columns.times(coerce_text_row(columns.rename(row), kind))
+                no_time += "ts" not in row
                 yield number, content, with_derived_ids(row, default_ts)
             number += bool(cells)
+
+
+SPAN_SHARE = 0.5   # records under this share of a CSV's lines: say where a record spans lines
+
+
+def _csv_notes(notes, path, lines: int, records: int, no_time: int, longest: tuple) -> None:
+    """The odd things :func:`_csv` found, as lines for the ingest summary."""
+    if notes is None:
+        return
+    if no_time:
+        notes.append(f"{path}: {no_time:,} of {records:,} records have no time and got the "
+                     "file's modification time: add a ts column, or map one with --columns "
+                     "ts=COLUMN")
+    if lines > 10 and records < SPAN_SHARE * (lines - 1) and longest[0] > 1:
+        notes.append(f"{path}: {lines - 1:,} lines after the header made {records:,} records: "
+                     f"the record from line {longest[1]:,} spans {longest[0]:,} lines (a quote "
+                     "left open?)")
 
 
 def _parquet(path: Path, kind, columns):

@@ -144,6 +144,29 @@ def test_a_header_that_fits_no_field_is_refused_with_nothing_stored(tmp_path, se
     assert open_store(settings).next_offsets() == {}
 
 
+def test_a_quote_left_open_and_rows_without_time_are_warned_about(tmp_path, settings, capsys):
+    """Issue 51: one unbalanced quote turned ~150 good rows into one dead letter and the
+    summary only said "from 55 records"; a row with no timestamp got the ingest time silently.
+    Both are now a WARNING line of the summary (and ``warnings`` in --json)."""
+    rows = [f"u{i % 20},i{i},4,{synthetic.BASE_TS + i}" for i in range(200)]
+    rows[59] = f'u1,"i59,4,{synthetic.BASE_TS + 59}'             # the quote is never closed
+    quoted = tmp_path / "quoted.csv"
+    quoted.write_text("user,item,rating,ts\n" + "\n".join(rows) + "\n")
+    timeless = tmp_path / "timeless.csv"
+    timeless.write_text("user,item,rating\n" + "".join(f"u{i},i{i},4\n" for i in range(30)))
+    code, out = _cli(capsys, settings, quoted, timeless, "--kind", "rating")
+    assert code == 0 and out["messages"] == 90, out
+    said = "\n".join(out["warnings"])
+    assert (f"{quoted}: 200 lines after the header made 60 records: the record from line 61 "
+            "spans 141 lines (a quote left open?)") in said, said
+    assert (f"{timeless}: 30 of 30 records have no time and got the file's modification "
+            "time: add a ts column, or map one with --columns ts=COLUMN") in said, said
+    fine = tmp_path / "fine.csv"
+    fine.write_text("user,item,rating,ts\n" + "\n".join(rows[:59]) + "\n")
+    code, out = _cli(capsys, Settings(home=tmp_path / "other"), fine, "--kind", "rating")
+    assert code == 0 and out["warnings"] == [], out
+
+
 def test_columns_are_for_csv_and_parquet_only(tmp_path, settings, capsys):
     path = synthetic.write_jsonl(synthetic.rating_events(n_users=2, n_items=3, per_user=2),
                                  tmp_path / "r.jsonl")
