@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from pipeline.cli import main
 from pipeline.ingest.files import ingest_files
@@ -135,7 +136,12 @@ def test_record_keys_depend_on_how_the_file_is_read(tmp_path):
     path.write_text("user,item\nu1,i1\nu2,i2\n")
     assert ingest_files([path], "interaction", settings=settings, progress=False).events == {
         "interaction": 2}
-    # the same rows read as another kind are other events
-    assert ingest_files([path], "rating", settings=settings, progress=False).dead_letters
+    # the same rows read another way (its columns swapped) are other events
+    again = ingest_files([path], "interaction", settings=settings, progress=False,
+                         columns="user=item,item=user")
+    assert again.events == {"interaction": 2} and not again.already_stored
+    # and a kind whose fields the header lacks is refused before anything is read (issue 51)
+    with pytest.raises(ValueError, match="has no 'rating' column for rating events"):
+        ingest_files([path], "rating", settings=settings, progress=False)
     assert np.all(np.diff(FileLedger(open_store(settings).root)
                           .stored_keys(10**9).astype(np.float64)) > 0)
