@@ -8,9 +8,14 @@ import sys
 from contextlib import contextmanager
 
 
-def add_redis_arguments(parser) -> None:
-    """Add the shared connection options to a subcommand's parser."""
+def add_redis_arguments(parser, kafka: bool = False) -> None:
+    """Add the shared connection options to a subcommand's parser (``kafka``: it reads Kafka
+    too, so it takes ``--bootstrap`` as ingest does)."""
     group = parser.add_argument_group("redis")
+    if kafka:
+        group.add_argument("--bootstrap", dest="kafka_bootstrap",
+                           help="Kafka bootstrap servers, host:port[,host:port] (default: "
+                                "RANKSTREAM_KAFKA_BOOTSTRAP)")
     group.add_argument("--redis-url", help="redis://[:password@]host:port/db, rediss:// for TLS, "
                        "unix:///path.sock (default: RANKSTREAM_REDIS_URL, else an embedded "
                        "server with its data in HOME/redis)")
@@ -29,7 +34,8 @@ def settings_of(args):
 
     return Settings.load({"redis_url": args.redis_url, "namespace": args.namespace,
                           "home": args.home, "store": getattr(args, "store", None),
-                          "config": args.config})
+                          "config": args.config,
+                          "kafka_bootstrap": getattr(args, "kafka_bootstrap", None)})
 
 
 @contextmanager

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
                         help="the longest a touched user waits for a recompute while a "
                              "backlog drains, and how often offsets are committed "
                              "(default 200 ms)")
-    add_redis_arguments(parser)
+    add_redis_arguments(parser, kafka=True)
 
 
 def refreshers(settings, models: dict, names: list[str], url: str) -> list:
@@ -59,8 +59,9 @@ def run(args) -> int:
             raise ValueError(f"model {unknown[0]!r} is not configured; configured: "
                              f"{sorted(models)}")
         if not settings.kafka_bootstrap or not settings.redis_url:
-            raise ValueError("refresh reads Kafka and writes the served Redis: set "
-                             "RANKSTREAM_KAFKA_BOOTSTRAP and RANKSTREAM_REDIS_URL")
+            raise ValueError("refresh reads Kafka and writes the served Redis: give --bootstrap "
+                             "and --redis-url (or set RANKSTREAM_KAFKA_BOOTSTRAP and "
+                             "RANKSTREAM_REDIS_URL)")
         if not 10 <= args.batch_ms <= 60_000:
             raise ValueError(f"--batch-ms is {args.batch_ms}, expected 10..60000")
         stop = threading.Event()

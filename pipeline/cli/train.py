@@ -27,7 +27,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="no status line (the phase, the settings scored, the seconds) "
                              "on a terminal")
-    add_redis_arguments(parser)
+    add_redis_arguments(parser, kafka=True)     # --ingest drains Kafka first
 
 
 def format_summary(s: dict) -> str:

@@ -87,3 +87,19 @@ def test_train_no_progress_draws_nothing(tmp_path, redis_url, capsys, monkeypatc
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     assert _train(tmp_path, redis_url, "--no-progress") == 0
     assert "train movies:" not in capsys.readouterr().err
+
+
+def test_refresh_and_train_take_the_kafka_bootstrap_as_ingest_does(monkeypatch):
+    """Issue 51: `refresh` and `train --ingest` read Kafka but had no --bootstrap."""
+    import argparse
+
+    from pipeline.cli import refresh, train
+    from pipeline.cli._redis import settings_of
+
+    monkeypatch.setenv("RANKSTREAM_KAFKA_BOOTSTRAP", "127.0.0.1:1")
+    for command, args in ((refresh, []), (train, ["movies", "--ingest"])):
+        parser = argparse.ArgumentParser()
+        command.add_arguments(parser)
+        given = parser.parse_args([*args, "--bootstrap", "127.0.0.1:9092"])
+        assert settings_of(given).kafka_bootstrap == "127.0.0.1:9092"
+        assert settings_of(parser.parse_args(args)).kafka_bootstrap == "127.0.0.1:1"
