@@ -25,6 +25,7 @@ def _fallback_share(client, model: str, namespace: str, current) -> str:
 def run(args) -> int:
     import redis
 
+    from pipeline.refresh.stats import read_stats
     from pipeline.serving.versions import served_versions
     from pipeline.training.checkpoints import latest_checkpoint
     from pipeline.training.config import load_models
@@ -34,7 +35,7 @@ def run(args) -> int:
         models = load_models(model_config(settings_of(args)))
         with redis_client(args) as (settings, client):
             rows = [("model", "algorithm", "served", "metric", "fallback answers",
-                     "last checkpoint")]
+                     "last checkpoint", "healed by the refresher")]
             notes, records = [], []
             for name, cfg in models.items():
                 current = [v for v in served_versions(name, client, namespace=settings.namespace)
@@ -50,15 +51,19 @@ def run(args) -> int:
                 open_run_store(settings).pull_checkpoints(name)   # another host's (object store)
                 ckpt = latest_checkpoint(settings.checkpoint_dir, name)
                 share = _fallback_share(client, name, settings.namespace, current)
+                refreshed = read_stats(settings.home, name) or {}
+                heals, last_heal = refreshed.get("heals", 0), refreshed.get("last_heal")
                 rows.append((name, cfg.algorithm, served, metric, share,
-                             ckpt.run_id if ckpt else "-"))
+                             ckpt.run_id if ckpt else "-",
+                             f"{heals}x, last {last_heal}" if heals else "-"))
                 records.append({
                     "model": name, "algorithm": cfg.algorithm,
                     "served_version": current[0].version if current else None,
                     "served_as": current[0].served_as if current else None,
                     "metric": cfg.metric, "value": value,
                     "fallback_answers": None if share == "-" else share,
-                    "last_checkpoint": ckpt.run_id if ckpt else None, "warning": warning})
+                    "last_checkpoint": ckpt.run_id if ckpt else None, "warning": warning,
+                    "heals": heals, "last_heal": last_heal})
     except (ValueError, OSError, redis.RedisError) as err:
         return fail("models", err)
     if args.json:

@@ -75,7 +75,10 @@ def run(args) -> int:
                                 daemon=True) for loop in loops]
     for t in threads:
         t.start()
-    print(f"rankstream refresh: {', '.join(names)} (Ctrl-C stops)", file=sys.stderr)
+    every = "every configured model: " if not args.models else ""
+    print(f"rankstream refresh: {', '.join(names)} ({every}each folds users' new events in "
+          "where its served shape can, and is republished from its last checkpoint if Redis "
+          "loses it; Ctrl-C stops)", file=sys.stderr)
     while any(t.is_alive() for t in threads):
         for t in threads:
             t.join(0.5)

@@ -38,6 +38,16 @@ def test_train_then_models(tmp_path, redis_url, redis_client, capsys):
     assert record["model"] == "movies" and record["served_version"] == 1
     assert record["served_as"] == "model" and isinstance(record["value"], float)
     assert record["last_checkpoint"] and record["metric"] == "topk_ndcg@10"
+    assert record["heals"] == 0 and listing[1].split()[-1] == "-"
+    # a refresher that healed the model (Redis lost it) says so there
+    from pipeline.refresh.stats import RefreshStats
+
+    healed = RefreshStats("movies")
+    healed.heals, healed.last_heal = 2, "2026-12-06T10:00:00+00:00"
+    healed.write(home)
+    assert main(["models", *common]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        "2x, last 2026-12-06T10:00:00+00:00")
     assert main(["train", "movies", *common]) == 0
     assert "unchanged" in capsys.readouterr().out
 
