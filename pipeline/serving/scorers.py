@@ -189,6 +189,22 @@ class Scorer:
         """:meth:`of` a fitted kernel ranker (``kernel``: only its support instances)."""
         return cls.of(model, kind="kernel")
 
+    @classmethod
+    def linear(cls, w, estimator: str = "solvers.kernel_ranksvm:KernelRankSVM") -> Scorer:
+        """The linear scorer ``s(x) = wᵀx``: a ``kernel`` expansion with one support vector
+        ``w`` of weight 1 under the linear kernel (a linear model of any family, a single
+        feature with its sign, a kernel model collapsed to ``Σ β_s x_s``).
+
+        >>> s = Scorer.linear(np.array([0.0, -1.0, 2.0]))
+        >>> s.score(s.rows([[1.0, 1.0, 1.0], {"2": 3.0}])).tolist()
+        [1.0, 6.0]
+        """
+        w = np.asarray(w, dtype=np.float64).ravel()
+        return cls("kernel", {"n_features": int(len(w)), "kernel": "linear", "gamma": 1.0,
+                              "degree": 1, "coef0": 0.0, "estimator": estimator},
+                   {"support_vectors": w[None, :].astype(np.float32),
+                    "dual_coef": np.ones(1)})
+
     # ------------------------------------------------------------------ wire format
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()

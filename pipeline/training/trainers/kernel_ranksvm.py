@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -277,10 +276,7 @@ class TunedLinearRankSVM:
         if m is None:
             return None
         w = np.asarray(m.dual_coef_) @ np.asarray(m.support_vectors_)
-        return Scorer.of(SimpleNamespace(
-            n_features_in_=m.n_features_in_, kernel="linear", gamma_=m.gamma_, degree=m.degree,
-            coef0=m.coef0, support_vectors_=w[None, :], dual_coef_=np.ones(1)),
-            kind=type(m).scorer_kind, estimator=class_path(type(m)))
+        return Scorer.linear(w, estimator=class_path(type(m)))
 
     def warm_state(self) -> dict:
         return {} if self.best_ is None else {"C": np.array(float(self.best_["C"]))}
@@ -389,8 +385,18 @@ class KernelRankSVMTrainer(Trainer):
                                 algorithm=self.family.name, **describe)
 
     def trivial_artifact(self, scores, arrays: dict, **describe):
-        """The best feature's ranking of every query's docs (no on-demand scorer)."""
-        return self._query_docs(arrays, np.asarray(scores, dtype=np.float64), **describe)
+        """The best feature's ranking of every query's docs, and its scorer (the feature with
+        its sign, a linear scorer: a query the run never saw is ranked by it too)."""
+        from pipeline.serving.scorers import Scorer
+
+        found = describe.get("metrics") or {}
+        scorer = None
+        if "feature" in found:
+            w = np.zeros(int(arrays["X_shape"][1]))
+            w[int(found["feature"])] = float(found.get("sign", 1))
+            scorer = Scorer.linear(w)
+        return self._query_docs(arrays, np.asarray(scores, dtype=np.float64), scorer=scorer,
+                                **describe)
 
     def item_ids(self, arrays: dict):
         return arrays["doc_ids"][arrays["doc"]]

@@ -190,6 +190,16 @@ class TunedLogistic:
             return {}
         return {"C": np.array(float(self.best_["C"]))}
 
+    def scorer(self, n_features: int):
+        """Its weights over all ``n_features`` columns as a linear scorer (the intercept, a
+        shift of every score, changes no order)."""
+        from pipeline.serving.scorers import Scorer
+
+        w = np.zeros(int(n_features))
+        if self.model_ is not None:
+            w[self.columns_] = np.asarray(self.model_.coef_).ravel()
+        return Scorer.linear(w)
+
 
 class TopPushTrainer(Trainer):
     id_maps = ("item_ids",)
@@ -243,18 +253,36 @@ class TopPushTrainer(Trainer):
             return {}
         scores = np.sign(gap[best]) * X[:, best].toarray().ravel()
         found = _metrics(y[test], scores[test])
-        found["feature"] = int(best)
+        found.update(feature=int(best), sign=int(np.sign(gap[best])))
         return {"best_feature": (found, scores.astype(np.float32))}
 
     def item_ids(self, arrays: dict):
         return arrays["item_ids"][arrays["rows"]]
 
     def artifact(self, model, arrays: dict, cfg, **describe):
+        """The training rows ranked (a global list), and the weights as a linear scorer: new
+        rows are scored by ``/rank`` with what TopPush learned (``decision_function = Xw``)."""
         from pipeline.serving.artifact import ModelArtifact
+        from pipeline.serving.scorers import Scorer
 
         return ModelArtifact.global_list(item_ids=self.item_ids(arrays),
                                          scores=model.decision_function(csr_from_arrays(arrays)),
+                                         scorer=Scorer.linear(model.coef_),
                                          algorithm=self.family.name, **describe)
+
+    def trivial_artifact(self, scores, arrays: dict, **describe):
+        """The best feature's list, and the feature with its sign as a linear scorer."""
+        from pipeline.serving.artifact import ModelArtifact
+        from pipeline.serving.scorers import Scorer
+
+        found = describe.get("metrics") or {}
+        scorer = None
+        if "feature" in found:
+            w = np.zeros(int(arrays["X_shape"][1]))
+            w[int(found["feature"])] = float(found.get("sign", 1))
+            scorer = Scorer.linear(w)
+        return ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores,
+                                         scorer=scorer, **describe)
 
     def challenger(self, fitted, arrays: dict, cfg, warm: dict | None) -> Challenger:
         """``"logistic"``: :class:`TunedLogistic` on the training rows (validation split by the
@@ -270,6 +298,7 @@ class TopPushTrainer(Trainer):
         scores = tuned.decision_function(X)
         return Challenger(
             name="logistic", metrics=_metrics(y[test], scores[test]),
-            artifact=ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores),
+            artifact=ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores,
+                                               scorer=tuned.scorer(X.shape[1])),
             tried=tuned.tried_, fit_seconds=time.perf_counter() - started,
             warm=tuned.warm_state())

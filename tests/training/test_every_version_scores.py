@@ -1,0 +1,79 @@
+"""Every served version can do its model's job (issue 51): a model whose answers include
+scoring rows given in a request carries what scores them, whatever the gate serves. The
+`ads` family (TopPush, its logistic challenger, the best single feature) and the `search`
+family (kernel RankSVM, the linear challenger, the best single feature) each publish a scorer
+that reproduces the candidate's own scores; published to a real redis-server, `TopK.rank`
+scores rows the run never saw (new ads, a new query's docs) exactly as the model does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.serving.artifact import ModelArtifact
+from pipeline.serving.lookup import TopK
+from pipeline.serving.publish import publish
+from pipeline.settings import Settings
+from pipeline.training import retrain
+from pipeline.training.arrays import csr_from_arrays
+from pipeline.training.config import parse_model
+from pipeline.training.run_types import DATASET_FORMAT
+from solvers.persist import read_bundle
+
+CONFIGS = {
+    "ads": ("outcome", lambda: synthetic.outcome_events(n_items=800, n_features=12,
+                                                        positive_rate=0.1, seed=2),
+            {"algorithm": "toppush", "kinds": ["outcome"], "params": {"reg": 1.0},
+             "evaluation": {"metric": "average_precision"},
+             "gate": {"challenger": "logistic", "if_trivial": "publish_trivial"}}),
+    "search": ("judgment", lambda: synthetic.judgment_events(n_queries=50, docs_per_query=10,
+                                                             n_features=6, seed=2),
+               {"algorithm": "kernel_ranksvm", "kinds": ["judgment"],
+                "params": {"n_threads": 1}, "gate": {"challenger": "linear"}}),
+}
+
+
+@pytest.mark.filterwarnings("ignore::solvers.DegenerateFitWarning")
+@pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_candidate_carries_a_scorer_of_its_own_scores(tmp_path, redis_url, redis_client,
+                                                           name):
+    kind, make, spec = CONFIGS[name]
+    settings = Settings(home=tmp_path / "home", namespace=f"s{tmp_path.name[-10:]}")
+    ingest_files([synthetic.write_jsonl(make(), tmp_path / "events.jsonl")], kind,
+                 settings=settings, progress=False)
+    models = {name: parse_model(name, spec, "test")}
+    run = retrain.run(name, models, settings=settings, redis_url=redis_url)
+    run_dir = Path(run["dataset"]["run_dir"])
+    arrays = read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT)[1]
+    X = csr_from_arrays(arrays).toarray()
+    candidates = [d for d in run_dir.iterdir() if (d / "manifest.json").is_file()
+                  and d.name not in ("dataset", "checkpoint")]
+    if run["publish"]["published"]:
+        candidates.append(Path(run["publish"]["checkpoint"]) / "artifact")
+    assert len(candidates) >= 2, candidates          # the model or a rival, and a trivial one
+    for where in candidates:
+        art = ModelArtifact.load(where)
+        assert art.scorer is not None, f"{where} has no scorer"
+        scores = art.scorer.score(art.scorer.rows(X.tolist()))
+        listed = art.list_scores if art.kind == "query_docs" else art.item_scores
+        # the scorer ranks the training rows as the candidate's own list does
+        if art.kind == "query_docs":
+            order = np.lexsort((arrays["doc"], arrays["query"]))
+            np.testing.assert_allclose(scores[order], listed, rtol=1e-4, atol=1e-4)
+        else:      # the same scores, up to a shift (a logistic regression's intercept)
+            assert np.ptp(scores - listed) < 1e-4, where
+    # served over Redis: rows the run never saw are scored by the served version's scorer
+    served = ModelArtifact.load(Path(run["publish"]["checkpoint"]) / "artifact")
+    publish(name, served, redis_client, namespace=settings.namespace)
+    rng = np.random.default_rng(5)
+    new = rng.random((7, X.shape[1])).round(3)
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        got = topk.rank(name, [(f"new{i}", row.tolist()) for i, row in enumerate(new)], k=7)
+    want = served.scorer.score(served.scorer.rows(new.tolist()))
+    assert got.source == "scored" and [i for i, _ in got.items] == [
+        f"new{i}" for i in np.argsort(-want, kind="stable")]
