@@ -158,7 +158,10 @@ def _query_ranker(url: str, summary: dict, cfg, n: int = 200) -> dict:
     qid = str(arrays["query_ids"][qi])
     doc_ids = arrays["doc_ids"][arrays["doc"][rows]].tolist()
     grade = dict(zip(doc_ids, label[rows].tolist()))
-    candidates = [(d, x) for d, x in zip(doc_ids, X[rows].tolist())]
+    # the docs' features in the training file's numbering (a LETOR file's start at 1: the
+    # version's scorer reads a dense list from its feature_base, see pipeline/training/steps)
+    base = int(X.shape[1] > 0 and not X[:, 0].any())
+    candidates = [(d, x) for d, x in zip(doc_ids, X[rows, base:].tolist())]
     with TopK(url) as topk:
         listed = topk.recommend("search", qid, k=5)
         ranked = topk.rank("search", candidates, k=5, query=qid)

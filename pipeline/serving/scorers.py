@@ -266,9 +266,27 @@ class Scorer:
             return None
         if X.ndim != 2 or X.shape[1] > self.params["n_features"] or not np.isfinite(X).all():
             return None
+        base = self._dense_base(X.shape[1])
         X = sp.csr_matrix(X)
+        if base:      # position p is feature p + 1, as the training file numbered them
+            X = sp.hstack([sp.csr_matrix((X.shape[0], base)), X], format="csr")
         X.resize((X.shape[0], self.params["n_features"]))
         return X
+
+    def _dense_base(self, length: int, n: int | None = None) -> int:
+        """The column of a dense list's first value: 0, or 1 for a model whose training file
+        numbered its features from 1 (SVMlight, LIBSVM, LETOR: ``feature_base`` 1), whose
+        dense lists must then hold exactly one value per feature (a list one short read as
+        0-based scores every document with the wrong weights)."""
+        base = int(self.params.get("feature_base", 0))
+        width = self.params["n_features"] - base
+        if base and length != width:
+            who = "a candidate" if n is None else f"candidate {n}"
+            raise ValueError(f"{who} lists {length} features; the model numbers its {width} "
+                             f"features from {base} as its training file did: give {width} "
+                             f"values (features {base}..{width + base - 1}), or an "
+                             "{index: value} map in the file's numbering")
+        return base
 
     def _features(self, n: int, features):
         """(indices, values) of one candidate's features; a dense list or array of finite
@@ -283,7 +301,7 @@ class Scorer:
                 values = None
             if values is not None and values.ndim == 1 and np.isfinite(values).all() \
                     and values.size <= self.params["n_features"]:
-                return np.arange(values.size), values
+                return np.arange(values.size) + self._dense_base(values.size, n), values
             features = features.tolist() if isinstance(features, np.ndarray) else features
         return check_features(f"candidate {n}", features, self.params["n_features"] - 1)
 

@@ -202,7 +202,7 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
                         f"registry entry says {cfg.family.artifact_kind!r}")
     watermark = ds["window"]["end_offsets"]     # what every candidate learned from
     artifact.watermark = watermark
-    artifact.save(run_dir / "artifact")
+    numbered(artifact, arrays).save(run_dir / "artifact")
     baselines, found = {}, trainer.baselines(arrays, cfg)
     for name, (scores_metrics, scores) in found.items():
         baselines[name] = scores_metrics
@@ -210,7 +210,7 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
                                            params={"trivial": name}, metrics=scores_metrics,
                                            trained_at=trained_at, served_as="trivial")
         trivial.watermark = watermark
-        trivial.save(run_dir / f"trivial-{name}")
+        numbered(trivial, arrays).save(run_dir / f"trivial-{name}")
     checkpoint_arrays = trainer.checkpoint(fitted, arrays)
     challenger = _challenger(ctx, trainer, fitted, arrays, last_arrays, trained_at, watermark)
     fitted_challenger = None
@@ -238,6 +238,17 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
         **({"warm_start_failed": warm_failed} if warm_failed else {})})
 
 
+def numbered(artifact, arrays: dict):
+    """``artifact``, its scorer told how the training rows numbered their features
+    (``feature_base``: 1 when no row used index 0, as SVMlight, LIBSVM and LETOR files number
+    them; else 0), so that a dense list given to ``/rank`` is read in that numbering."""
+    scorer = artifact.scorer
+    if scorer is not None and "X_indices" in arrays:
+        used = arrays["X_indices"][arrays["X_indices"] < int(scorer.params["n_features"])]
+        scorer.params["feature_base"] = int(len(used) > 0 and int(used.min()) >= 1)
+    return artifact
+
+
 def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_at: str,
                 watermark: dict):
     """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
@@ -254,7 +265,7 @@ def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_a
         artifact.served_as, artifact.algorithm = str(choice), f"{cfg.algorithm}:{choice}"
         artifact.metrics, artifact.trained_at = metrics, trained_at
         artifact.watermark = watermark
-        artifact.save(ctx.run_dir / choice.dir_name)
+        numbered(artifact, arrays).save(ctx.run_dir / choice.dir_name)
 
     def one(c) -> dict:
         if c.skipped is not None:     # not fitted (too large, say): the gate leaves it out

@@ -77,3 +77,32 @@ def test_every_candidate_carries_a_scorer_of_its_own_scores(tmp_path, redis_url,
     want = served.scorer.score(served.scorer.rows(new.tolist()))
     assert got.source == "scored" and [i for i, _ in got.items] == [
         f"new{i}" for i in np.argsort(-want, kind="stable")]
+
+
+@pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+def test_a_model_from_an_svmlight_file_reads_dense_lists_in_its_numbering(tmp_path, redis_url):
+    """Issue 51: features numbered from 1 in the training file were keyed 1.. by the model
+    while a plain list was read from 0: the same document scored differently. The version
+    records the numbering; a dense list of one value per feature is read 1.., the same as the
+    file's {index: value} map, and a list one short is refused in one line."""
+    events = synthetic.judgment_events(n_queries=40, docs_per_query=10, n_features=5, seed=3)
+    lines = [f"{e['label']} qid:{e['query']} "
+             + " ".join(f"{i + 1}:{v:g}" for i, v in enumerate(e["features"]))
+             + f" # docid = {e['doc']}" for e in events]
+    path = tmp_path / "letor.txt"
+    path.write_text("\n".join(lines) + "\n")
+    settings = Settings(home=tmp_path / "home", namespace=f"f{tmp_path.name[-10:]}")
+    ingest_files([path], None, settings=settings, progress=False, fmt="svmlight")
+    _, _, spec = CONFIGS["search"]
+    run = retrain.run("search", {"search": parse_model("search", spec, "test")},
+                      settings=settings, redis_url=redis_url)
+    assert run["publish"]["published"], run.get("reason")
+    docs = [[0.1, 0.9, 0.3, 0.0, 0.5], [0.8, 0.2, 0.4, 0.6, 0.1], [0.3, 0.3, 0.9, 0.2, 0.7]]
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        dense = topk.rank("search", [(f"d{i}", row) for i, row in enumerate(docs)], k=3)
+        mapped = topk.rank("search", [(f"d{i}", {str(j + 1): v for j, v in enumerate(row)})
+                                      for i, row in enumerate(docs)], k=3)
+        assert dense.items == mapped.items
+        with pytest.raises(ValueError, match=r"lists 4 features; the model numbers its 5 "
+                                             r"features from 1 as its training file did"):
+            topk.rank("search", [("short", docs[0][:4])], k=1)
