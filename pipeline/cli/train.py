@@ -171,6 +171,19 @@ def check_redis(url: str) -> None:
 
 
 def run(args) -> int:
+    import warnings
+
+    from solvers import CollapseWarning, ConvergenceWarning, DegenerateFitWarning
+
+    # the solver's warnings are in the summary's WARNING lines (and the report): not raw on
+    # stderr too (a degenerate TopPush fit printed its reason twice)
+    with warnings.catch_warnings():
+        for category in (CollapseWarning, ConvergenceWarning, DegenerateFitWarning):
+            warnings.filterwarnings("ignore", category=category)
+        return _run(args)
+
+
+def _run(args) -> int:
     from pipeline.training import retrain
     from pipeline.training.config import load_models
     from pipeline.training.lock import ModelBusyError

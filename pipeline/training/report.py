@@ -174,6 +174,8 @@ def _header(run: Run, metric: str | None, higher: bool) -> str:
     body = "".join(f"<tr><th>{_text(k)}</th><td>{_text(v)}</td></tr>" for k, v in rows)
     notes = (f"<details><summary>the gate's notes, step by step</summary>{_note(reason)}"
              "</details>\n" if reason else "")
+    # what the solver said about its fit (a degenerate TopPush: why, and what can help), once
+    notes += "".join(_note(said, "warning") for said in tr.get("warnings", []))
     return (f"<header>\n<h1>{_text(run.model)}: run report</h1>\n"
             f'<p class="lead">{_text(what[:1].upper() + what[1:])}</p>\n{_note(why)}\n'
             f'<table class="summary">{body}</table>\n{notes}</header>')

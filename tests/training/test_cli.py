@@ -113,3 +113,31 @@ def test_refresh_and_train_take_the_kafka_bootstrap_as_ingest_does(monkeypatch):
         given = parser.parse_args([*args, "--bootstrap", "127.0.0.1:9092"])
         assert settings_of(given).kafka_bootstrap == "127.0.0.1:9092"
         assert settings_of(parser.parse_args(args)).kafka_bootstrap == "127.0.0.1:1"
+
+
+def test_a_degenerate_fit_is_said_once_in_the_summary_and_in_the_report(tmp_path, redis_url,
+                                                                        capsys):
+    """Issue 51: a degenerate TopPush fit printed its reason twice (once a raw Python warning)
+    and the report did not have it. Now: one WARNING line in the summary, none raw, and the
+    report carries it."""
+    import random
+
+    config = tmp_path / "models.toml"
+    config.write_text('[models.ads]\nalgorithm = "toppush"\nkinds = ["outcome"]\n'
+                      'params = { reg = 1.0 }\nevaluation = { metric = "average_precision" }\n')
+    rng = random.Random(0)      # labels that no feature sets apart: w = 0 is the optimum
+    events = [{"event_id": f"o{i}", "ts": synthetic.BASE_TS + i, "item": f"a{i}",
+               "label": int(rng.random() < 0.1),
+               "features": {str(j): round(rng.random(), 3) for j in range(4)}}
+              for i in range(600)]
+    home = tmp_path / "home"
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "o.jsonl")], "outcome",
+                 settings=Settings(home=home), progress=False)
+    main(["train", "ads", "--config", str(config), "--home", str(home), "--redis-url",
+          redis_url, "--namespace", f"d{tmp_path.name[-10:]}", "--no-progress"])
+    out, err = capsys.readouterr()
+    said = [line for line in out.splitlines() if "DegenerateFitWarning" in line]
+    assert len(said) == 1 and said[0].startswith("  WARNING  "), out
+    assert "DegenerateFitWarning" not in err, err
+    (report,) = (home / "runs" / "ads").glob("*/report.html")
+    assert report.read_text().count("TopPush fit is degenerate") == 1
