@@ -27,17 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.ingest.buffer import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    IngestSummary,
-    PartitionBuffer,
-    progress_bar,
-)
+from pipeline.ingest.buffer import DEFAULT_MAX_MESSAGE_BYTES, PartitionBuffer
 from pipeline.ingest.columns import Columns
 from pipeline.ingest.ledger import FILE_TOPIC, contains, record_key
 from pipeline.ingest.open_store import open_file_ledger, open_store
 from pipeline.ingest.sources import Plan, plan_source, read_plan
 from pipeline.ingest.store import EventStore, OverlapError, legacy_file_topic
+from pipeline.ingest.summary import IngestSummary, progress_bar
 from pipeline.ingest.validate import Limits
 
 

@@ -39,7 +39,7 @@ import socket
 import threading
 from collections.abc import Iterable, Mapping
 
-from pipeline.ingest.buffer import DEFAULT_MAX_MESSAGE_BYTES, IngestSummary
+from pipeline.ingest.buffer import DEFAULT_MAX_MESSAGE_BYTES
 from pipeline.ingest.kafka_group import (
     GROUP_CONFIG,
     leave_group,
@@ -50,6 +50,7 @@ from pipeline.ingest.kafka_group import (
 from pipeline.ingest.kafka_run import KafkaRun
 from pipeline.ingest.open_store import open_store
 from pipeline.ingest.store import EventStore
+from pipeline.ingest.summary import IngestSummary
 
 __all__ = ["DEFAULT_GROUP", "FETCH_CONFIG", "check_kafka_reachable", "ingest_kafka",
            "member_slot", "new_group_id"]

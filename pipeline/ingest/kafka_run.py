@@ -11,9 +11,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.ingest.buffer import IngestSummary, PartitionBuffer, progress_bar
+from pipeline.ingest.buffer import PartitionBuffer
 from pipeline.ingest.dead_letters import DEAD_LETTER_MAX_BYTES
 from pipeline.ingest.store import EventStore, OverlapError
+from pipeline.ingest.summary import IngestSummary, progress_bar
 from pipeline.ingest.validate import Limits
 
 log = logging.getLogger(__name__)

@@ -116,9 +116,9 @@ def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
     reach the consumer's dead letters too); otherwise records are decoded and re-encoded.
     Returns ``{"events": n, "messages": m, "seconds": s}``.
     """
-    from pipeline.ingest.buffer import progress_bar
     from pipeline.ingest.codec import DecodeError, decode
     from pipeline.ingest.sources import read_chunks
+    from pipeline.ingest.summary import progress_bar
 
     started = time.monotonic()
     with EventProducer(bootstrap, encoding=encoding, security=security) as producer, \

@@ -160,8 +160,7 @@ def pattern_search(axes: dict, start: dict, score, *, max_settings: int,
             return seen[key]
         t = time.perf_counter()
         value = score(dict(params))
-        value = None if value is None or not np.isfinite(value) else float(value)
-        seen[key] = value
+        seen[key] = value = None if value is None or not np.isfinite(value) else float(value)
         tried.append({"params": dict(params), "validation": value,
                       "seconds": round(time.perf_counter() - t, 3)})
         progress.step(len(tried), max_settings)

@@ -118,6 +118,7 @@ class AltSVMTrainer(Trainer):
             tuning = altsvm_tuning.reuse(model, arrays, cfg, self.family, warm)
             if tuning is None:
                 view = tuning_view(arrays)       # the sample of users the search fits
+                phase(f"tuning {self.family.name}")
                 tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes,
                                             self._validation_score(view, cfg))
                 phase("fit")

@@ -43,7 +43,6 @@ import warnings
 import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
-from pipeline.training.progress import phase
 from pipeline.training.selection import cheapest_near_best, setting_key
 from pipeline.training.trainers.altsvm_data import training_comparisons
 from pipeline.training.tuning import REUSE_GROWTH, coordinate_search, settings_for_size
@@ -98,7 +97,6 @@ def tune(model, arrays: dict, cfg, family, warm: dict | None, sizes: dict, score
     seed = int(cfg.evaluation["seed"])
     axes = _axes(cfg, family)
     last = _last_choice(warm, axes)
-    phase(f"tuning {family.name}")
     start = last["choice"] if last else {a: _current(cfg, family, a) for a in axes}
     budget = float(cfg.tune["budget_seconds"])
     n_rows = int((arrays["met_part"] != TEST).sum()) if "met_part" in arrays else 0
