@@ -222,3 +222,18 @@ def warm_state(checkpoint_arrays: dict, prefix: str = WARM_PREFIX) -> dict:
 def idmap(arrays: dict | None, name: str) -> IdMap:
     """The id map ``name`` of a checkpoint's arrays (empty when there is none)."""
     return IdMap(arrays[name]) if arrays and name in arrays else IdMap()
+
+
+def feature_scorer(found: dict | None, arrays: dict):
+    """A best-single-feature baseline (``found``: its metrics with ``feature`` and ``sign``) as
+    the linear scorer ``sign · x[feature]`` over the rows' columns (``X_shape``), or None: a
+    trivial version scores request rows as it ranked the training ones."""
+    import numpy as np
+
+    from pipeline.serving.scorers import Scorer
+
+    if not found or "feature" not in found:
+        return None
+    w = np.zeros(int(arrays["X_shape"][1]))
+    w[int(found["feature"])] = float(found.get("sign", 1))
+    return Scorer.linear(w)

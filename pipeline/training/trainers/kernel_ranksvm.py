@@ -44,7 +44,7 @@ from pipeline.training.datasets import (
     window_tables,
 )
 from pipeline.training.idmap import IdMap
-from pipeline.training.trainers import Challenger, Trainer, idmap
+from pipeline.training.trainers import Challenger, Trainer, feature_scorer, idmap
 from pipeline.training.tuning import grid_search, neighbours, skipped, validation_mask
 
 MAX_BASELINE_FEATURES = 50   # single features tried as the trivial ranker (both signs)
@@ -387,14 +387,8 @@ class KernelRankSVMTrainer(Trainer):
     def trivial_artifact(self, scores, arrays: dict, **describe):
         """The best feature's ranking of every query's docs, and its scorer (the feature with
         its sign, a linear scorer: a query the run never saw is ranked by it too)."""
-        from pipeline.serving.scorers import Scorer
 
-        found = describe.get("metrics") or {}
-        scorer = None
-        if "feature" in found:
-            w = np.zeros(int(arrays["X_shape"][1]))
-            w[int(found["feature"])] = float(found.get("sign", 1))
-            scorer = Scorer.linear(w)
+        scorer = feature_scorer(describe.get("metrics"), arrays)
         return self._query_docs(arrays, np.asarray(scores, dtype=np.float64), scorer=scorer,
                                 **describe)
 

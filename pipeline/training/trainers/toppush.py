@@ -27,7 +27,7 @@ from pipeline.training.datasets import (
     window_tables,
 )
 from pipeline.training.idmap import IdMap
-from pipeline.training.trainers import Challenger, Trainer, idmap
+from pipeline.training.trainers import Challenger, Trainer, feature_scorer, idmap
 from pipeline.training.tuning import (
     grid_search,
     neighbours,
@@ -273,14 +273,8 @@ class TopPushTrainer(Trainer):
     def trivial_artifact(self, scores, arrays: dict, **describe):
         """The best feature's list, and the feature with its sign as a linear scorer."""
         from pipeline.serving.artifact import ModelArtifact
-        from pipeline.serving.scorers import Scorer
 
-        found = describe.get("metrics") or {}
-        scorer = None
-        if "feature" in found:
-            w = np.zeros(int(arrays["X_shape"][1]))
-            w[int(found["feature"])] = float(found.get("sign", 1))
-            scorer = Scorer.linear(w)
+        scorer = feature_scorer(describe.get("metrics"), arrays)
         return ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores,
                                          scorer=scorer, **describe)
 
