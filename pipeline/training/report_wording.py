@@ -219,14 +219,20 @@ def _why_published(train: dict, gate: dict, chosen: Candidate, served: Candidate
     return parts
 
 
-def _what(gate: dict, published: dict | None, served: Candidate | None, metric: str) -> str:
-    """The first sentence: what users get now."""
+# who gets a family's answers, for the first sentence ("users" unless said here)
+AUDIENCE = {"kernel_ranksvm": "queries now get", "toppush": "lookups now get",
+            "npsvor": "lookups now get"}
+
+
+def _what(gate: dict, published: dict | None, served: Candidate | None, metric: str,
+          algorithm: str | None = None) -> str:
+    """The first sentence: what users (a search model's queries, ...) get now."""
     before = gate.get("served_before") or {}
     holdout = "" if served is None else (f", holdout {metric} "
                                          f"{number(served.value, served.interval)}")
     if published and published.get("published"):
-        return (f"published version {published.get('version')}: users now get "
-                f"{served.label}{holdout}.")
+        return (f"published version {published.get('version')}: "
+                f"{AUDIENCE.get(algorithm or '', 'users now get')} {served.label}{holdout}.")
     if gate.get("publish"):
         if published is None:
             return f"not published yet: the gate chose {served.label}{holdout}."
@@ -280,7 +286,7 @@ def served_sentences(train: dict, gate: dict | None, published: dict | None = No
         parts.append(_why_kept(gate, chosen, best, sign))
     else:
         parts += _why_published(train, gate, chosen, served, best, sign)
-    return _what(gate, published, served, metric), "; ".join(parts) + "."
+    return _what(gate, published, served, metric, algorithm), "; ".join(parts) + "."
 
 
 def served_rows(train: dict, gate: dict | None, published: dict | None, metric: str,

@@ -324,3 +324,15 @@ def test_a_real_run_keeps_intervals_and_says_what_it_serves(real_run):
     header = page.split("<header>")[1].split("</header>")[0]
     assert f"holdout {gate['metric']} {gate['value']:.4f} [{lo:.3f}, {hi:.3f}]" in \
         re.search(r"<tr><th>serves</th><td>(.*?)</td>", header).group(1)
+
+
+@pytest.mark.parametrize(("algorithm", "who"), [("kernel_ranksvm", "queries now get"),
+                                               ("toppush", "lookups now get"),
+                                               ("altsvm", "users now get")])
+def test_the_first_sentence_names_who_gets_the_answers(algorithm, who):
+    """Issue 51: a search model's summary said "users now get"; its answers are queries'."""
+    summary = _summary(_gate("challenger-als", version=1, value=0.20),
+                       {"published": True, "version": 1, "publish_seconds": 0.1}, "published")
+    summary["algorithm"] = algorithm
+    first = format_summary(summary).splitlines()[0]
+    assert first.startswith(f"model movies ({algorithm}): published version 1: {who} "), first
