@@ -36,6 +36,7 @@ def run(args) -> int:
                                                                      1.0)) as topk:
                 try:
                     rec = topk.recommend(args.model, args.user, k=args.k)
+                    served = topk.served_version(args.model)
                 except UnknownModelError:
                     return fail("recommend", LookupError(unknown_model_reason(
                         args.model, _configured(settings))))
@@ -47,7 +48,9 @@ def run(args) -> int:
                           "source": rec.source, "stale": rec.stale,
                           "items": [[i, s] for i, s in rec.items]}))
         return 0
-    who = f"user {rec.user!r}" if rec.user is not None else "global list"
+    # a search model's lists are per query, not per user
+    key = "query" if served is not None and served.kind == "query_docs" else "user"
+    who = f"{key} {rec.user!r}" if rec.user is not None else "global list"
     print(f"{rec.model} version {rec.version}, {who}: {rec.source}")
     for rank, (item, score) in enumerate(rec.items, 1):
         print(f"{rank:>4}  {item!s:<24} {score:.6g}")

@@ -106,3 +106,21 @@ def test_a_model_from_an_svmlight_file_reads_dense_lists_in_its_numbering(tmp_pa
         with pytest.raises(ValueError, match=r"lists 4 features; the model numbers its 5 "
                                              r"features from 1 as its training file did"):
             topk.rank("search", [("short", docs[0][:4])], k=1)
+
+
+@pytest.mark.filterwarnings("ignore::solvers.ConvergenceWarning")
+def test_recommend_names_a_search_models_key_a_query(tmp_path, redis_url, capsys):
+    """Issue 51: `rankstream recommend search 64` said "user '64'"."""
+    from pipeline.cli import main
+
+    kind, make, spec = CONFIGS["search"]
+    events = make()
+    settings = Settings(home=tmp_path / "home", namespace=f"q{tmp_path.name[-10:]}")
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "events.jsonl")], kind,
+                 settings=settings, progress=False)
+    retrain.run("search", {"search": parse_model("search", spec, "test")}, settings=settings,
+                redis_url=redis_url)
+    capsys.readouterr()
+    assert main(["recommend", "search", str(events[0]["query"]), "--redis-url", redis_url,
+                 "--namespace", settings.namespace]) == 0
+    assert f", query {str(events[0]['query'])!r}: " in capsys.readouterr().out
