@@ -219,9 +219,18 @@ def _why_published(train: dict, gate: dict, chosen: Candidate, served: Candidate
     return parts
 
 
-# who gets a family's answers, for the first sentence ("users" unless said here)
-AUDIENCE = {"kernel_ranksvm": "queries now get", "toppush": "lookups now get",
-            "npsvor": "lookups now get"}
+# who gets a family's answers, by the shape it serves, for the first sentence
+AUDIENCE = {"user_item": "users now get", "query_docs": "queries now get",
+            "global_list": "lookups now get", "predicted_ratings": "lookups now get"}
+
+
+def _audience(algorithm: str | None) -> str:
+    from pipeline.training.registry import family
+
+    try:
+        return AUDIENCE.get(family(algorithm or "").artifact_kind, "users now get")
+    except (KeyError, ValueError):
+        return "users now get"
 
 
 def _what(gate: dict, published: dict | None, served: Candidate | None, metric: str,
@@ -232,7 +241,7 @@ def _what(gate: dict, published: dict | None, served: Candidate | None, metric: 
                                          f"{number(served.value, served.interval)}")
     if published and published.get("published"):
         return (f"published version {published.get('version')}: "
-                f"{AUDIENCE.get(algorithm or '', 'users now get')} {served.label}{holdout}.")
+                f"{_audience(algorithm)} {served.label}{holdout}.")
     if gate.get("publish"):
         if published is None:
             return f"not published yet: the gate chose {served.label}{holdout}."
