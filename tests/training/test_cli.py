@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pipeline.cli import main
 from pipeline.ingest import synthetic
@@ -141,3 +142,19 @@ def test_a_degenerate_fit_is_said_once_in_the_summary_and_in_the_report(tmp_path
     assert "DegenerateFitWarning" not in err, err
     (report,) = (home / "runs" / "ads").glob("*/report.html")
     assert report.read_text().count("TopPush fit is degenerate") == 1
+
+
+def test_two_users_are_too_little_data_said_so(tmp_path, capsys):
+    """Issue 51: `train` on two users said "reg is 0.0" (then "comparisons is empty")."""
+    rows = tmp_path / "r.csv"
+    rows.write_text("user,item,rating,ts\nu1,i1,5,1700000000000\nu1,i2,3,1700000000001\n"
+                    "u2,i1,4,1700000000002\nu2,i3,1,1700000000003\n")
+    home = tmp_path / "home"
+    ingest_files([rows], "rating", settings=Settings(home=home), progress=False)
+    shipped = Path(__file__).resolve().parents[2] / "dags" / "models.toml"
+    assert main(["train", "movies", "--config", str(shipped), "--home", str(home),
+                 "--no-publish", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("rankstream train: too little data to train altsvm: 2 users and 4 met "
+                       "rows give no training comparison (a user needs a liked item and "
+                       "another item outside the holdout): ingest more events"), err

@@ -101,6 +101,21 @@ class AltSVMTrainer(Trainer):
     # ------------------------------------------------------------------ fitting
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
+        """:meth:`_fit_model`; a window that gives no training comparison is said as too
+        little data (not as the solver's empty input: two users' four ratings said
+        "comparisons is empty")."""
+        try:
+            return self._fit_model(model, arrays, warm, cfg)
+        except ValueError as err:
+            if not str(err).startswith("comparisons is empty"):
+                raise
+            raise ValueError(
+                f"too little data to train {cfg.algorithm}: {len(arrays['user_ids']):,} users "
+                f"and {len(arrays['met_user']):,} met rows give no training comparison (a user "
+                "needs a liked item and another item outside the holdout): ingest more events"
+            ) from None
+
+    def _fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
         """A config with a ``tune`` table: settings chosen on the validation split
         (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
         ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
