@@ -158,3 +158,45 @@ def test_two_users_are_too_little_data_said_so(tmp_path, capsys):
     assert err[-1] == ("rankstream train: too little data to train altsvm: 2 users and 4 met "
                        "rows give no training comparison (a user needs a liked item and "
                        "another item outside the holdout): ingest more events"), err
+
+
+def test_recommend_answers_similar_fold_in_exclude_and_explain(tmp_path, redis_url, capsys):
+    """Issue 51: the CLI had no similar, explain, fold-in or exclude: each is the same lookup
+    as the Python client's, and an unknown item is one line."""
+    from pipeline.serving.lookup import TopK
+
+    config = tmp_path / "models.toml"
+    config.write_text(CONFIG)
+    home = tmp_path / "home"
+    events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
+    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
+                 settings=Settings(home=home), progress=False)
+    common = ["--config", str(config), "--home", str(home), "--redis-url", redis_url,
+              "--namespace", f"r{tmp_path.name[-10:]}"]
+    assert main(["train", "movies", *common]) == 0
+    capsys.readouterr()
+
+    def ask(*flags):
+        assert main(["recommend", "movies", *flags, "-k", "3", "--json", *common]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    user, item = events[0]["user"], events[0]["item"]
+    mine = [e["item"] for e in events if e["user"] == user][:5]
+    with TopK(redis_url, namespace=f"r{tmp_path.name[-10:]}") as topk:
+        listed = topk.recommend("movies", user, k=3)
+        first = listed.items[0][0]
+        assert ask(user, "--exclude", first)["items"] == [
+            list(x) for x in topk.recommend("movies", user, k=3, exclude=[first]).items]
+        assert ask("--similar", item)["items"] == [
+            list(x) for x in topk.similar("movies", item, k=3).items]
+        assert ask("--items", ",".join(mine))["items"] == [
+            list(x) for x in topk.fold_in("movies", mine, k=3).items]
+        why = ask(user, "--explain", first)
+        assert why["score"] == topk.explain("movies", user, first, k=3).score
+    assert main(["recommend", "movies", user, "--explain", first, *common]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"movies version 1, user {user!r}, item {first!r}: score ")
+    assert "residual" in text
+    assert main(["recommend", "movies", "--similar", "no-such-item", *common]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "'no-such-item' is not in model 'movies'" in err and len(err.splitlines()) == 1
