@@ -19,15 +19,21 @@ evaluation = { holdout = 4 }
 """
 
 
-def test_train_then_models(tmp_path, redis_url, redis_client, capsys):
+def _setup(tmp_path, redis_url, config_text: str, namespace: str):
+    """Planted rating events ingested into a fresh HOME, a config file: ``(events, home,
+    the common flags of train/models/recommend)``."""
     config = tmp_path / "models.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     home = tmp_path / "home"
     events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
     ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
                  settings=Settings(home=home), progress=False)
-    common = ["--config", str(config), "--home", str(home), "--redis-url", redis_url,
-              "--namespace", "clitest"]
+    return events, home, ["--config", str(config), "--home", str(home), "--redis-url",
+                          redis_url, "--namespace", namespace]
+
+
+def test_train_then_models(tmp_path, redis_url, redis_client, capsys):
+    _, home, common = _setup(tmp_path, redis_url, CONFIG, "clitest")
     assert main(["train", "movies", *common]) == 0
     out = capsys.readouterr().out
     assert "model movies (altsvm): published" in out and "version 1" in out
@@ -66,14 +72,8 @@ tune = { budget_seconds = 30, max_settings = 3, challenger_settings = 3 }''').re
 
 
 def _train(tmp_path, redis_url, *flags):
-    config = tmp_path / "models.toml"
-    config.write_text(CONFIG_TUNED)
-    home = tmp_path / "home"
-    events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
-    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
-                 settings=Settings(home=home), progress=False)
-    return main(["train", "movies", "--config", str(config), "--home", str(home),
-                 "--redis-url", redis_url, "--namespace", f"p{tmp_path.name[-10:]}", *flags])
+    _, _, common = _setup(tmp_path, redis_url, CONFIG_TUNED, f"p{tmp_path.name[-10:]}")
+    return main(["train", "movies", *common, *flags])
 
 
 def test_train_shows_its_phases_on_a_terminal_and_its_wall_time(tmp_path, redis_url, capsys,
@@ -165,14 +165,7 @@ def test_recommend_answers_similar_fold_in_exclude_and_explain(tmp_path, redis_u
     as the Python client's, and an unknown item is one line."""
     from pipeline.serving.lookup import TopK
 
-    config = tmp_path / "models.toml"
-    config.write_text(CONFIG)
-    home = tmp_path / "home"
-    events = synthetic.rating_events(n_users=150, n_items=80, per_user=25, seed=7)
-    ingest_files([synthetic.write_jsonl(events, tmp_path / "r.jsonl")], "rating",
-                 settings=Settings(home=home), progress=False)
-    common = ["--config", str(config), "--home", str(home), "--redis-url", redis_url,
-              "--namespace", f"r{tmp_path.name[-10:]}"]
+    events, _, common = _setup(tmp_path, redis_url, CONFIG, f"r{tmp_path.name[-10:]}")
     assert main(["train", "movies", *common]) == 0
     capsys.readouterr()
 
