@@ -70,15 +70,20 @@ def pos_at_top(y_true, y_score):
     return float(np.mean(s[pos] > s[~pos].max()))
 
 
-def average_precision(y_true, y_score):
+def average_precision(y_true, y_score, *, per_positive=False):
     """Average precision: Σ_k (R_k − R_{k−1}) P_k over the distinct score thresholds.
 
     Tied scores are one threshold (same value as ``sklearn.metrics.average_precision_score``).
+    Each positive adds 1/#positives of the precision at its threshold, so AP is the mean over
+    the positives of that precision; ``per_positive=True`` returns those values (in the
+    positives' input order), for bootstrap intervals over the positives.
 
     Examples
     --------
     >>> round(average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]), 4)
     0.8333
+    >>> average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1], per_positive=True).tolist()
+    [1.0, 0.6666666666666666]
     """
     pos, s = _check(y_true, y_score)
     order = np.argsort(-s, kind="stable")
@@ -87,6 +92,10 @@ def average_precision(y_true, y_score):
     last_of_group = np.r_[np.flatnonzero(np.diff(s_sorted) != 0.0), s.size - 1]
     tp = np.cumsum(rel)[last_of_group]
     precision = tp / (last_of_group + 1.0)
+    if per_positive:
+        group = np.empty(s.size, dtype=np.int64)      # each row's threshold, in input order
+        group[order] = np.searchsorted(last_of_group, np.arange(s.size))
+        return precision[group[pos]]
     recall_step = np.diff(np.r_[0.0, tp]) / tp[-1]
     return float(np.sum(recall_step * precision))
 

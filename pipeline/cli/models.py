@@ -53,9 +53,14 @@ def run(args) -> int:
                 share = _fallback_share(client, name, settings.namespace, current)
                 refreshed = read_stats(settings.home, name) or {}
                 heals, last_heal = refreshed.get("heals", 0), refreshed.get("last_heal")
+                # the served version says when it was republished, whichever host healed it;
+                # this host's refresher stats say how often
+                healed_at = current[0].healed_at if current else ""
+                last_heal = healed_at or last_heal
                 rows.append((name, cfg.algorithm, served, metric, share,
                              ckpt.run_id if ckpt else "-",
-                             f"{heals}x, last {last_heal}" if heals else "-"))
+                             f"{heals}x, last {last_heal}" if heals else
+                             f"v{current[0].version} at {healed_at}" if healed_at else "-"))
                 records.append({
                     "model": name, "algorithm": cfg.algorithm,
                     "served_version": current[0].version if current else None,

@@ -72,6 +72,7 @@ class KafkaRefresh:
         self.consumer = None
         self.to_place: list = []        # partitions assigned, paused until placed
         self.revoked_at: float | None = None   # a rebalance began here, and has not finished
+        self.events_said = 0            # the refresher's event count at the last batch line
 
     def _consumer(self, member: str):
         from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -237,8 +238,18 @@ class KafkaRefresh:
         self._close()
 
     def _flush(self) -> None:
-        """Recompute and write the touched users; what was read is then written, to commit."""
-        while self.refresher.flush() and self.refresher.replay and not self.stop.is_set():
-            pass     # a flip's replay, batch by batch
+        """Recompute and write the touched users; what was read is then written, to commit.
+        One INFO line per batch that wrote users: how many, from how many events, the lag."""
+        stats, users = self.refresher.stats, 0
+        while True:
+            written = self.refresher.flush()
+            users += written
+            if not (written and self.refresher.replay and not self.stop.is_set()):
+                break    # else a flip's replay, batch by batch
         self.applied.update(self.taken)
         self.taken.clear()
+        if users:
+            events, self.events_said = stats.events - self.events_said, stats.events
+            log.info("%s: refreshed %d user%s from %d event%s on version %s; lag %d events",
+                     self.refresher.model, users, "s"[:users != 1], events,
+                     "s"[:events != 1], stats.version, sum(stats.backlog.values()))

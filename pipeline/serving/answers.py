@@ -35,9 +35,10 @@ class Recommendation:
         ``"fold_in"`` (a new user folded in from their items), ``"fresh"`` (the user's list or
         factor as the refresher rewrote it since the version was published, whatever the
         version serves). A version that serves something other than the trained model
-        reports what instead of its own answers' source (``fresh`` aside): ``"trivial"`` (a
+        reports what for its stored lists (``precomputed``, ``global``): ``"trivial"`` (a
         trivial list: the model did not beat it), ``"challenger-NAME"`` or ``"blend-NAME"``
-        (the gate's challenger won; the version's ``served_as``).
+        (the gate's challenger won; the version's ``served_as``), and both for an answer made
+        now: ``"blend-als:fold_in"``, ``"challenger-ease:on_demand"``, ``"trivial:scored"``.
     stale : bool
         True when Redis was unavailable and this is the last-known answer.
     """

@@ -49,26 +49,31 @@ SERVED, NEVER_TRAINED, UNAVAILABLE = "served", "never trained", "unavailable"
 async def readyz(request: Request) -> Response | dict:
     """Ready when Redis answers and every required model (``rankstream serve --require``;
     default: every configured model that has a served version) answers. The body says per
-    configured (and required) model ``served`` / ``never trained`` / ``unavailable``."""
+    configured (and required) model ``served`` / ``never trained`` / ``unavailable``, and in
+    ``healed`` when each served version that a refresher published again after Redis lost
+    the model was published."""
     state = request.app.state
     topk, required = state.topk, list(state.required or [])
     topk.ping()                         # Redis down: a 503 "Redis is unavailable"
-    models = {}
+    models, healed = {}, {}
     for model in dict.fromkeys([*state.models, *required]):
         try:
-            models[model] = SERVED if topk.served_version(model) is not None else \
-                NEVER_TRAINED
+            served = topk.served_version(model)
         except Exception as err:        # noqa: BLE001 - this model's keys, not Redis: say so
             log.warning("readyz: model %r unavailable: %s", model, err)
             models[model] = UNAVAILABLE
+            continue
+        models[model] = NEVER_TRAINED if served is None else SERVED
+        if served is not None and served.healed_at:
+            healed[model] = served.healed_at
     if not required:
         required = [m for m, said in models.items() if said != NEVER_TRAINED]
     not_ready = [m for m in required if models[m] != SERVED]
     if not_ready:
         return JSONResponse({"status": "not ready", "error": "required models not served: "
                              + ", ".join(f"{m} ({models[m]})" for m in not_ready),
-                             "models": models}, status_code=503)
-    return {"status": "ready", "models": models}
+                             "models": models, "healed": healed}, status_code=503)
+    return {"status": "ready", "models": models, "healed": healed}
 
 
 async def list_models(request: Request) -> dict:

@@ -105,6 +105,9 @@ class ModelArtifact:
     watermark : dict or None
         ``{"<topic>/<partition>": next_offset}``: the event-store offsets the model learned
         from (the refresher re-applies every event after them); None: not known.
+    healed_at : str
+        When this artifact was published again because Redis had lost the model (a UTC ISO
+        time; "" for a plain publish). Kept in the version's meta, not in a saved artifact.
     """
 
     kind: str
@@ -118,6 +121,7 @@ class ModelArtifact:
     trained_at: str | None = None
     served_as: str = "model"
     watermark: dict | None = None
+    healed_at: str = ""
 
     user_item = _Shorthand()
     global_list = _Shorthand()

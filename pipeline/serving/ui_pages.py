@@ -136,8 +136,34 @@ def _item(item, titles: dict) -> str:
     return f"<span class='muted'>{e(item)}</span> <b>{e(title)}</b>" if title else e(item)
 
 
+def _plain(expl, titles: dict) -> str:
+    """One sentence a product person reads first: the history behind most of the score.
+
+    >>> from types import SimpleNamespace as N
+    >>> _plain(N(contributions=[{"item": 7, "term": 0.5, "share": 0.6},
+    ...                         {"winner": 3, "loser": 9, "term": 0.2, "share": 0.25}]), {})
+    'Mostly because this user met 7 (60%) and preferred 3 to 9 (25%).'
+    """
+    parts = []
+    for c in expl.contributions:
+        if c["term"] <= 0 or len(parts) == 2:
+            continue
+        share = f" ({c['share']:.0%})" if c.get("share") is not None else ""
+        parts.append(f"met {_name(c['item'], titles)}{share}" if "item" in c else
+                     f"preferred {_name(c['winner'], titles)} to "
+                     f"{_name(c['loser'], titles)}{share}")
+    if not parts:
+        return "Nothing in this user's history speaks for it; it is on the list by its bias."
+    return f"Mostly because this user {' and '.join(parts)}."
+
+
+def _name(item, titles: dict) -> str:
+    return titles.get(str(item)) or str(item)
+
+
 def _why(expl, titles: dict) -> str:
-    """One listed item's explanation: its largest terms with bars, then the remainder."""
+    """One listed item's explanation: a sentence in plain words, its largest terms with bars,
+    then the remainder."""
     if expl.note:
         return f"<span class='muted'>{e(expl.note)}</span>"
     rows = []
@@ -152,7 +178,8 @@ def _why(expl, titles: dict) -> str:
     more = expl.n_terms - len(expl.contributions)
     rest = (f"{more} more term{'s' if more != 1 else ''} {expl.rest:+.3g}, "
             f"bias {expl.bias:+.3g}, residual {expl.residual:+.3g}")
-    return f"<table class='why'>{''.join(rows)}</table><span class='muted'>{rest}</span>"
+    return (f"{e(_plain(expl, titles))}<table class='why'>{''.join(rows)}</table>"
+            f"<span class='muted'>{rest}</span>")
 
 
 def user_page(rec, explained: list, problem: str | None, titles: dict, models: list,
@@ -170,6 +197,9 @@ def user_page(rec, explained: list, problem: str | None, titles: dict, models: l
         out.append(f"<p class='note'>{e(problem)}</p>")
     if first is not None and first.computed:
         out.append(f"<p class='muted'>Why: {e(first.computed)}</p>")
+    if not titles:
+        out.append("<p class='muted'>Items show as ids: set <code>item_titles</code> in the "
+                   "model's config (a file of item id and title) to show their names.</p>")
     out.append(f"<h2>Current list ({len(rec.items)})</h2><table><tr><th>#</th><th>item</th>"
                "<th class='num'>score</th><th>why: the largest terms of the user's history "
                "(term, share of the score)</th></tr>")

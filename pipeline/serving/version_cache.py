@@ -42,6 +42,7 @@ TRIP_BYTES = 4 << 20   # bytes of chunks asked for in one round trip when loadin
 # the version's own answers (a version that serves something else reports that instead); an
 # answer from keys the refresher rewrote reports "fresh", whatever the version serves
 OWN_SOURCES = ("precomputed", "on_demand", "global", "scored", "fold_in")
+STORED_SOURCES = ("precomputed", "global")      # lists written at publish time
 
 
 class Vanished(Exception):
@@ -139,9 +140,12 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     st.has_bias = meta.get("has_item_bias") == "1"
     st.global_role = meta.get("global", "none")
     served_as = meta.get("served_as", "model")
-    # the source a lookup reports: how the answer came about, or, for a version that serves a
-    # trivial list or the challenger, that
-    st.sources = {s: (s if served_as == "model" else served_as) for s in OWN_SOURCES}
+    # the source a lookup reports: how the answer came about; a version that serves a trivial
+    # list, a challenger or a blend says that for its stored lists, and both for an answer
+    # made now ("blend-als:fold_in"), so that what served and how stay apart
+    st.sources = {s: (s if served_as == "model" else
+                      served_as if s in STORED_SOURCES else f"{served_as}:{s}")
+                  for s in OWN_SOURCES}
     st.topk_prefixes = [p + "topk:" for p in vk.bucket_prefixes]
     st.user_prefixes = [p + "u:" for p in vk.bucket_prefixes]
     st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]

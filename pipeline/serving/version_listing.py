@@ -43,6 +43,8 @@ class VersionInfo:
     watermark: dict = field(default_factory=dict)
     """``{"<topic>/<partition>": next_offset}``: the event-store offsets the version learned
     from (``{}``: not known)."""
+    healed_at: str = ""
+    """When it was published again because Redis had lost the model ("" for a plain publish)."""
 
 
 def check_watermark(value) -> dict:
@@ -142,6 +144,7 @@ def versions(model: str, redis, *, namespace: str = "rankstream") -> list[Versio
                 trained_at=m.get("trained_at", ""), published_at=m.get("published_at", ""),
                 n_items=int(m.get("n_items", 0)), n_lists=int(m.get("n_lists", 0)),
                 metrics=metrics, served_as=m.get("served_as", "model"),
+                healed_at=m.get("healed_at", ""),
                 watermark=parse_watermark(m.get("watermark"), keys.version(v).meta))
         except ValueError as err:
             raise LayoutError(f"{keys.version(v).meta} has a malformed field: {err}") from None

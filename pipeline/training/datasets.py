@@ -124,9 +124,20 @@ def window_tables(store: EventStore, kinds, window: dict, columns: dict, key: st
     n = int(sum(t.num_rows for t in tables.values()))
     keys = keys_stored if start_ts is None else (_distinct(tables, key) if key else 0)
     win = Window(end_offsets, start_ts, n, int(ts_all.min()) if n else None,
-                 int(ts_all.max()) if n else None, n_stored, key and f"{key}s", keys,
+                 int(ts_all.max()) if n else None, n_stored, plural(key), keys,
                  keys_stored)
     return tables, win
+
+
+def plural(noun: str) -> str:
+    """``"queries"`` of ``"query"``, ``"users"`` of ``"user"`` ("" stays "").
+
+    >>> plural("query"), plural("user"), plural("")
+    ('queries', 'users', '')
+    """
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return noun[:-1] + "ies"
+    return noun + "s" if noun else ""
 
 
 def id_indices(idmap: IdMap, column) -> tuple[IdMap, np.ndarray]:

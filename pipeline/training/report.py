@@ -1,8 +1,8 @@
 """The run report: one self-contained HTML page per run directory, ``RUN_DIR/report.html``.
 
 Its header says first what users get after the run (the served candidate, its holdout metric
-with a bootstrap interval over users, its lift over the best trivial model), then every other
-candidate scored, and why the gate chose (:mod:`pipeline.training.report_wording`). Then four
+with a bootstrap interval over users, queries or events, its lift over the best trivial
+model), then every other candidate scored, and why the gate chose (:mod:`pipeline.training.report_wording`). Then four
 figures (matplotlib, inlined as base64 PNG: no external URL, no JavaScript, so the file can be
 mailed or attached to a ticket and still opens):
 
@@ -248,8 +248,10 @@ def _bars_section(run: Run, metric: str | None, higher: bool) -> str:
             edgecolor=["black" if c.choice == served else "none" for c in found],
             linewidth=1.5, height=0.7)
     if any(spans):
-        lo = [c.value - s[0] if s else 0.0 for c, s in zip(found, spans)]
-        hi = [s[1] - c.value if s else 0.0 for c, s in zip(found, spans)]
+        # at least 0: an interval is kept to 5 decimals, a value to more (a constant
+        # column's interval is the value itself, rounded)
+        lo = [max(c.value - s[0], 0.0) if s else 0.0 for c, s in zip(found, spans)]
+        hi = [max(s[1] - c.value, 0.0) if s else 0.0 for c, s in zip(found, spans)]
         ax.errorbar([c.value for c in found], y, xerr=[lo, hi], fmt="none", ecolor="black",
                     elinewidth=1, capsize=3)
     labels = [c.short + (" (served)" if c.choice == served else "") for c in found]
@@ -260,7 +262,9 @@ def _bars_section(run: Run, metric: str | None, higher: bool) -> str:
         ax.annotate(number(c.value, c.interval), (c.interval[1] if c.interval else c.value, yi),
                     textcoords="offset points", xytext=(4, 0), va="center", fontsize=8)
     ax.set_xlabel(f"holdout {metric} ({'higher' if higher else 'lower'} is better)"
-                  + ("; bars: 95% bootstrap interval over users" if any(spans) else ""))
+                  + (f"; bars: 95% bootstrap interval over "
+                     f"{(run.train.get('holdout_intervals') or {}).get('unit', 'users')}"
+                     if any(spans) else ""))
     ax.margins(x=0.2)
     ax.grid(axis="x", alpha=0.3)
     words, warning = verdict(metric_bars(run, metric), metric, higher)

@@ -5,8 +5,8 @@ The train step computes them where it computes the holdout metrics, from the sam
 evaluated model, each challenger's and the blend's evaluated factors, the trivial models'
 item scores), and keeps them in ``train.json`` as ``holdout_intervals``::
 
-    {"metric": "topk_ndcg@10", "users": 943, "resamples": 1000, "level": LEVEL, "seed": 0,
-     "method": "percentile bootstrap over users", "seconds": 0.41,
+    {"metric": "topk_ndcg@10", "unit": "users", "units": 943, "resamples": 1000,
+     "level": LEVEL, "seed": 0, "method": "percentile bootstrap over users", "seconds": 0.41,
      "candidates": {"model": {"value": 0.1856, "interval": [0.171, 0.2]}, "challenger-als":
                     ..., "blend-als+ease": ..., "trivial-popularity": ...},
      "lift_over": "popularity",
@@ -15,11 +15,13 @@ item scores), and keeps them in ``train.json`` as ``holdout_intervals``::
 Candidates are named as the gate's choices are (``str`` of a
 :class:`~pipeline.training.run_types.Choice`), so the summary and the report look the served
 one up by what the gate ``publishes``; a lift is in the metric's direction (positive: better
-than the trivial model). Per-user values exist for the per-user top-K metrics
-(``topk_precision@k``, ``topk_recall@k``, ``topk_ndcg@k`` of a family whose trainer scores
-users' top-K lists); another metric gets no interval (``None``), and a candidate whose
-per-user mean does not reproduce its recorded metric is left out rather than shown with an
-interval around another number. The resampling is :mod:`pipeline.training.bootstrap`.
+than the trivial model). The units are what the family's gate metric averages over
+(:meth:`~pipeline.training.trainers.Trainer.holdout_unit`): users for the per-user top-K
+metrics, queries for a search model's per-query NDCG@k, held-out positives for average
+precision (the mean of the precision at each positive's rank), held-out events for MAE;
+another metric gets no interval (``None``), and a candidate whose per-unit mean does not
+reproduce its recorded metric is left out rather than shown with an interval around another
+number. The resampling is :mod:`pipeline.training.bootstrap`.
 """
 
 from __future__ import annotations
@@ -35,14 +37,9 @@ from pipeline.training.bootstrap import (
     percentile_interval,
     resampled_means,
 )
-from pipeline.training.per_user_metrics import (  # noqa: F401 - per_user_topk: re-exported
-    per_user_holdout,
-    per_user_topk,
-    topk_kind,
-)
+from pipeline.training.per_user_metrics import per_user_topk  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
-METHOD = "percentile bootstrap over users"
 
 
 def candidate_scorers(model, metrics: dict, baselines: dict, challenger, seed: int) -> dict:
@@ -73,17 +70,18 @@ def candidate_scorers(model, metrics: dict, baselines: dict, challenger, seed: i
     return out
 
 
-def intervals(columns: dict, metric: str, higher_is_better: bool, *,
+def intervals(columns: dict, metric: str, higher_is_better: bool, *, unit: str = "users",
               n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
-    """The ``holdout_intervals`` entry (see the module) of per-user ``columns`` (``{choice:
-    values}``, the same users in the same order in each)."""
+    """The ``holdout_intervals`` entry (see the module) of per-unit ``columns`` (``{choice:
+    values}``, the same units, ``unit`` naming them, in the same order in each)."""
     names = list(columns)
     table = np.column_stack([columns[n] for n in names])
     means = resampled_means(table, n_resamples=n_resamples, seed=seed)
     values = table.mean(axis=0)
     sign = 1.0 if higher_is_better else -1.0
-    out = {"metric": metric, "users": int(table.shape[0]), "resamples": int(n_resamples),
-           "level": LEVEL, "seed": int(seed), "method": METHOD,
+    out = {"metric": metric, "unit": unit, "units": int(table.shape[0]),
+           "resamples": int(n_resamples), "level": LEVEL, "seed": int(seed),
+           "method": f"percentile bootstrap over {unit}",
            "candidates": {n: {"value": round(float(values[j]), 5),
                               "interval": [round(x, 5) for x in percentile_interval(means[:, j])]}
                           for j, n in enumerate(names)}}
@@ -100,10 +98,11 @@ def intervals(columns: dict, metric: str, higher_is_better: bool, *,
 
 def holdout_intervals(trainer, arrays: dict, cfg, *, model, metrics: dict, baselines: dict,
                       challenger=None, n_resamples: int = N_RESAMPLES) -> dict | None:
-    """The run's ``holdout_intervals`` (see the module), or None when its gate metric has no
-    per-user form. Never fails a run: an error is logged and gives None."""
-    kind = topk_kind(cfg.metric, cfg.evaluation.get("k"))
-    if kind is None or not hasattr(trainer, "_relevant") or "met_part" not in arrays:
+    """The run's ``holdout_intervals`` (see the module), or None when its gate metric is not
+    a mean over units (:meth:`~pipeline.training.trainers.Trainer.holdout_unit`). Never
+    fails a run: an error is logged and gives None."""
+    unit = trainer.holdout_unit(arrays, cfg)
+    if unit is None:
         return None
     started = time.perf_counter()
     seed = int(cfg.evaluation.get("seed", 0))
@@ -111,17 +110,17 @@ def holdout_intervals(trainer, arrays: dict, cfg, *, model, metrics: dict, basel
         columns = {}
         for choice, (scorer, recorded) in candidate_scorers(
                 model, metrics, baselines, challenger, seed).items():
-            values = per_user_holdout(trainer, scorer, arrays, cfg, kind)
+            values = trainer.per_unit_holdout(scorer, arrays, cfg)
             want = recorded.get(cfg.metric)
             if values.size and want is not None and abs(values.mean() - want) <= 1e-6:
                 columns[choice] = values
             else:
-                log.warning("%s: no interval (per-user mean %s, recorded %s %s)", choice,
+                log.warning("%s: no interval (per-unit mean %s, recorded %s %s)", choice,
                             values.mean() if values.size else None, cfg.metric, want)
         if not columns:
             return None
         out = intervals(columns, cfg.metric, cfg.family.higher_is_better(cfg.metric),
-                        n_resamples=n_resamples, seed=seed)
+                        unit=unit, n_resamples=n_resamples, seed=seed)
     except Exception as err:    # noqa: BLE001 - an interval is for people: never fail a run
         log.warning("no holdout intervals (%s: %s); the run goes on", type(err).__name__, err)
         return None

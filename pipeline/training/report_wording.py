@@ -327,7 +327,7 @@ def served_rows(train: dict, gate: dict | None, published: dict | None, metric: 
 def interval_method(train: dict) -> str | None:
     """How the run's intervals were made, in words (None: it has none)."""
     found = train.get("holdout_intervals") or {}
-    if not found.get("users"):
+    if not found.get("units"):
         return None
-    return (f"{found['level']:.0%} percentile bootstrap over the {found['users']:,} holdout "
-            f"users ({found['resamples']:,} resamples, seed {found['seed']})")
+    return (f"{found['level']:.0%} percentile bootstrap over the {found['units']:,} holdout "
+            f"{found['unit']} ({found['resamples']:,} resamples, seed {found['seed']})")

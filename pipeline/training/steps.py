@@ -306,7 +306,17 @@ def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
         challengers={c["name"]: c.get("metrics", {}).get(metric) for c in fitted},
         blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"),
         blend_name=blend.get("name"), blend_margin=float(blend.get("margin") or 0.0),
-        validation=ch.get("validation") or {}, holdout_errors=ch.get("holdout_errors") or {})
+        validation=ch.get("validation") or {}, holdout_errors=ch.get("holdout_errors") or {},
+        **_trivial_lifts(trained.get("holdout_intervals") or {}, metric))
+
+
+def _trivial_lifts(found: dict, metric: str) -> dict:
+    """The gate's lift intervals (:class:`~pipeline.training.gate.Scores`) from the train
+    step's ``holdout_intervals`` of the gate metric ({} without them)."""
+    if found.get("metric") != metric or not found.get("lift"):
+        return {}
+    return {"trivial_lifts": {n: v["interval"] for n, v in found["lift"].items()},
+            "lift_over": found["lift_over"], "units": f"{found['units']:,} {found['unit']}"}
 
 
 def _current(versions: list, metric: str) -> gate.Current:
@@ -341,11 +351,15 @@ def gate_step(ctx: RunContext) -> dict:
         "rule": vars(rule), "reason": verdict.reason})
 
 
-def _publish(ctx: RunContext, artifact_dir: Path):
+def _publish(ctx: RunContext, artifact):
+    """Publish ``artifact`` (a :class:`~pipeline.serving.artifact.ModelArtifact`, or the
+    directory it was saved in) as the model's next version under the run's lease."""
     from pipeline.serving.artifact import ModelArtifact
     from pipeline.serving.publish import publish
 
-    return publish(ctx.model, ModelArtifact.load(artifact_dir), ctx.client(),
+    if not isinstance(artifact, ModelArtifact):
+        artifact = ModelArtifact.load(artifact)
+    return publish(ctx.model, artifact, ctx.client(),
                    top_k=int(ctx.cfg.publish["top_k"]),
                    keep_versions=int(ctx.cfg.publish["keep_versions"]),
                    namespace=ctx.settings.namespace, fence=ctx.fence)
@@ -396,9 +410,13 @@ def ensure_served(ctx: RunContext, checkpoint) -> dict:
     """After an "unchanged" window: if Redis serves nothing for the model (it was restarted
     empty or flushed), publish the last checkpoint's artifact again. A version that is served
     (even an older one an operator rolled back to) is left alone."""
+    from pipeline.serving.artifact import ModelArtifact
+
     if served_versions(ctx):
         return {"republished": False}
-    result = _publish(ctx, Path(checkpoint) / "artifact")
+    artifact = ModelArtifact.load(Path(checkpoint) / "artifact")
+    artifact.healed_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result = _publish(ctx, artifact)
     return {"republished": True, "version": result.version,
             "reason": f"Redis served nothing for {ctx.model!r}: republished checkpoint "
                       f"{Path(checkpoint).name} as version {result.version}"}

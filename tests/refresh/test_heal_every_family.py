@@ -52,4 +52,20 @@ def test_models_with_nothing_to_fold_in_are_healed_by_their_refresher(tmp_path, 
         for name, refresher in refreshers.items():
             assert refresher.watch() == "healed", name
             assert refresher.stats.heals == 1 and refresher.stats.last_heal
-            assert topk.served_version(name) is not None, name
+            served = topk.served_version(name)
+            # the version itself says it was a heal, and when, for /readyz and `models`
+            assert served is not None and served.healed_at, name
+    # /readyz, served over loopback HTTP from the same Redis, names the healed models
+    import httpx
+
+    from pipeline.serving.api import create_app
+    from tests.serving.test_explain import serve_app
+
+    with TopK(redis_url, namespace=settings.namespace) as topk, \
+            serve_app(create_app(topk, models=list(EVENTS))) as base:
+        body = httpx.get(f"{base}/readyz", timeout=10).json()
+    assert body["status"] == "ready" and set(body["healed"]) == set(EVENTS), body
+    # and a plain publish is not a heal
+    retrain.run("ads", models, settings=settings, redis_url=redis_url, cold=True)
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        assert topk.served_version("ads").healed_at == ""

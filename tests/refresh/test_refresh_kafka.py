@@ -4,6 +4,7 @@ flip mid-stream loses nothing, and a lookup never sees a mixed answer."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -80,7 +81,8 @@ def _until(what, deadline=DEADLINE):
     pytest.fail(f"not within {deadline} s")
 
 
-def test_a_produced_event_leaves_the_users_answer(trained):
+def test_a_produced_event_leaves_the_users_answer(trained, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.refresh.kafka_source")
     topk, user = trained["topk"], trained["events"][0]["user"]
     before = topk.recommend("movies", user, k=10)
     top = before.items[0][0]
@@ -89,6 +91,10 @@ def test_a_produced_event_leaves_the_users_answer(trained):
                                      else None)(topk.recommend("movies", user, k=10)))
     assert after.source == "fresh" and len(after.items) == 10
     assert seconds < 10, f"{seconds:.1f} s from produce to a fresh answer"
+    # the batch that wrote it said so in one line: users, events, version, lag
+    said = [r.getMessage() for r in caplog.records if "refreshed" in r.getMessage()]
+    assert any(line.startswith("movies: refreshed 1 user from ") and "; lag " in line
+               for line in said), said
 
 
 def test_a_user_the_version_never_met_gets_their_own_answer(trained):

@@ -176,7 +176,7 @@ def test_least_squares_fold_in_and_none(redis_client, topk):
     publish("challenged", art, redis_client, top_k=TOP_K)
     met = [int(x) for x in art.item_ids[[1, 2, 3]]]
     rec = topk.fold_in("challenged", met, k=5, exclude=[int(art.item_ids[0])])
-    assert rec.source == "challenger-als"
+    assert rec.source == "challenger-als:fold_in"
     u = least_squares_fold_in(art.item_factors, [1, 2, 3], reg=2.0, alpha=10.0)
     scores = art.item_factors @ u.astype(np.float32) + art.item_bias
     expected = _eligible_reference(art, None, 5, exclude=met + [int(art.item_ids[0])],
@@ -231,7 +231,11 @@ def test_a_blend_folds_in_each_part_on_its_columns(redis_client, topk):
     index = [2, 7, 19, 33, 41]
     met = [int(art.item_ids[i]) for i in index]
     rec = topk.fold_in("blended", met, k=8)
-    assert rec.source == "blend-als" and len(rec.items) == 8
+    assert rec.source == "blend-als:fold_in" and len(rec.items) == 8
+    # a stored list of the same version says only what serves it; a similar-items answer,
+    # made now, says how too
+    assert topk.recommend("blended", 0, k=3).source == "blend-als"
+    assert topk.similar("blended", met[0], k=3).source == "blend-als:on_demand"
     V = art.item_factors.astype(np.float64)     # float32 as published
     bias = art.item_bias.astype(np.float64)
     u1 = pairwise_fold_in(V[:, :r1], bias / a, implicit_pairs(index, n_items, 3),   # 12 / 5

@@ -137,6 +137,9 @@ def test_the_user_page_shows_history_list_and_why_with_titles(site):
         assert f"{score:.4g}" in text
     assert "History (6 met items)" in text and "list source <b>challenger-als</b>" in text
     assert "implicit&#x27;s explain" in text and "residual" in text
+    # each item's why starts with a sentence in plain words, naming titles, not ids
+    assert text.count("Mostly because this user ") >= len(listed) // 2
+    assert "set <code>item_titles</code>" not in text      # titles are set
     evil = "<img src=x onerror=alert(1)>"
     bad = httpx.get(base + "/ui/users", params={"model": "movies", "user": evil}, timeout=10)
     assert bad.status_code == 200 and evil not in bad.text and "&lt;img src=x" in bad.text

@@ -67,6 +67,20 @@ def test_every_candidate_carries_a_scorer_of_its_own_scores(tmp_path, redis_url,
             np.testing.assert_allclose(scores[order], listed, rtol=1e-4, atol=1e-4)
         else:      # the same scores, up to a shift (a logistic regression's intercept)
             assert np.ptp(scores - listed) < 1e-4, where
+    # the gate decided on intervals over the family's units, every candidate's (the trivial
+    # one's too) reproducing its recorded holdout metric, the lifts paired with the trivial's
+    found = run["train"]["holdout_intervals"]
+    assert found["unit"] == {"ads": "positives", "search": "queries"}[name]
+    assert {"model", f"challenger-{spec['gate']['challenger']}",
+            "trivial-best_feature"} <= set(found["candidates"])
+    for choice, got in found["candidates"].items():
+        low, high = got["interval"]
+        assert low <= got["value"] + 1e-5 and got["value"] <= high + 1e-5, choice
+    test = arrays["test_mask"]
+    held = (np.unique(arrays["query"][test]).size if name == "search"
+            else int(arrays["y"][test].sum()))
+    assert found["units"] == held >= 5
+    assert set(found["lift"]) == set(found["candidates"]) - {"trivial-best_feature"}
     # served over Redis: rows the run never saw are scored by the served version's scorer
     served = ModelArtifact.load(Path(run["publish"]["checkpoint"]) / "artifact")
     publish(name, served, redis_client, namespace=settings.namespace)

@@ -75,6 +75,8 @@ def test_latest_judgment_wins_ids_stay_and_whole_queries_are_held_out(settings):
     assert one.stats["judgments"] == 5 and one.stats["replaced"] == 0
     assert one.stats["train_queries_with_pairs"] == 1
     assert one.X.shape == (5, 2)
+    # the window counts its queries by their name, as a user reads it
+    assert one.window.describe()["queries"] == 3 and "querys" not in str(one.window.describe())
 
     # q1/a re-judged later (label 0 -> 2, new features) and a new feature index: latest wins
     _ingest([event(10, "q1", "a", 2, {"4": 1.5}), event(11, "q4", "e", 0, [0.5])], settings,

@@ -176,11 +176,12 @@ def test_worse_model_is_not_published_and_old_version_keeps_serving(settings, re
     assert after.version == run1["publish"]["version"] and after.items == before
 
 
-def _collapsed_movies(if_trivial):
+def _collapsed_movies(if_trivial, trivial_margin=0.0):
     """A movies model at λ = 1.5 reg_max without a bias: U = V = 0, every score 0."""
     return _models(movies={"params": {"rank": 4, "reg_ratio": 1.5, "item_bias": False,
                                       "max_iter": 20, "random_state": 0, "n_threads": 1},
-                           "gate": {"tolerance": 0.02, "if_trivial": if_trivial}})
+                           "gate": {"tolerance": 0.02, "if_trivial": if_trivial,
+                                    "trivial_margin": trivial_margin}})
 
 
 @pytest.mark.filterwarnings("ignore::solvers.CollapseWarning")
@@ -199,12 +200,14 @@ def test_gate_refuses_a_model_no_better_than_popularity(settings, redis_url):
     assert run["decision"] == "published" and gate["publishes"] == f"trivial-{best}"
     with TopK(redis_url, namespace=settings.namespace) as topk:
         assert topk.recommend("movies", first[0]["user"], k=5).source == "trivial"
-    # once something is served, "reject" keeps its meaning
+    # once something is served, "reject" keeps its meaning (a margin the lift's interval
+    # falls short of: the shortfall is outside the noise)
     _, more = _ratings()
     _ingest(more, settings, "rating", "r1")
-    run = retrain.run("movies", _collapsed_movies("reject"), settings=settings,
-                      redis_url=redis_url)
+    run = retrain.run("movies", _collapsed_movies("reject", trivial_margin=0.05),
+                      settings=settings, redis_url=redis_url)
     assert run["decision"] == "rejected" and "does not beat the trivial" in run["reason"]
+    assert run["train"]["holdout_intervals"]["lift"]["model"]["interval"][1] < 0.05
 
 
 @pytest.mark.filterwarnings("ignore::solvers.CollapseWarning")

@@ -14,6 +14,8 @@ import abc
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pipeline.training.idmap import IdMap
 from pipeline.training.selection import collected_warnings
 
@@ -74,7 +76,9 @@ class Challenger:
         In memory only, for a blend: the factors ``(U, V, b)`` fitted on TRAIN at the chosen
         setting (None when a warm run reused the last choice), on TRAIN + VALIDATION (what
         the holdout scores) and on every row (what is published); the validation score of
-        the chosen setting; the published fit's fold-in spec.
+        the chosen setting; the published fit's fold-in spec. A family that scores rows
+        keeps in ``evaluated`` its prediction for every row (the holdout's among them), for
+        the holdout intervals (:meth:`Trainer.per_unit_holdout`).
     """
 
     name: str
@@ -170,6 +174,18 @@ class Trainer(abc.ABC):
     def evaluate(self, model, arrays: dict, cfg) -> dict:
         """Holdout metrics (names from the registry entry); {} when there is no holdout."""
 
+    def holdout_unit(self, arrays: dict, cfg) -> str | None:
+        """What the gate metric averages over on the holdout (``"users"``, ``"queries"``,
+        ...) when it is a mean of per-unit values :meth:`per_unit_holdout` gives, for
+        bootstrap intervals; None when it is not (no interval, and the gate's plain rule)."""
+        return None
+
+    def per_unit_holdout(self, candidate, arrays: dict, cfg) -> np.ndarray:
+        """The gate metric's per-unit holdout values (their mean is the metric) of
+        ``candidate``: the evaluated model, a challenger's ``evaluated`` fit, or a trivial
+        model's scores as :meth:`baselines` gives them. Empty when it cannot be scored."""
+        return np.zeros(0)
+
     @abc.abstractmethod
     def baselines(self, arrays: dict, cfg) -> dict:
         """The trivial models the gate compares with: {name: (holdout metrics, one score per
@@ -228,8 +244,6 @@ def feature_scorer(found: dict | None, arrays: dict):
     """A best-single-feature baseline (``found``: its metrics with ``feature`` and ``sign``) as
     the linear scorer ``sign · x[feature]`` over the rows' columns (``X_shape``), or None: a
     trivial version scores request rows as it ranked the training ones."""
-    import numpy as np
-
     from pipeline.serving.scorers import Scorer
 
     if not found or "feature" not in found:

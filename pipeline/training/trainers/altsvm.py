@@ -331,6 +331,20 @@ class AltSVMTrainer(Trainer):
                 self._holdout_lists.pop(next(iter(self._holdout_lists)))
         return lists
 
+    def holdout_unit(self, arrays: dict, cfg) -> str | None:
+        from pipeline.training.per_user_metrics import topk_kind
+
+        known = topk_kind(cfg.metric, cfg.evaluation.get("k")) and "met_part" in arrays
+        return "users" if known else None
+
+    def per_unit_holdout(self, candidate, arrays: dict, cfg) -> np.ndarray:
+        """Each held-out user's value of the ``topk_*`` gate metric (see
+        :func:`~pipeline.training.per_user_metrics.per_user_holdout`)."""
+        from pipeline.training.per_user_metrics import per_user_holdout, topk_kind
+
+        kind = topk_kind(cfg.metric, cfg.evaluation.get("k"))
+        return per_user_holdout(self, candidate, arrays, cfg, kind)
+
     def evaluate(self, model, arrays: dict, cfg) -> dict:
         """On TEST, with everything the user met in training excluded: the ``topk_*`` metrics
         of the published lists; the paper's NDCG@k and precision@k over the rated held-out

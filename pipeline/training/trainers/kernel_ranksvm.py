@@ -329,6 +329,23 @@ class KernelRankSVMTrainer(Trainer):
         return query_metrics(data.query[test], data.label[test], scores,
                              int(cfg.evaluation["k"]))
 
+    def holdout_unit(self, arrays: dict, cfg) -> str | None:
+        return "queries" if cfg.metric == f"ndcg@{int(cfg.evaluation['k'])}" else None
+
+    def per_unit_holdout(self, candidate, arrays: dict, cfg) -> np.ndarray:
+        """Each held-out query's NDCG@k (0 for a query with no relevant doc, as the mean
+        counts it) of ``candidate``: a fitted ranker, or one score per row of the window."""
+        from solvers.metrics import query_ndcg
+
+        data = JudgmentData.from_arrays(arrays)
+        test = data.test_mask
+        if not test.any() or queries_with_pairs(data.query[test], data.label[test]) == 0:
+            return np.zeros(0)
+        scores = (candidate[test] if isinstance(candidate, np.ndarray)
+                  else candidate.decision_function(data.X[test].toarray()))
+        return query_ndcg(data.query[test], data.label[test], scores,
+                          int(cfg.evaluation["k"]), per_query=True)[2]
+
     def baselines(self, arrays: dict, cfg) -> dict:
         """``best_feature``: the single feature, with its sign, whose values rank the training
         queries' docs best by the gate metric (among the MAX_BASELINE_FEATURES of largest
@@ -420,4 +437,5 @@ class KernelRankSVMTrainer(Trainer):
         metrics = query_metrics(query[test], label[test], scores[test], k) if test.any() else {}
         artifact = self._query_docs(arrays, scores, scorer=tuned.scorer())
         return Challenger(name="linear", metrics=metrics, artifact=artifact, tried=tuned.tried_,
-                          fit_seconds=time.perf_counter() - started, warm=tuned.warm_state())
+                          fit_seconds=time.perf_counter() - started, warm=tuned.warm_state(),
+                          evaluated=scores)

@@ -284,12 +284,24 @@ class NPSVORTrainer(Trainer):
         X = data.X[test]
         return ordinal_metrics(data.y[test], model.predict(X), model.predict_score(X))
 
+    def holdout_unit(self, arrays: dict, cfg) -> str | None:
+        return "events" if cfg.metric == "mae" else None
+
+    def per_unit_holdout(self, candidate, arrays: dict, cfg) -> np.ndarray:
+        """Each held-out event's absolute error of ``candidate``'s rating: a fitted model's,
+        or one continuous rating per event, rounded (as :meth:`baselines` scores them)."""
+        data = OrdinalData.from_arrays(arrays)
+        test = data.test_mask
+        ratings = (np.rint(candidate[test]) if isinstance(candidate, np.ndarray)
+                   else candidate.predict(data.X[test]))
+        return np.abs(data.y[test] - ratings).astype(np.float64)
+
     def baselines(self, arrays: dict, cfg) -> dict:
         """Constant ratings from the training events, ``majority`` (the most frequent rating),
         ``mean`` (the mean rating, rounded) and ``median`` (the lower median: the constant of
         least training MAE), and ``best_feature`` (see :meth:`best_feature`), each scored on
         the held-out events like the model. Returns {name: (metrics, one continuous predicted
-        rating per published item)}."""
+        rating per event; :meth:`trivial_artifact` publishes each item's latest)}."""
         y, test = arrays["y"], arrays["test_mask"]
         train = ~test
         if not train.any():
@@ -299,12 +311,11 @@ class NPSVORTrainer(Trainer):
         constants = {"majority": lowest + int(np.argmax(np.bincount(ytr - lowest))),
                      "mean": int(np.floor(ytr.mean() + 0.5)),
                      "median": int(np.sort(ytr)[(len(ytr) - 1) // 2])}
-        n_items = len(arrays["latest"])
         out = {}
         for name, rating in constants.items():
             same = np.full(len(yte), float(rating))
             out[name] = (ordinal_metrics(yte, same, same),
-                         np.full(n_items, rating, dtype=np.float32))
+                         np.full(len(y), rating, dtype=np.float32))
         found = self.best_feature(arrays, cfg)
         if found is not None:
             out["best_feature"] = found
@@ -355,7 +366,7 @@ class NPSVORTrainer(Trainer):
         found["feature"] = j
         found["column"] = (f"feature {j}" if j < data.n_features
                            else f"hashed text column {j - data.n_features}")
-        return found, scores[data.latest].astype(np.float32)
+        return found, scores.astype(np.float32)
 
     # ------------------------------------------------------------------ publishing
 
@@ -378,9 +389,11 @@ class NPSVORTrainer(Trainer):
             **describe)
 
     def trivial_artifact(self, scores, arrays: dict, **describe):
-        """A trivial model as predicted ratings: its continuous rating per item, rounded."""
+        """A trivial model as predicted ratings: its continuous rating of each item's latest
+        event, rounded."""
         from pipeline.serving.artifact import ModelArtifact
 
+        scores = np.asarray(scores)[arrays["latest"]]
         y = arrays["y"][~arrays["test_mask"]]
         ratings = np.clip(np.rint(scores), y.min(), y.max()) if len(y) else np.rint(scores)
         return ModelArtifact.predicted_ratings(item_ids=self.item_ids(arrays), ratings=ratings,
@@ -424,4 +437,4 @@ class NPSVORTrainer(Trainer):
             scores=tuned.predict_score(latest))
         return Challenger(name="linear_ordinal", metrics=metrics, artifact=artifact,
                           tried=tuned.tried_, fit_seconds=time.perf_counter() - started,
-                          warm=tuned.warm_state())
+                          warm=tuned.warm_state(), evaluated=tuned.predict(X))

@@ -225,6 +225,22 @@ class TopPushTrainer(Trainer):
         test = data.test_mask
         return _metrics(data.y[test], model.decision_function(data.X[test]))
 
+    def holdout_unit(self, arrays: dict, cfg) -> str | None:
+        return "positives" if cfg.metric == "average_precision" else None
+
+    def per_unit_holdout(self, candidate, arrays: dict, cfg) -> np.ndarray:
+        """The precision at each held-out positive's rank among the held-out rows (their mean
+        is the average precision) of ``candidate``: a fitted model, or one score per row."""
+        from solvers.metrics import average_precision
+
+        data = OutcomeData.from_arrays(arrays)
+        test = data.test_mask
+        if len(np.unique(data.y[test])) < 2:
+            return np.zeros(0)
+        scores = (candidate[test] if isinstance(candidate, np.ndarray)
+                  else candidate.decision_function(data.X[test]))
+        return average_precision(data.y[test], scores, per_positive=True)
+
     def baselines(self, arrays: dict, cfg) -> dict:
         """``best_feature``: the single feature, with its sign, that ranks the training
         outcomes best by the gate metric (among the 50 of largest standardized mean
@@ -295,4 +311,4 @@ class TopPushTrainer(Trainer):
             artifact=ModelArtifact.global_list(item_ids=self.item_ids(arrays), scores=scores,
                                                scorer=tuned.scorer(X.shape[1])),
             tried=tuned.tried_, fit_seconds=time.perf_counter() - started,
-            warm=tuned.warm_state())
+            warm=tuned.warm_state(), evaluated=scores)
