@@ -66,20 +66,22 @@ def field_error(kind: str, name: str, value, expected: str) -> Invalid:
     return Invalid(f"{kind}: field '{name}' is {show(value)}, expected {expected}")
 
 
-def check_features(kind: str, value, max_index: int = MAX_FEATURE_INDEX
+def check_features(kind: str, value, max_index: int = MAX_FEATURE_INDEX,
+                   limit: str = "the limit (RANKSTREAM_MAX_FEATURE_INDEX)"
                    ) -> tuple[list[int], list[float]]:
-    """``(indices, values)`` of a dense list or a sparse ``{index: value}`` map, sorted."""
+    """``(indices, values)`` of a dense list or a sparse ``{index: value}`` map, sorted;
+    ``limit`` says in an error what ``max_index`` is."""
     if type(value) is list:
         if len(value) > max_index + 1:
             raise Invalid(f"{kind}: features: a dense list of {len(value)} values, more than "
-                          f"the limit of {max_index + 1} (RANKSTREAM_MAX_FEATURE_INDEX)")
+                          f"{max_index + 1}: {limit}")
         values = [_feature_value(kind, v, f"position {i}") for i, v in enumerate(value)]
         return list(range(len(values))), values
     if type(value) is not dict:
         raise field_error(kind, "features", value, "a list or a map")
     pairs = []
     for key, v in value.items():
-        index = _feature_index(kind, key, max_index)
+        index = _feature_index(kind, key, max_index, limit)
         pairs.append((index, _feature_value(kind, v, f"index {index}")))
     pairs.sort()
     for (a, _), (b, _) in zip(pairs, pairs[1:]):
@@ -88,22 +90,20 @@ def check_features(kind: str, value, max_index: int = MAX_FEATURE_INDEX
     return [i for i, _ in pairs], [v for _, v in pairs]
 
 
-def _feature_index(kind: str, key, max_index: int) -> int:
+def _feature_index(kind: str, key, max_index: int, limit: str) -> int:
     if type(key) is str:
         digits = key[1:] if key[:1] == "-" else key
         if not (digits.isascii() and digits.isdigit()):
             raise Invalid(f"{kind}: features: index {show(key)} is not an integer")
         if len(digits) > 18:
-            raise Invalid(f"{kind}: features: index {show(key)} > {max_index}, the limit "
-                          "(RANKSTREAM_MAX_FEATURE_INDEX)")
+            raise Invalid(f"{kind}: features: index {show(key)} > {max_index}, {limit}")
         key = int(key)
     elif type(key) is not int:
         raise Invalid(f"{kind}: features: index {show(key)} is not an integer")
     if key < 0:
         raise Invalid(f"{kind}: features: index {key} < 0")
     if key > max_index:
-        raise Invalid(f"{kind}: features: index {key} > {max_index}, the limit "
-                      "(RANKSTREAM_MAX_FEATURE_INDEX)")
+        raise Invalid(f"{kind}: features: index {key} > {max_index}, {limit}")
     return key
 
 

@@ -303,7 +303,8 @@ class Scorer:
                     and values.size <= self.params["n_features"]:
                 return np.arange(values.size) + self._dense_base(values.size, n), values
             features = features.tolist() if isinstance(features, np.ndarray) else features
-        return check_features(f"candidate {n}", features, self.params["n_features"] - 1)
+        return check_features(f"candidate {n}", features, self.params["n_features"] - 1,
+                              "the model's highest feature index")
 
     def score(self, X) -> np.ndarray:
         """Ranking score per row (higher is better)."""

@@ -249,7 +249,9 @@ def decide(s: Scores, rule: Rule, current: Current) -> Verdict:
             publishes = None
         notes.append(why)
     else:
-        beats = f"; beats {best} {s.trivial[best]:.4f}" if best is not None else ""
+        ahead = best is not None and s.sign * (value - s.trivial[best]) >= 0
+        beats = (f"; beats {best} {s.trivial[best]:.4f}" if ahead else
+                 f"; behind {best} {s.trivial[best]:.4f} inside the noise" if best else "")
         if current.value is None:
             notes.append(f"nothing served yet; {s.metric} = {value:.4f}{beats}")
         elif s.sign * (value - current.value) >= -rule.tolerance:
