@@ -105,7 +105,8 @@ def test_a_scorer_names_its_estimator_and_one_published_without_it_still_rebuild
 def test_bad_candidates_and_bytes_are_named(reviews, ranker):
     model, *_ = reviews
     ordinal = Scorer.ordinal(model, 3, 2**12)
-    with pytest.raises(ValueError, match="candidate 1: features: index 7 > 2, the model.s highest feature index$"):
+    with pytest.raises(ValueError, match="candidate 1: features: index 7 > 2, the model.s "
+                                         "highest feature index$"):
         ordinal.rows([[1.0, 2.0, 3.0], {"7": 1.0}])
     with pytest.raises(ValueError, match="candidate 0 has text; this model takes no text"):
         Scorer.kernel(ranker[0]).rows(["a text"])
