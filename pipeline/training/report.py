@@ -2,9 +2,10 @@
 
 Its header says first what users get after the run (the served candidate, its holdout metric
 with a bootstrap interval over users, queries or events, its lift over the best trivial
-model), then every other candidate scored, and why the gate chose (:mod:`pipeline.training.report_wording`). Then four
-figures (matplotlib, inlined as base64 PNG: no external URL, no JavaScript, so the file can be
-mailed or attached to a ticket and still opens):
+model), then every other candidate scored, and why the gate chose
+(:mod:`pipeline.training.report_wording`). Then four figures (matplotlib, inlined as base64
+PNG: no external URL, no JavaScript, so the file can be mailed or attached to a ticket and
+still opens):
 
 1. the **validation curves** of what the run tried (the λ path, the tuner, each challenger's
    search, the blend's weight): per parameter, the validation metric over the values tried
