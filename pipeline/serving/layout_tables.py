@@ -96,7 +96,10 @@ META_FIELDS = {
                  "list: the model did not beat it, and nothing better was served), "
                  "`challenger-NAME` or `blend-NAME` (the gate's challenger, or its blend with "
                  "the model, won); absent means `model`. Lookups of a version that is not "
-                 "`model` report it as their `source`",
+                 "`model` report it in their `source`",
+    "healed_at": "ISO 8601 UTC time a refresher published this version again because Redis "
+                 "had lost the model (the last checkpoint's artifact); empty or absent for a "
+                 "plain publish",
     "n_items": "number of item (or doc) ids",
     "item_id_type": "int64 | str",
     "item_chunk": "rows per items/V/b/val/gs chunk: a power of two up to 65536, chosen per "

@@ -37,6 +37,7 @@ from pipeline.training.trainers.altsvm_data import (
     training_comparisons,
     tuning_view,
 )
+from pipeline.training.trainers.altsvm_metrics import rated_metrics, relevance_of
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
 from pipeline.training.trainers.factors import content_key, csr_rows, factors_of, pair_scores
 from pipeline.training.tuning import REUSE_GROWTH
@@ -47,13 +48,6 @@ HOLDOUT_LISTS_KEPT = 16     # a run's candidates: model, ALS, EASE, blend, two b
 def _number_or(value, word: str):
     """A config value that is a number or the one word ``word``."""
     return value if value == word else float(value)
-
-
-def _relevance(arrays: dict, cfg) -> float:
-    """The relevance threshold the dataset resolved ("auto" follows the rating scale)."""
-    if "relevance" in arrays:
-        return float(arrays["relevance"])
-    return float(cfg.evaluation["relevance"])
 
 
 class AltSVMTrainer(Trainer):
@@ -255,7 +249,7 @@ class AltSVMTrainer(Trainer):
     @staticmethod
     def _relevant(arrays, cfg) -> np.ndarray:
         r = arrays["met_rating"]   # an interaction (NaN rating) is a positive
-        return np.isnan(r) | (r >= _relevance(arrays, cfg))
+        return np.isnan(r) | (r >= relevance_of(arrays, cfg))
 
     def topk_metrics(self, scorer, arrays, cfg, part) -> dict:
         """``topk_*`` metrics of ``scorer``'s lists against the positives of ``part``, over
@@ -351,28 +345,8 @@ class AltSVMTrainer(Trainer):
         items; the pairwise accuracy of their pairs."""
         out = self.topk_metrics(model, arrays, cfg, TEST)
         U, V, b = factors_of(model)
-        return {**out, **self.rated_metrics(
+        return {**out, **rated_metrics(
             lambda users, items: pair_scores(U, V, b, users, items), arrays, cfg)}
-
-    @staticmethod
-    def rated_metrics(predict, arrays: dict, cfg) -> dict:
-        """The paper's protocol: NDCG@k and precision@k of each user's rated held-out items
-        ranked by ``predict(users, items)``, and the pairwise accuracy of their pairs."""
-        from solvers import metrics, pairs_from_ratings
-
-        rated = (arrays["met_part"] == TEST) & np.isfinite(arrays["met_rating"])
-        u, i, r = (arrays[f"met_{c}"][rated] for c in ("user", "item", "rating"))
-        if len(u) == 0:
-            return {}
-        k, relevance = int(cfg.evaluation["k"]), _relevance(arrays, cfg)
-        scores = predict(u, i)
-        out = {f"ndcg@{k}": float(metrics.ndcg_at_k(u, r, scores, k=k)),
-               f"precision@{k}": float(metrics.precision_at_k(u, r >= relevance, scores, k=k))}
-        pairs = pairs_from_ratings(u, i, r)
-        if len(pairs):
-            out["pairwise_accuracy"] = float(metrics.pairwise_accuracy(
-                predict(pairs[:, 0], pairs[:, 1]), predict(pairs[:, 0], pairs[:, 2])))
-        return out
 
     def baselines(self, arrays: dict, cfg) -> dict:
         """The trivial models, scored like the model: ``popularity`` (how many users met the
@@ -389,7 +363,7 @@ class AltSVMTrainer(Trainer):
         for name, scores in found.items():
             scores = scores.astype(np.float32)
             metrics = {**self.topk_metrics(scores, arrays, cfg, TEST),
-                       **self.rated_metrics(lambda _, items, s=scores: s[items], arrays, cfg)}
+                       **rated_metrics(lambda _, items, s=scores: s[items], arrays, cfg)}
             out[name] = (metrics, scores)
         return out
 
@@ -413,7 +387,7 @@ class AltSVMTrainer(Trainer):
             return {}
         params = {**cfg.params, **getattr(self, "tuned", {})}
         param = lambda name: self.family.dataset_param(params, name)   # noqa: E731
-        relevance = _relevance(arrays, cfg)
+        relevance = relevance_of(arrays, cfg)
         min_rating = param("implicit_min_rating")
         range_ = param("rating_range")
         spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
