@@ -551,7 +551,7 @@ def items_from_duals(parts, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta,
         n_spans = min(n_parts, n_items)
         for t in prange(n_spans):
             lo, hi = _span(n_items, n_spans, t)
-            _sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b)
+            sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b)
 
 
 @njit(cache=True)
@@ -562,6 +562,16 @@ def _rebuild_part(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U
     V[:] = 0.0
     if fit_bias:
         b[:] = 0.0
+    add_users(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U, reg, fit_bias,
+              V, b)
+
+
+@njit(cache=True)
+def add_users(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U, reg, fit_bias,
+              V, b):
+    """(V, b) += (1/reg) Σ_{users lo..hi-1, in order} Σ_{entries (i, j)} B_ij (u_i, 1): a
+    part's sum continued from where another process left it (the Ray engine's rebuild of a
+    part whose users two workers hold)."""
     B = _scratch(lo, hi, entry_ptr)
     for i in range(lo, hi):
         _entry_sums(i, user_ptr, pos_w, pos_l, entry_ptr, beta, B, entry_ptr[i])
@@ -569,7 +579,7 @@ def _rebuild_part(lo, hi, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U
 
 
 @njit(cache=True)
-def _sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b):
+def sum_parts(acc_V, acc_b, lo, hi, fit_bias, V, b):
     """Rows lo..hi-1 of V (and b) = Σ_p acc_V[p] (acc_b[p]), adding in order p = 0, 1, ..."""
     for j in range(lo, hi):
         for f in range(V.shape[1]):
@@ -747,33 +757,45 @@ def _vstep_task(c0, c1, start, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss):
 
 
 @njit(cache=True)
-def _run_task(t, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss, seed):
-    c0, c1 = task_ptr[t], task_ptr[t + 1]
+def _run_task(k, t, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss, seed):
+    """Task t of the schedule, stored as the k-th task of the arrays given (k = t in one
+    process; a Ray worker holds some tasks)."""
+    c0, c1 = task_ptr[k], task_ptr[k + 1]
     if c1 > c0:
         _, z = next_u64(_stream_seed(seed, t))
         _vstep_task(c0, c1, np.int64(z % np.uint64(c1 - c0)), tu, tw, tl, beta, U, V, b,
                     fit_bias, reg, loss)
 
 
-@njit(parallel=True, cache=True)
-def vstep_strata(round_order, round_ptr, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg,
-                 loss, seed):
-    """One V-step epoch on the stratified schedule above, on any number of threads.
-
-    Problem (eq. 6 with bias): min_{V,b} reg/2 (‖V‖² + ‖b‖²) + Σ_c L(z_c), U fixed, through
-    its dual (eq. 9); on entry V, b must equal (1/reg) Σ beta_c x_c. Rounds: tasks
-    ``round_ptr[ρ]..round_ptr[ρ + 1] − 1``; task t: positions ``task_ptr[t]..task_ptr[t + 1]
-    − 1`` of ``tu, tw, tl, beta`` (the comparisons in task order, :func:`_altsvm_solver.strata`).
-    ``round_order`` (scratch, one entry per round) is set to the epoch's round order, a
-    shuffle drawn from ``seed``. No stopping rule inside: the caller checks the objective.
-    """
+@njit(cache=True)
+def epoch_rounds(round_order, seed):
+    """The epoch's order of the rounds (``round_order``, one entry per round), a shuffle drawn
+    from ``seed``."""
     for q in range(round_order.shape[0]):
         round_order[q] = q
     _shuffle(round_order, 0, round_order.shape[0], seed)
+
+
+@njit(parallel=True, cache=True)
+def vstep_strata(round_order, round_ptr, task_ptr, task_ids, tu, tw, tl, beta, U, V, b,
+                 fit_bias, reg, loss, seed):
+    """One V-step epoch on the stratified schedule above, on any number of threads.
+
+    Problem (eq. 6 with bias): min_{V,b} reg/2 (‖V‖² + ‖b‖²) + Σ_c L(z_c), U fixed, through
+    its dual (eq. 9); on entry V, b must equal (1/reg) Σ beta_c x_c. Rounds, in the order
+    ``round_order`` (:func:`epoch_rounds`): the k-th round's tasks are stored tasks
+    ``round_ptr[ρ]..round_ptr[ρ + 1] − 1``; stored task k: positions ``task_ptr[k]..task_ptr[k
+    + 1] − 1`` of ``tu, tw, tl, beta`` (the comparisons in task order,
+    :func:`_altsvm_solver.strata`), its schedule number ``task_ids[k]`` (which seeds its
+    start). One process stores every task (``task_ids`` = 0, 1, ...); a Ray worker the tasks
+    of one round it holds, with their items renumbered into the blocks it was sent. No
+    stopping rule inside: the caller checks the objective.
+    """
     for q in range(round_order.shape[0]):
         rho = round_order[q]
-        for t in prange(round_ptr[rho], round_ptr[rho + 1]):
-            _run_task(t, task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg, loss, seed)
+        for k in prange(round_ptr[rho], round_ptr[rho + 1]):
+            _run_task(k, task_ids[k], task_ptr, tu, tw, tl, beta, U, V, b, fit_bias, reg,
+                      loss, seed)
 
 
 @njit(cache=True)
@@ -876,7 +898,7 @@ def _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state):
 
 @njit(cache=True)
 def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
-                 reg, loss, max_extra, seed, A, U, shares):
+                 reg, loss, max_extra, seed, base, A, U, shares):
     """User i's U-step (Algorithm 1 lines 13-20), fused with the objective bookkeeping.
 
     Problem (5): min_u reg/2 ‖u‖² + Σ_{c of i} L(uᵀ(v_j − v_k) + b_j − b_k), V and b fixed,
@@ -885,13 +907,14 @@ def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha
     reg/2 ‖u_i^old‖², runs one random-order CD pass, then up to ``max_extra`` more while the
     share at the new u_i is above shares[i, 0]; if it still is, u_i = u_i^old (alpha keeps its
     progress). So the U-step never increases eq. (3). shares[i, 1] is the final share.
-    ``A`` is scratch for the user's entries.
+    ``A`` is scratch for the user's entries; the user's random stream is that of user
+    i + ``base`` (0 in one process; a Ray worker's first user otherwise).
     """
     old = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U_old, V, b, reg, loss,
                       A)
     shares[i, 0] = old
     _user_rebuild(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, alpha, V, reg, A, U)
-    state = _stream_seed(seed, i)
+    state = _stream_seed(seed, i + base)
     for epoch in range(max_extra + 1):
         state = _user_cd(i, user_ptr, cw, cl, alpha, U, V, b, reg, loss, state)
         new = _user_share(i, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg, loss,
@@ -906,32 +929,34 @@ def _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha
 
 @njit(cache=True)
 def ustep_serial(blocks, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
-                 b, reg, loss, max_extra, seed, U, shares):
+                 b, reg, loss, max_extra, seed, base, U, shares):
     """The U-step for all users (see :func:`_user_update`), one thread."""
     for q in range(blocks.shape[0] - 1):
         _block_update(blocks[q], blocks[q + 1], user_ptr, cw, cl, pos_w, pos_l, entry_ptr,
-                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, U, shares)
+                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, base, U,
+                      shares)
 
 
 @njit(cache=True)
 def _block_update(lo, hi, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old,
-                  V, b, reg, loss, max_extra, seed, U, shares):
+                  V, b, reg, loss, max_extra, seed, base, U, shares):
     """The U-step of users lo..hi-1 (:func:`_user_update`), with scratch for the largest."""
     A = _scratch(lo, hi, entry_ptr)
     for i in range(lo, hi):
         _user_update(i, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V,
-                     b, reg, loss, max_extra, seed, A, U, shares)
+                     b, reg, loss, max_extra, seed, base, A, U, shares)
 
 
 @njit(parallel=True, cache=True)
 def ustep_parallel(blocks, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old,
-                   V, b, reg, loss, max_extra, seed, U, shares):
+                   V, b, reg, loss, max_extra, seed, base, U, shares):
     """The U-step with blocks of users dealt to threads dynamically. Race-free (each user owns
     its comparisons, entries and row of U) and, with per-user random streams, gives the same
     numbers for any thread count."""
     for q in prange(blocks.shape[0] - 1):
         _block_update(blocks[q], blocks[q + 1], user_ptr, cw, cl, pos_w, pos_l, entry_ptr,
-                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, U, shares)
+                      entry_item, alpha, U_old, V, b, reg, loss, max_extra, seed, base, U,
+                      shares)
 
 
 @njit(cache=True)

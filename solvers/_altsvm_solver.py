@@ -354,65 +354,119 @@ def _seed(rng) -> np.uint64:
     return rng.integers(0, 2**63, size=1, dtype=np.int64).astype(np.uint64)[0]
 
 
+class LocalWork:
+    """What one alternation does to the users' side, in this process: the U-step, the V
+    rebuild and the V-step over the comparisons of layout ``lay`` (the Ray engine's
+    :class:`solvers.altsvm_ray.RayWork` does the same, bit for bit, on workers). Holds U, the
+    U of the last U-step (``U_old``: the V-step's features) and the duals; V and b are the
+    caller's, passed in and updated in place."""
+
+    def __init__(self, lay: dict, start: Start, *, reg: float, loss_code: int, fit_bias: bool,
+                 parallel: bool, hogwild: bool):
+        self.lay, self.reg, self.loss, self.fit_bias = lay, reg, loss_code, fit_bias
+        self.U, self.alpha, self.beta = start.U, start.alpha, start.beta
+        self.U_old = self.U.copy()
+        self.rank = self.U.shape[1]
+        self.ustep = K.ustep_parallel if parallel else K.ustep_serial
+        self.shares = np.empty((self.U.shape[0], 2))
+        self.parts, self.acc_V, self.acc_b = v_accumulators(lay, start.V, start.b)
+        self.hogwild, self.parallel = hogwild, parallel
+        if not hogwild:   # stratified: beta_t is beta in task order, V_t, b_t relabelled
+            st = lay.get("strata") or lay.setdefault("strata", strata(lay))  # once per layout
+            self.strata = st
+            self.round_order = np.empty(st["round_ptr"].shape[0] - 1, dtype=np.int64)
+            self.task_ids = np.arange(st["task_ptr"].shape[0] - 1, dtype=np.int64)
+            self.beta_t = np.empty(lay["cu"].shape[0])
+            K.take_duals(self.beta, st["perm"], self.beta_t, DUAL_SPANS)
+            self.V_t, self.b_t = np.empty_like(start.V), np.empty_like(start.b)
+
+    def swap(self) -> None:
+        """U_old takes U's buffer, no copy: every U-step rewrites every row of U from alpha
+        (_user_update), and nothing reads U between here and that U-step."""
+        self.U, self.U_old = self.U_old, self.U
+
+    def undo_u_step(self) -> None:
+        self.U[:] = self.U_old
+
+    def rebuild(self, V: np.ndarray, b: np.ndarray) -> None:
+        """V, b from beta with U_old (Algorithm 1 line 3)."""
+        lay = self.lay
+        K.items_from_duals(self.parts, lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                           lay["entry_ptr"], lay["entry_item"], self.beta, self.U_old,
+                           self.reg, self.fit_bias, self.acc_V, self.acc_b, V, b)
+
+    def v_step(self, V: np.ndarray, b: np.ndarray, seed) -> None:
+        """One V-step epoch with U_old's features; beta follows (rebuilds, the result)."""
+        lay = self.lay
+        if self.hogwild:   # the paper's lock-free V-step over blocks of comparisons
+            n = lay["cu"].shape[0]
+            block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
+            blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
+            hog = K.vstep_hogwild if self.parallel else K.vstep_serial
+            hog(blocks, block_start, lay["cu"], lay["cw"], lay["cl"], self.beta, self.U_old, V,
+                b, self.fit_bias, self.reg, self.loss, seed)
+            return
+        st, item_order = self.strata, self.strata["item_order"]
+        np.take(V, item_order, axis=0, out=self.V_t)
+        np.take(b, item_order, out=self.b_t)
+        K.epoch_rounds(self.round_order, seed)
+        chunk = numba.set_parallel_chunksize(1)  # a round has few tasks: one at a time
+        try:
+            K.vstep_strata(self.round_order, st["round_ptr"], st["task_ptr"], self.task_ids,
+                           st["tu"], st["tw"], st["tl"], self.beta_t, self.U_old, self.V_t,
+                           self.b_t, self.fit_bias, self.reg, self.loss, seed)
+        finally:
+            numba.set_parallel_chunksize(chunk)
+        V[item_order] = self.V_t
+        b[item_order] = self.b_t
+        K.put_duals(self.beta_t, st["perm"], self.beta, DUAL_SPANS)
+
+    def users_objective(self, V: np.ndarray, b: np.ndarray) -> float:
+        """Σ_i user i's share of P at U (the rest of P is reg/2 (‖V‖² + ‖b‖²))."""
+        lay = self.lay
+        K.user_shares(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
+                      lay["entry_ptr"], lay["entry_item"], self.U, V, b, self.reg, self.loss,
+                      self.shares[:, 0])
+        return float(self.shares[:, 0].sum())
+
+    def u_step(self, V: np.ndarray, b: np.ndarray, seed) -> tuple[float, float]:
+        """The U-step from U_old; the users' shares of P before and after it."""
+        lay = self.lay
+        self.ustep(lay["blocks"], lay["user_ptr"], lay["cw"], lay["cl"], lay["pos_w"],
+                   lay["pos_l"], lay["entry_ptr"], lay["entry_item"], self.alpha, self.U_old, V,
+                   b, self.reg, self.loss, MAX_EXTRA_U_EPOCHS, seed, 0, self.U, self.shares)
+        return float(self.shares[:, 0].sum()), float(self.shares[:, 1].sum())
+
+    def result(self) -> tuple:
+        """(U, alpha, beta) at the end of the fit."""
+        return self.U, self.alpha, self.beta
+
+
 def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max_iter: int,
           tol: float, rng, parallel: bool, hogwild: bool = False,
-          verbose: bool = False) -> Result:
+          verbose: bool = False, work=None) -> Result:
     """Algorithm 1 with the monotone safeguards and the stopping rule of the module docstring.
-    ``rng`` (a numpy Generator) seeds every epoch's coordinate order."""
+    ``rng`` (a numpy Generator) seeds every epoch's coordinate order. ``work``: who does the
+    users' side (default :class:`LocalWork` over ``lay``; ``lay`` is then only read by it)."""
     loss_code = LOSSES[loss]
-    U, V, b, alpha, beta = start.U, start.V, start.b, start.alpha, start.beta
-    n = lay["cu"].shape[0]
-    n_users, r = U.shape
-    ustep = K.ustep_parallel if parallel else K.ustep_serial
-    user_ptr, cw, cl = lay["user_ptr"], lay["cw"], lay["cl"]
-    pos_w, pos_l = lay["pos_w"], lay["pos_l"]
-    entry_ptr, entry_item, users = lay["entry_ptr"], lay["entry_item"], lay["blocks"]
-    if hogwild:  # the paper's lock-free V-step over blocks of comparisons in user order
-        hog = K.vstep_hogwild if parallel else K.vstep_serial
-        block_start = np.r_[np.arange(0, n, BLOCK), n].astype(np.int64)
-        blocks = np.arange(block_start.shape[0] - 1, dtype=np.int64)
-
-        def vstep(seed):
-            hog(blocks, block_start, lay["cu"], cw, cl, beta, U_old, V, b, fit_bias, reg,
-                loss_code, seed)
-    else:  # stratified: the same numbers on any thread count; beta_t is beta in task order
-        st = lay.get("strata") or lay.setdefault("strata", strata(lay))  # once per layout
-        perm, round_order = st["perm"], np.empty(st["round_ptr"].shape[0] - 1, dtype=np.int64)
-        beta_t = np.empty(n)
-        K.take_duals(beta, perm, beta_t, DUAL_SPANS)
-        item_order = st["item_order"]  # V_t, b_t: V and b with the items relabelled
-        V_t, b_t = np.empty_like(V), np.empty_like(b)
-
-        def vstep(seed):
-            np.take(V, item_order, axis=0, out=V_t)
-            np.take(b, item_order, out=b_t)
-            chunk = numba.set_parallel_chunksize(1)  # a round has few tasks: one at a time
-            try:
-                K.vstep_strata(round_order, st["round_ptr"], st["task_ptr"], st["tu"], st["tw"],
-                               st["tl"], beta_t, U_old, V_t, b_t, fit_bias, reg, loss_code, seed)
-            finally:
-                numba.set_parallel_chunksize(chunk)
-            V[item_order] = V_t
-            b[item_order] = b_t
-            K.put_duals(beta_t, perm, beta, DUAL_SPANS)  # beta follows (rebuilds, the result)
-    parts, acc_V, acc_b = v_accumulators(lay, V, b)
-    shares = np.empty((n_users, 2))
-    U_old = U.copy()
+    if work is None:
+        work = LocalWork(lay, start, reg=reg, loss_code=loss_code, fit_bias=fit_bias,
+                         parallel=parallel, hogwild=hogwild)
+    V, b = start.V, start.b
+    n = start.alpha.shape[0]
+    r = V.shape[1]
 
     def objective_of_u() -> float:
-        K.user_shares(users, user_ptr, pos_w, pos_l, entry_ptr, entry_item, U, V, b, reg,
-                      loss_code, shares[:, 0])
-        return float(shares[:, 0].sum()) + 0.5 * reg * K.sum_squares(V, b)
+        return work.users_objective(V, b) + 0.5 * reg * K.sum_squares(V, b)
 
     def u_step() -> tuple[float, float]:
         """U-step from U_old (the V-step's features); P before and after it."""
         if r == 0:
             f = objective_of_u()
             return f, f
-        ustep(users, user_ptr, cw, cl, pos_w, pos_l, entry_ptr, entry_item, alpha, U_old, V, b,
-              reg, loss_code, MAX_EXTRA_U_EPOCHS, _seed(rng), U, shares)
+        before, after = work.u_step(V, b, _seed(rng))
         vb = 0.5 * reg * K.sum_squares(V, b)
-        return float(shares[:, 0].sum()) + vb, float(shares[:, 1].sum()) + vb
+        return before + vb, after + vb
 
     f_prev = objective_init = objective_of_u()
     f_zero = n * K.loss_value(loss_code, 0.0)  # P(0, 0, 0): the stopping rule's reference
@@ -425,19 +479,16 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
     t0 = time.perf_counter()
     it = 0
     for it in range(1, max_iter + 1):
-        # U_old takes U's buffer, no copy: every U-step rewrites every row of U from alpha
-        # (_user_update), and nothing reads U between here and that U-step
-        U, U_old = U_old, U
+        work.swap()
         V_old, b_old = V.copy(), b.copy()
         from_zero = not (V_old.any() or b_old.any())   # never revert to this fixed point
         extra = MAX_FIRST_V_EPOCHS if from_zero else MAX_EXTRA_V_EPOCHS
         reverted = False
         # V-step: V, b rebuilt from beta with the current U (Alg. 1 line 3), then CD
-        K.items_from_duals(parts, user_ptr, pos_w, pos_l, entry_ptr, entry_item, beta, U_old,
-                           reg, fit_bias, acc_V, acc_b, V, b)
+        work.rebuild(V, b)
         for attempt in range(extra + 2):
             if attempt <= extra:
-                vstep(_seed(rng))
+                work.v_step(V, b, _seed(rng))
             else:  # still above the previous objective: keep the old V, b
                 V[:] = V_old
                 b[:] = b_old
@@ -447,7 +498,7 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
             f_v, f = u_step()
             if f_v <= f_prev or attempt > extra or (from_zero and attempt == extra):
                 break
-            U[:] = U_old  # the V-step went up: undo the U-step (alpha keeps its progress)
+            work.undo_u_step()  # the V-step went up: undo the U-step (alpha keeps its progress)
             extra_v += attempt < extra
         objective.append(f)
         progress = f_zero - f
@@ -464,6 +515,7 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
         print(f"AltSVM: {n} comparisons, rank {r}, {it} outer iterations, objective "
               f"{objective[-1]:.6e}, {'converged' if converged else 'NOT converged'} "
               f"in {time.perf_counter() - t0:.3f} s")
+    U, alpha, beta = work.result()
     return Result(U, V, b, alpha, beta, np.asarray(objective), objective_init, it, converged,
                   float(ratio), extra_v, reverts)
 

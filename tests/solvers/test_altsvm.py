@@ -256,7 +256,7 @@ def test_ustep_kernels_match_python_replay(loss):
         alpha, U, shares = alpha0.copy(), np.zeros((7, r)), np.empty((7, 2))
         kernel(S.user_blocks(lay["user_ptr"], 30), lay["user_ptr"], lay["cw"], lay["cl"],
                lay["pos_w"], lay["pos_l"], lay["entry_ptr"], lay["entry_item"], alpha, U_old, V,
-               b, reg, CODES[loss], max_extra, seed, U, shares)
+               b, reg, CODES[loss], max_extra, seed, 0, U, shares)
         out[kernel] = (alpha, U, shares)
     for x, y in zip(out[K.ustep_serial], out[K.ustep_parallel]):
         assert np.array_equal(x, y)  # per-user streams: same numbers on any thread count

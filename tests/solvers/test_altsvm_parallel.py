@@ -119,9 +119,12 @@ def test_strata_kernel_matches_python_replay_on_every_thread_count(loss, fit_bia
         numba.set_num_threads(threads)
         try:
             for epoch in range(3):
-                K.vstep_strata(np.empty(n_rounds, np.int64), st["round_ptr"], st["task_ptr"],
-                               st["tu"], st["tw"], st["tl"], state[0], U, state[1], state[2],
-                               fit_bias, reg, CODES[loss], np.uint64(1000 + epoch))
+                order, seed = np.empty(n_rounds, np.int64), np.uint64(1000 + epoch)
+                K.epoch_rounds(order, seed)
+                K.vstep_strata(order, st["round_ptr"], st["task_ptr"],
+                               np.arange(st["task_ptr"].shape[0] - 1), st["tu"], st["tw"],
+                               st["tl"], state[0], U, state[1], state[2], fit_bias, reg,
+                               CODES[loss], seed)
         finally:
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         runs.append(state)
@@ -141,9 +144,11 @@ def test_strata_vstep_converges_to_v_subproblem_optimum(loss):
     U = rng.normal(size=(12, r))
     beta_t, V, b = np.zeros(300), np.zeros((10, r)), np.zeros(10)
     order = np.empty(st["round_ptr"].shape[0] - 1, np.int64)
+    tasks = np.arange(st["task_ptr"].shape[0] - 1)
     for epoch in range(3000):
-        K.vstep_strata(order, st["round_ptr"], st["task_ptr"], st["tu"], st["tw"], st["tl"],
-                       beta_t, U, V, b, True, reg, CODES[loss], np.uint64(epoch))
+        K.epoch_rounds(order, np.uint64(epoch))
+        K.vstep_strata(order, st["round_ptr"], st["task_ptr"], tasks, st["tu"], st["tw"],
+                       st["tl"], beta_t, U, V, b, True, reg, CODES[loss], np.uint64(epoch))
     tu, tw, tl = st["tu"], st["tw"], st["tl"]  # (items relabelled: V and b are too)
     z = np.einsum("ij,ij->i", U[tu], V[tw] - V[tl]) + b[tw] - b[tl]
     np.testing.assert_allclose(beta_t, ref_slope(loss, z), atol=1e-6)
