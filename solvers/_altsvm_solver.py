@@ -365,6 +365,7 @@ class LocalWork:
                  parallel: bool, hogwild: bool):
         self.lay, self.reg, self.loss, self.fit_bias = lay, reg, loss_code, fit_bias
         self.U, self.alpha, self.beta = start.U, start.alpha, start.beta
+        self.n_comparisons = lay["cu"].shape[0]
         self.U_old = self.U.copy()
         self.rank = self.U.shape[1]
         self.ustep = K.ustep_parallel if parallel else K.ustep_serial
@@ -453,7 +454,7 @@ def solve(lay: dict, start: Start, *, reg: float, loss: str, fit_bias: bool, max
         work = LocalWork(lay, start, reg=reg, loss_code=loss_code, fit_bias=fit_bias,
                          parallel=parallel, hogwild=hogwild)
     V, b = start.V, start.b
-    n = start.alpha.shape[0]
+    n = work.n_comparisons
     r = V.shape[1]
 
     def objective_of_u() -> float:
