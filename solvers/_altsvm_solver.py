@@ -116,6 +116,21 @@ def user_parts(cost_ptr: np.ndarray, n_parts: int) -> np.ndarray:
     return np.unique(np.r_[0, cuts, n_users]).astype(np.int64)
 
 
+def by_user(c, n_users: int, n_items: int) -> np.ndarray:
+    """The comparisons (as :func:`layout` takes them) as a (3, n) array of user, winner and
+    loser rows, stably sorted by user: :func:`layout`'s ``cols`` (a counting sort in
+    parallel)."""
+    users, winners, losers = (c[:, 0], c[:, 1], c[:, 2]) if isinstance(c, np.ndarray) else c
+    n = users.shape[0]
+    spans = max(1, min(numba.get_num_threads(), n))
+    counts, _ = L.count_users(users, n_users, spans)
+    user_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(L.user_totals(counts), out=user_ptr[1:])
+    cols = np.empty((3, n), dtype=id_dtype(n_users, n_items))
+    L.scatter_by_user(users, winners, losers, counts, user_ptr, cols[0], cols[1], cols[2])
+    return cols
+
+
 def layout(c, n_users: int, n_items: int) -> dict:
     """Index arrays for the kernels (:mod:`solvers._altsvm_layout`, all passes parallel).
 
@@ -125,15 +140,10 @@ def layout(c, n_users: int, n_items: int) -> dict:
     item) entries (``entry_ptr``, ``entry_item``) with each comparison's winner and loser
     entries (``pos_w``, ``pos_l``), and ``blocks`` of users for the parallel passes.
     """
-    users, winners, losers = (c[:, 0], c[:, 1], c[:, 2]) if isinstance(c, np.ndarray) else c
-    n = users.shape[0]
-    spans = max(1, min(numba.get_num_threads(), n))
-    counts, _ = L.count_users(users, n_users, spans)
+    cols = by_user(c, n_users, n_items)
+    n = cols.shape[1]
     user_ptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(L.user_totals(counts), out=user_ptr[1:])
-    cols = np.empty((3, n), dtype=id_dtype(n_users, n_items))
-    L.scatter_by_user(users, winners, losers, counts, user_ptr, cols[0], cols[1], cols[2])
-    del counts
+    np.cumsum(np.bincount(cols[0], minlength=n_users), out=user_ptr[1:])
     blocks = user_blocks(user_ptr)
     pos = np.empty((2, n), dtype=np.int32 if 2 * n <= np.iinfo(np.int32).max else np.int64)
     n_entries = np.empty(n_users, dtype=np.int64)

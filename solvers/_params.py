@@ -90,6 +90,23 @@ class Seed:
 
 
 @dataclass(frozen=True)
+class Address:
+    """``HOST:PORT`` of a server (a Ray cluster's head).
+
+    >>> Address()("ray_address", "127.0.0.1:6390")
+    >>> Address()("ray_address", "localhost")
+    Traceback (most recent call last):
+    ...
+    ValueError: ray_address is 'localhost', expected HOST:PORT, e.g. 127.0.0.1:6390
+    """
+
+    def __call__(self, name: str, value) -> None:
+        host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{name} is {value!r}, expected HOST:PORT, e.g. 127.0.0.1:6390")
+
+
+@dataclass(frozen=True)
 class Optional:
     """None, or what ``inner`` accepts."""
 

@@ -127,6 +127,13 @@ class AltSVM(Estimator):
         Seed for the initial U and the coordinate orders.
     verbose : bool, default False
         Print one line per outer iteration and a summary.
+    ray_address : str or None, default None
+        ``HOST:PORT`` of a Ray cluster: the fit's comparisons, duals and users' factors are
+        spread over ``ray_workers`` workers there (:mod:`solvers.altsvm_ray`), and the result
+        is the same, bit for bit, as this process's fit (``deterministic`` must be True).
+        ``reg=None`` computes reg_max in this process first, on every comparison.
+    ray_workers : int or None, default None
+        Workers of a Ray fit (one CPU each); None: every CPU of the cluster.
 
     Attributes
     ----------
@@ -175,7 +182,7 @@ class AltSVM(Estimator):
 
     def __init__(self, *, rank=10, reg=None, reg_ratio=0.3, loss="squared_hinge",
                  item_bias=False, max_iter=50, tol=3e-4, n_threads=None, deterministic=True,
-                 random_state=None, verbose=False):
+                 random_state=None, verbose=False, ray_address=None, ray_workers=None):
         self.rank = rank
         self.reg = reg
         self.reg_ratio = reg_ratio
@@ -187,18 +194,25 @@ class AltSVM(Estimator):
         self.deterministic = deterministic
         self.random_state = random_state
         self.verbose = verbose
+        self.ray_address = ray_address
+        self.ray_workers = ray_workers
 
     _parameter_constraints = {
         "rank": P.Int(0), "reg": P.Optional(P.Positive()), "reg_ratio": P.Positive(),
         "loss": P.Choice(tuple(S.LOSSES)), "item_bias": P.Bool(), "max_iter": P.Int(1),
         "tol": P.Positive(allow_zero=True), "n_threads": P.Threads(),
-        "deterministic": P.Bool(), "random_state": P.Seed(), "verbose": P.Bool()}
+        "deterministic": P.Bool(), "random_state": P.Seed(), "verbose": P.Bool(),
+        "ray_address": P.Optional(P.Address()), "ray_workers": P.Optional(P.Int(1))}
 
     def _check_joint_params(self) -> int:
         """A model of rank 0 needs the item bias; returns the thread count to use."""
         if self.rank == 0 and not self.item_bias:
             raise ValueError("rank is 0 and item_bias is False: the model would be empty; "
                              "use rank >= 1 or item_bias=True (a global ranking)")
+        if self.ray_address is not None and not self.deterministic:
+            raise ValueError(f"ray_address is {self.ray_address!r} and deterministic is False: "
+                             "the lock-free V-step runs in one process only; use "
+                             "deterministic=True")
         return check_threads(self.n_threads)
 
     # ---------------------------------------------------------------- fitting
@@ -242,13 +256,15 @@ class AltSVM(Estimator):
                                          "ids never shrink across warm starts")
                 n_users = max(n_users, sizes["n_users"])
                 n_items = max(n_items, sizes["n_items"])
-            # internal order: by user, then as given; the model keeps these columns
-            lay = S.layout(c, n_users, n_items)
+            # internal order: by user, then as given; the model keeps these columns. On Ray
+            # the workers lay their users' comparisons out
+            lay = S.layout(c, n_users, n_items) if self.ray_address is None else None
+            cols = S.by_user(c, n_users, n_items) if lay is None else lay["cols"]
             del c
             self._reg_max = reg_max
             if self.reg is None:
                 if self._reg_max is None:
-                    self._reg_max = S.Threshold(None, n_users, n_items, self.loss,
+                    self._reg_max = S.Threshold(tuple(cols), n_users, n_items, self.loss,
                                                 lay=lay).reg_max(self.item_bias)
                 reg = float(self.reg_ratio) * self._reg_max
                 if self.reg_ratio >= 1.0:
@@ -263,22 +279,26 @@ class AltSVM(Estimator):
                 reg = float(self.reg)
             self.reg_ = reg
             rng = rng_of(self.random_state)
-            if state is None:
-                start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
+            if lay is None:
+                res, matched = self._solve_on_ray(cols, n_users, n_items, state, reg, rng)
             else:
-                start = S.warm_start(lay, state, n_users, n_items, int(self.rank), self.loss,
-                                     reg, bool(self.item_bias))
-            with numba_threads(n_threads, chunksize=S.CHUNK):
-                res = S.solve(lay, start, reg=reg, loss=self.loss,
-                              fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
-                              tol=float(self.tol), rng=rng, parallel=n_threads > 1,
-                              hogwild=not self.deterministic,
-                              verbose=bool(self.verbose))
+                if state is None:
+                    start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
+                else:
+                    start = S.warm_start(lay, state, n_users, n_items, int(self.rank),
+                                         self.loss, reg, bool(self.item_bias))
+                with numba_threads(n_threads, chunksize=S.CHUNK):
+                    res = S.solve(lay, start, reg=reg, loss=self.loss,
+                                  fit_bias=bool(self.item_bias), max_iter=int(self.max_iter),
+                                  tol=float(self.tol), rng=rng, parallel=n_threads > 1,
+                                  hogwild=not self.deterministic,
+                                  verbose=bool(self.verbose))
+                matched = start.n_matched
         self.user_factors_, self.item_factors_, self.item_bias_ = res.U, res.V, res.b
-        self._comparisons, self._alpha, self._beta = lay["cols"], res.alpha, res.beta
+        self._comparisons, self._alpha, self._beta = cols, res.alpha, res.beta
         self.objective_, self.objective_init_ = res.objective, res.objective_init
         self.n_iter_, self.converged_ = res.n_iter, res.converged
-        self.n_warm_matched_ = start.n_matched
+        self.n_warm_matched_ = matched
         self.n_extra_v_epochs_, self.n_v_reverts_ = res.n_extra_v_epochs, res.n_v_reverts
         if not res.converged:
             self._warn_not_converged(f"last decrease / (P(0) - P) {res.last_ratio:.2e} > "
@@ -298,6 +318,20 @@ class AltSVM(Estimator):
                           f"are on their way to zero, and the scores to {model}. Lower reg (or "
                           "use reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
         return self
+
+    def _solve_on_ray(self, cols, n_users, n_items, state, reg, rng):
+        """The alternation on the Ray cluster at ``ray_address`` (:mod:`solvers.altsvm_ray`)."""
+        from solvers.altsvm_ray import OnRay, solve_on_workers
+
+        runner = OnRay(self.ray_address)
+        workers = self.ray_workers or runner.cpus()
+        if workers < 1:
+            raise ValueError(f"the Ray cluster at {self.ray_address} has no CPU for a worker; "
+                             "start worker nodes (infra/ray/start.sh)")
+        return solve_on_workers(cols, n_users, n_items, state, rank=int(self.rank), reg=reg,
+                                loss=self.loss, fit_bias=bool(self.item_bias),
+                                max_iter=int(self.max_iter), tol=float(self.tol), rng=rng,
+                                n_workers=workers, runner=runner, verbose=bool(self.verbose))
 
     def _factor_bound(self) -> float:
         """max ‖u‖ · max ‖v‖, a bound on every |u_i·v_j| (scores are compared with a margin of

@@ -34,43 +34,82 @@ on a cluster (``ray.init(address=...)``).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from solvers import _altsvm_kernels as K
 from solvers import _altsvm_solver as S
 
+INLINE_BYTES = 8 << 20     # Ray values passed inline up to this size (default 100 KiB)
+
 # ---------------------------------------------------------------------- where calls run
 
 
 class InProcess:
-    """Workers as plain objects in this process: calls run at once, in order."""
+    """Workers as plain objects in this process, each call in a thread of its own (handles
+    are futures, resolved where they are passed on), as Ray runs them: the unit tests'."""
+
+    def __init__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=64)
 
     def start(self, cls, *args):
         return cls(*args)
 
     def call(self, worker, method: str, *args):
-        return getattr(worker, method)(*args)
+        def run():
+            return getattr(worker, method)(*[self.get(a) for a in args])
+        return self.pool.submit(run)
 
     def get(self, value):
-        return value
+        from concurrent.futures import Future
+
+        if isinstance(value, list):
+            return [self.get(v) for v in value]
+        return value.result() if isinstance(value, Future) else value
 
     def put(self, value):
         return value
 
+    def close(self) -> None:
+        self.pool.shutdown()
+
 
 class OnRay:
-    """Workers as Ray actors (one CPU each) on the cluster ``ray.init`` connected to; a call
-    is an ObjectRef, resolved by Ray where it is passed on, fetched only by :meth:`get`."""
+    """Workers as Ray actors (one CPU each) on the cluster at ``address`` (``HOST:PORT``; this
+    process connects on first use, to loopback as :mod:`solvers.ray_loopback` keeps it); a
+    call is an ObjectRef, resolved by Ray where it is passed on, fetched only by :meth:`get`.
+    An actor runs a few calls at once (a V-step epoch waits on blocks its peers send it,
+    :meth:`UserShard.receive`); the actors end with the fit (:meth:`close`)."""
 
-    def __init__(self, max_restarts: int = 0):
+    def __init__(self, address: str, max_restarts: int = 0):
         import ray
 
+        from solvers.ray_loopback import is_loopback, keep_loopback
+
+        if not ray.is_initialized():
+            # a V-step round's blocks (~0.3 MB) go inline, not through the object store:
+            # 1.4 ms a hop instead of 5.6 (the workers' nodes get it from infra/ray/start.sh)
+            os.environ.setdefault("RAY_max_direct_call_object_size", str(INLINE_BYTES))
+            if is_loopback(address):
+                keep_loopback()
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                     namespace="rankstream")
         self.ray = ray
         self.max_restarts = max_restarts
+        self.actors: list = []
+
+    def cpus(self) -> int:
+        """CPUs of the cluster's nodes (the most workers a fit can have)."""
+        return int(self.ray.cluster_resources().get("CPU", 0))
 
     def start(self, cls, *args):
-        actor = self.ray.remote(cls).options(num_cpus=1, max_restarts=self.max_restarts)
-        return actor.remote(*args)
+        actor = self.ray.remote(cls).options(num_cpus=1, max_concurrency=4,
+                                             max_restarts=self.max_restarts)
+        self.actors.append(actor.remote(*args))
+        return self.actors[-1]
 
     def call(self, worker, method: str, *args):
         return getattr(worker, method).remote(*args)
@@ -81,8 +120,27 @@ class OnRay:
     def put(self, value):
         return self.ray.put(value)
 
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+
 
 # ---------------------------------------------------------------------- a worker
+
+
+def _one_thread(method):
+    """Run ``method`` with numba on one thread: a worker has one CPU, and numba's thread count
+    is per calling thread (an actor runs its calls on several)."""
+    import functools
+
+    @functools.wraps(method)
+    def run(self, *args):
+        import numba
+
+        numba.set_num_threads(1)
+        return method(self, *args)
+    return run
 
 
 def _writable(a) -> np.ndarray:
@@ -95,11 +153,9 @@ class UserShard:
     """Users ``lo .. hi − 1``: their comparisons, duals, rows of U and U-step; and the V-step
     tasks dealt to this worker (see the module)."""
 
+    @_one_thread
     def __init__(self, lo: int, hi: int, users, winners, losers, n_items: int, rank: int,
                  reg: float, loss_code: int, fit_bias: bool):
-        import numba
-
-        numba.set_num_threads(1)    # one CPU per worker: the kernels' serial schedule
         self.lo, self.hi, self.n_items = int(lo), int(hi), int(n_items)
         self.reg, self.loss, self.fit_bias = float(reg), int(loss_code), bool(fit_bias)
         dtype = np.asarray(winners).dtype
@@ -136,6 +192,7 @@ class UserShard:
         self.U = _writable(U)
         self.U_old = self.U.copy()
 
+    @_one_thread
     def join(self, users, winners, losers, alpha, beta, clip_to: float) -> int:
         """Carry the last fit's duals of our users onto our comparisons (warm start)."""
         (self.alpha, self.beta), matched = S.join_duals(
@@ -143,6 +200,7 @@ class UserShard:
             (alpha, beta), self.lay, clip_to=clip_to)
         return matched
 
+    @_one_thread
     def users_from_duals(self, V) -> None:
         lay = self.lay
         K.users_from_duals(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
@@ -154,7 +212,9 @@ class UserShard:
     def task_rows(self, owner: int, tasks, task_of_key, item_block, n_blocks: int, item_new):
         """Our comparisons of ``tasks`` (task after task, each in our layout order) for the
         worker ``owner``: (count per task, users, relabelled winners and losers, beta)."""
-        task = np.asarray(task_of_key)[self._keys(item_block, n_blocks)]
+        if getattr(self, "task", None) is None:      # each comparison's task, once
+            self.task = np.asarray(task_of_key)[self._keys(item_block, n_blocks)]
+        task = self.task
         tasks = np.asarray(tasks, dtype=np.int64)
         rank_of = np.full(int(np.asarray(task_of_key).max()) + 1, -1, dtype=np.int64)
         rank_of[tasks] = np.arange(tasks.shape[0])
@@ -201,6 +261,7 @@ class UserShard:
                 new[rows_of] = np.arange(rows_of.shape[0])
                 self.tw[lo:hi] = new[self.tw[lo:hi]]
                 self.tl[lo:hi] = new[self.tl[lo:hi]]
+        self.blocks_of_round = plan["blocks"]
 
     def beta_to(self, owner: int) -> np.ndarray:
         """Our beta of ``owner``'s tasks, in the order :meth:`task_rows` sent them."""
@@ -224,13 +285,61 @@ class UserShard:
         """U_old of every user (the workers' rows in order): the V-step's features."""
         self.U_full = _writable(np.concatenate(parts)) if parts else np.zeros((0, 0))
 
-    def v_round(self, rho: int, seed, V, b):
-        """Our tasks of round ``rho`` on the blocks sent (concatenated in the plan's order)."""
-        V, b = _writable(V), _writable(b)
-        K.vstep_strata(np.array([rho], dtype=np.int64), self.round_ptr, self.task_ptr,
-                       self.task_ids, self.tu, self.tw, self.tl, self.beta_t, self.U_full, V, b,
-                       self.fit_bias, self.reg, self.loss, np.uint64(seed))
-        return V, b
+    def set_peers(self, me: int, block_worker, *peers) -> None:
+        """Every worker (``peers``, in order; this one is ``me``) and the worker of each block
+        in each round (``block_worker[rho, p]``): where an epoch sends a block next."""
+        import threading
+
+        self.me, self.block_worker, self.peers = me, np.asarray(block_worker), peers
+        self.mail, self.mail_ready = {}, threading.Condition()
+
+    def receive(self, q: int, blocks: dict) -> None:
+        """Blocks ``{p: (V_p, b_p)}`` for the q-th round of the running epoch."""
+        with self.mail_ready:
+            for p, block in blocks.items():
+                self.mail[q, p] = block
+            self.mail_ready.notify_all()
+
+    def _send(self, worker: int, q: int, blocks: dict) -> None:
+        """One message per worker and round (a Ray call costs about a millisecond)."""
+        peer = self.peers[worker]
+        if worker == self.me:
+            self.receive(q, blocks)
+        elif hasattr(peer.receive, "remote"):
+            peer.receive.remote(q, blocks)
+        else:
+            peer.receive(q, blocks)
+
+    @_one_thread
+    def epoch(self, rounds, seed, first: dict) -> dict:
+        """Our tasks of one V-step epoch, round after round in the order ``rounds``: each
+        round waits for its blocks (``first``: this worker's blocks of the first round, from
+        the driver; later ones from the worker of their last task) and sends each block on to
+        the worker of its next task; returns the blocks of our tasks in the last round."""
+        rounds, seed = np.asarray(rounds, dtype=np.int64), np.uint64(seed)
+        self.receive(0, first)
+        last = {}
+        for q, rho in enumerate(rounds):
+            blocks = self.blocks_of_round[rho]
+            if not blocks:
+                continue
+            with self.mail_ready:
+                self.mail_ready.wait_for(lambda: all((q, p) in self.mail for p in blocks))
+                sent = [self.mail.pop((q, p)) for p in blocks]
+            V = _writable(np.concatenate([blk[0] for blk in sent]))
+            b = _writable(np.concatenate([blk[1] for blk in sent]))
+            K.vstep_strata(np.array([rho], dtype=np.int64), self.round_ptr, self.task_ptr,
+                           self.task_ids, self.tu, self.tw, self.tl, self.beta_t, self.U_full,
+                           V, b, self.fit_bias, self.reg, self.loss, seed)
+            cuts = np.cumsum([blk[1].shape[0] for blk in sent])[:-1]
+            out = dict(zip(blocks, zip(np.split(V, cuts), np.split(b, cuts))))
+            if q + 1 == rounds.shape[0]:
+                last = out
+                continue
+            to = self.block_worker[rounds[q + 1]]
+            for worker in sorted({int(to[p]) for p in blocks}):
+                self._send(worker, q + 1, {p: blk for p, blk in out.items() if to[p] == worker})
+        return last
 
     # -- the users' side of the alternation
     def swap(self) -> None:
@@ -242,6 +351,7 @@ class UserShard:
     def u_old(self) -> np.ndarray:
         return self.U_old
 
+    @_one_thread
     def users_objective(self, V, b) -> np.ndarray:
         lay = self.lay
         K.user_shares(lay["blocks"], lay["user_ptr"], lay["pos_w"], lay["pos_l"],
@@ -249,6 +359,7 @@ class UserShard:
                       self.reg, self.loss, self.shares[:, 0])
         return self.shares[:, 0].copy()
 
+    @_one_thread
     def u_step(self, V, b, seed) -> np.ndarray:
         lay = self.lay
         K.ustep_serial(lay["blocks"], lay["user_ptr"], lay["cw"], lay["cl"], lay["pos_w"],
@@ -257,6 +368,7 @@ class UserShard:
                        S.MAX_EXTRA_U_EPOCHS, np.uint64(seed), self.lo, self.U, self.shares)
         return self.shares.copy()
 
+    @_one_thread
     def part_sum(self, lo: int, hi: int, *so_far):
         """Users ``lo .. hi − 1`` (global numbers) of a part of the V rebuild, summed in order
         from zero, or onto ``so_far`` (the part's sum over the users before them)."""
@@ -373,6 +485,12 @@ class RayWork:
                              item_new) for w in self.workers]
             run.get(run.call(worker, "own_tasks", plan, *rows))
             self.plans.append(plan)
+        block_worker = np.empty((self.round_ptr.shape[0] - 1, n_blocks), dtype=np.int64)
+        for t, key in enumerate(key_of_task):
+            rho = int(np.searchsorted(self.round_ptr, t, side="right") - 1)
+            block_worker[rho, [key // n_blocks, key % n_blocks]] = owner[t]
+        run.get([run.call(w, "set_peers", k, block_worker, *self.workers)
+                 for k, w in enumerate(self.workers)])
 
     def start(self, U: np.ndarray) -> None:
         """Cold: the driver's random U, rows to their workers."""
@@ -454,28 +572,25 @@ class RayWork:
                         self.n_items, self.fit_bias, V, b)
 
     def v_step(self, V: np.ndarray, b: np.ndarray, seed) -> None:
-        """One stratified epoch: the rounds in the order the seed draws, each round's tasks on
-        their workers at once, their blocks sent and taken back."""
+        """One stratified epoch: the rounds in the order the seed draws; every worker runs
+        its tasks round after round, blocks passing from worker to worker
+        (:meth:`UserShard.epoch`), and the driver waits once, for the last round's blocks."""
         run = self.run
         if not self.features_sent:   # U_old of every user, once per outer iteration
             rows = [run.call(w, "u_old") for w in self.workers]
             run.get([run.call(w, "set_features", *rows) for w in self.workers])
             self.features_sent = True
-        order = self.item_order
+        order, bs = self.item_order, self.block_start
         V_t, b_t = V[order], b[order]
         rounds = np.empty(self.round_ptr.shape[0] - 1, dtype=np.int64)
         K.epoch_rounds(rounds, seed)
-        bs = self.block_start
-        for rho in rounds:
-            calls = []
-            for k, worker in enumerate(self.workers):
-                blocks = self.plans[k]["blocks"][rho]
-                if blocks:
-                    rows = np.concatenate([np.arange(bs[p], bs[p + 1]) for p in blocks])
-                    calls.append((rows, run.call(worker, "v_round", int(rho), int(seed),
-                                                 V_t[rows], b_t[rows])))
-            for (rows, _), (V_k, b_k) in zip(calls, run.get([c for _, c in calls])):
-                V_t[rows], b_t[rows] = V_k, b_k
+        calls = [run.call(w, "epoch", rounds, int(seed),
+                          {p: (V_t[bs[p]:bs[p + 1]], b_t[bs[p]:bs[p + 1]])
+                           for p in self.plans[k]["blocks"][rounds[0]]})
+                 for k, w in enumerate(self.workers)]
+        for last in run.get(calls):
+            for p, (V_p, b_p) in last.items():
+                V_t[bs[p]:bs[p + 1]], b_t[bs[p]:bs[p + 1]] = V_p, b_p
         V[order], b[order] = V_t, b_t
         self.beta_moved = True
 
@@ -522,6 +637,9 @@ def solve_on_workers(cols: np.ndarray, n_users: int, n_items: int, state: dict |
             b[: state["b"].shape[0]] = state["b"]
         matched = work.warm(state, V, np.inf if loss == "squared_hinge" else 1.0)
     start = S.Start(None, V, b, None, None, warm=state is not None, n_matched=matched)
-    res = S.solve(None, start, reg=reg, loss=loss, fit_bias=fit_bias, max_iter=max_iter,
-                  tol=tol, rng=rng, parallel=False, verbose=verbose, work=work)
+    try:
+        res = S.solve(None, start, reg=reg, loss=loss, fit_bias=fit_bias, max_iter=max_iter,
+                      tol=tol, rng=rng, parallel=False, verbose=verbose, work=work)
+    finally:
+        work.run.close()
     return res, matched
