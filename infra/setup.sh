@@ -79,7 +79,7 @@ compile_pid=$!
 # compile: the same pinned versions of what the kernels import, so pip leaves those alone
 if [[ -n $install ]]; then
   say "installing rankstream with extras [airflow,dev] while the kernels compile"
-  .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,dev]"
+  .venv/bin/python -m pip install -q -c infra/constraints.txt -e ".[airflow,ray,dev]"
   rm -f .venv/.rankstream-*
   touch "$stamp"
 fi

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import infra_server, redis_cluster
+from tests.servers import infra_server, ray_cluster, redis_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("RANKSTREAM_DATA", REPO.parent / "shared" / "data"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SERVER_MARKERS = {"kafka_bootstrap": "kafka", "redis_url": "redis", "airflow_home": "airflow",
-                  "redis_cluster_url": "redis"}
+                  "redis_cluster_url": "redis", "ray_address": "ray"}
 
 
 def unavailable(reason: str):
@@ -99,6 +99,22 @@ def redis_cluster_url(tmp_path_factory):
     try:
         with redis_cluster(tmp_path_factory.mktemp("cluster")) as (base, _):
             yield f"redis://127.0.0.1:{base}/0"
+            return
+    except RuntimeError as err:
+        unavailable(str(err))
+
+
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory):
+    """``HOST:PORT`` of a real local Ray cluster (``infra/ray/start.sh``: a head and two worker
+    nodes of one CPU, separate ``ray start`` processes on loopback) for this session; started
+    only when a test asks for it. ``RANKSTREAM_RAY_ADDRESS`` names an existing one instead."""
+    if os.environ.get("RANKSTREAM_RAY_ADDRESS"):
+        yield os.environ["RANKSTREAM_RAY_ADDRESS"]
+        return
+    try:
+        with ray_cluster(tmp_path_factory.mktemp("ray"), workers=2) as port:
+            yield f"127.0.0.1:{port}"
             return
     except RuntimeError as err:
         unavailable(str(err))

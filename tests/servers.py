@@ -55,16 +55,16 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port_block(n: int, offset: int = 10000) -> int:
+def free_port_block(n: int, offset: int = 10000, low: int = 10000) -> int:
     """A base port with ``base .. base+n-1`` and each ``+ offset`` free on loopback (a Redis
     Cluster node listens on its port and its bus port, port + 10000; ``offset=0``: the block
     alone). The ports lie below the kernel's range for outgoing connections: a server that
     starts after its peers must not find its port taken by one of their outgoing sockets (a
-    Kafka controller port was, once)."""
+    Kafka controller port was, once); ``low``: the lowest base."""
     rng = random.Random()
     high = _ephemeral_low() - offset - n
     for _ in range(200):
-        base = rng.randrange(10000, max(high, 10001))
+        base = rng.randrange(low, max(high, low + 1))
         socks = []
         try:
             extra = range(base + offset, base + offset + n) if offset else ()
@@ -140,3 +140,23 @@ def environment(values: dict):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextmanager
+def ray_cluster(tmp: Path, workers: int = 2):
+    """``infra/ray/start.sh`` with ``workers`` one-CPU worker nodes on a free block of
+    loopback ports (the head's GCS, its client server and one agent port per node), state and
+    Ray's session files under ``tmp``; yield the head's port; ``infra/ray/stop.sh`` after."""
+    port = free_port_block(workers + 3, offset=0, low=20000)   # Ray's workers take 10002-19999
+    env = {**os.environ, "RANKSTREAM_RAY_PORT": str(port), "RANKSTREAM_RAY_DIR": str(tmp),
+           "RANKSTREAM_RAY_WORKERS": str(workers), "RANKSTREAM_RAY_SESSION_DIR": str(tmp / "s"),
+           "RANKSTREAM_RAY_WORKER_MEMORY": "1500000000"}
+    start = subprocess.run([INFRA / "ray" / "start.sh"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    try:
+        if start.returncode != 0:
+            raise RuntimeError(f"infra/ray/start.sh failed ({start.returncode}):\n"
+                               f"{start.stdout}\n{start.stderr}")
+        yield port
+    finally:
+        subprocess.run([INFRA / "ray" / "stop.sh"], env=env, capture_output=True, timeout=120)

@@ -1,0 +1,101 @@
+"""AltSVM on Ray workers (issue 52): the same factors, duals, objective and iterations as the
+one-process fit, bit for bit, whatever the number of workers, cold and warm.
+
+The orchestration runs first on plain objects in threads (:class:`solvers.altsvm_ray.InProcess`:
+every call and hand-over of a real cluster, without one), then on a real local Ray cluster
+(``infra/ray/start.sh``: a head and two worker nodes, separate processes on loopback), driven
+from a process of its own as ``rankstream train`` drives it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from solvers import AltSVM
+from solvers import _altsvm_solver as S
+from solvers._base import rng_of
+from solvers.altsvm_ray import InProcess, solve_on_workers
+from tests.solvers.ray_driver import fit_arrays, fits
+
+DRIVER = Path(__file__).with_name("ray_driver.py")
+
+
+def comparisons(seed: int, n_users: int, n_items: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    winners = rng.integers(0, n_items, n)
+    losers = (winners + 1 + rng.integers(0, n_items - 1, n)) % n_items
+    return np.c_[rng.integers(0, n_users, n), winners, losers]
+
+
+def same_bits(a: dict, b: dict) -> list:
+    """The names of the arrays that differ in a bit (or a shape)."""
+    return [k for k in a if a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
+
+
+@pytest.mark.parametrize("loss, bias, parts", [("squared_hinge", True, None),
+                                               ("hinge", False, None),
+                                               ("squared_hinge", False, 1)])
+def test_workers_in_process_give_the_one_process_bits(monkeypatch, loss, bias, parts):
+    """1, 2 and 3 workers, cold then warm on grown data; ``parts=1``: the V rebuild is one sum
+    over every user, continued from worker to worker across all of them."""
+    if parts is not None:
+        monkeypatch.setattr(S, "V_PARTS", parts)
+    c = comparisons(1, 500, 200, 40_000)
+    params = {"rank": 6, "reg": 40.0, "loss": loss, "item_bias": bias, "max_iter": 5,
+              "n_threads": 2, "random_state": 3}
+    cold, warm = fits(c[:30_000], c, params)
+    want = {"cold": fit_arrays(cold), "warm": fit_arrays(warm)}
+    order = {k: np.argsort(x[:, 0], kind="stable") for k, x in (("cold", c[:30_000]),
+                                                                 ("warm", c))}
+    for workers in (1, 2, 3):
+        for phase, state, rng, max_iter in (("cold", None, 3, 5),
+                                            ("warm", cold.warm_state(), 3, 5)):
+            data = c[:30_000] if phase == "cold" else c
+            cols = data[order[phase]].T.astype(np.int32)
+            res, _ = solve_on_workers(cols, 500, 200, state, rank=6, reg=40.0, loss=loss,
+                                      fit_bias=bias, max_iter=max_iter, tol=3e-4,
+                                      rng=rng_of(rng), n_workers=workers, runner=InProcess())
+            got = {"U": res.U, "V": res.V, "b": res.b, "alpha": res.alpha, "beta": res.beta,
+                   "objective": res.objective, "n_iter": np.array(res.n_iter),
+                   "comparisons": cols}
+            assert not same_bits(want[phase], got), (workers, phase, same_bits(want[phase], got))
+
+
+def test_a_ray_fit_is_refused_in_one_line_when_it_cannot_run():
+    c = comparisons(2, 20, 10, 200)
+    with pytest.raises(ValueError, match="ray_address is 'localhost', expected HOST:PORT"):
+        AltSVM(ray_address="localhost").fit(c)
+    with pytest.raises(ValueError, match="the lock-free V-step runs in one process only"):
+        AltSVM(ray_address="127.0.0.1:6390", deterministic=False).fit(c)
+
+
+def test_a_real_ray_cluster_gives_the_one_process_bits(ray_address, tmp_path, shared_data):
+    """MovieLens 100K's ratings as comparisons (each user's pairs of different ratings, the
+    higher one winning), the first 80% of the rows cold then all of them warm: on 1 and 2
+    workers of a real cluster, the bits of one process."""
+    from solvers import pairs_from_ratings
+
+    raw = np.loadtxt(shared_data / "movielens-100k" / "u.data", dtype=np.int64)
+    users, items = raw[:, 0] - 1, raw[:, 1] - 1
+    c = pairs_from_ratings(users, items, raw[:, 2].astype(float))
+    c = c[np.random.default_rng(0).permutation(len(c))[:600_000]]
+    first = c[: int(0.8 * len(c))]
+    params = {"rank": 8, "reg_ratio": 0.2, "item_bias": True, "max_iter": 4,
+              "random_state": 5}
+    cold, warm = fits(first, c, params)
+    src = tmp_path / "in.npz"
+    np.savez(src, first=first, second=c, params=json.dumps(params))
+    for workers in (1, 2):
+        out = tmp_path / f"out-{workers}.npz"
+        run = subprocess.run([sys.executable, str(DRIVER), ray_address, str(workers), str(src),
+                              str(out)], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = np.load(out)
+        for phase, model in (("cold", cold), ("warm", warm)):
+            arrays = {k: got[f"{phase}_{k}"] for k in fit_arrays(model)}
+            assert not same_bits(fit_arrays(model), arrays), (workers, phase)
