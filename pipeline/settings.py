@@ -28,6 +28,9 @@ Environment variables (all optional):
 ``RANKSTREAM_LEASE_TTL``         seconds a retrain's Redis lease on its model lives without
                                  renewal (default ``30``): how long a dead host blocks the next
                                  run, and how long a live one may stall before it loses it
+``RANKSTREAM_RAY_ADDRESS``       ``HOST:PORT`` of a Ray cluster the AltSVM models' fits run on
+                                 (``infra/ray/start.sh``); unset: in this process. A model's
+                                 ``ray_address`` overrides it
 ``RANKSTREAM_CONFIG``            TOML file with a ``[rankstream]`` table of the same keys
                                  (lower case, without the prefix) and the model configs
 """
@@ -98,6 +101,7 @@ class Settings:
     min_event_time: str = "1990-01-01"
     lease_ttl: float = 30.0
     config: Path | None = None
+    ray_address: str | None = None
 
     def __repr__(self) -> str:
         """No secret in a log or report: the Redis URL's password and the Kafka security

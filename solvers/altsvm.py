@@ -141,6 +141,10 @@ class AltSVM(Estimator):
     item_factors_ : ndarray, shape (n_items, rank)
     item_bias_ : ndarray, shape (n_items,)
         Zeros when ``item_bias=False``.
+    engine_ : str
+        Where the fit ran: "this process, N threads" or "Ray at HOST:PORT, N workers".
+    worker_peak_rss_ : list of int
+        On Ray: each worker's peak resident memory in bytes.
     n_iter_ : int
         Outer iterations run.
     objective_ : ndarray, shape (n_iter_,)
@@ -280,7 +284,8 @@ class AltSVM(Estimator):
             self.reg_ = reg
             rng = rng_of(self.random_state)
             if lay is None:
-                res, matched = self._solve_on_ray(cols, n_users, n_items, state, reg, rng)
+                res, matched, self.worker_peak_rss_ = self._solve_on_ray(
+                    cols, n_users, n_items, state, reg, rng)
             else:
                 if state is None:
                     start = S.cold_start(lay, n_users, n_items, int(self.rank), rng)
@@ -294,6 +299,7 @@ class AltSVM(Estimator):
                                   hogwild=not self.deterministic,
                                   verbose=bool(self.verbose))
                 matched = start.n_matched
+                self.engine_ = f"this process, {n_threads} thread{'s' * (n_threads > 1)}"
         self.user_factors_, self.item_factors_, self.item_bias_ = res.U, res.V, res.b
         self._comparisons, self._alpha, self._beta = cols, res.alpha, res.beta
         self.objective_, self.objective_init_ = res.objective, res.objective_init
@@ -328,6 +334,7 @@ class AltSVM(Estimator):
         if workers < 1:
             raise ValueError(f"the Ray cluster at {self.ray_address} has no CPU for a worker; "
                              "start worker nodes (infra/ray/start.sh)")
+        self.engine_ = f"Ray at {self.ray_address}, {workers} worker{'s' * (workers > 1)}"
         return solve_on_workers(cols, n_users, n_items, state, rank=int(self.rank), reg=reg,
                                 loss=self.loss, fit_bias=bool(self.item_bias),
                                 max_iter=int(self.max_iter), tol=float(self.tol), rng=rng,

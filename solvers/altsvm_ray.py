@@ -388,6 +388,12 @@ class UserShard:
     def result(self) -> tuple:
         return self.U, self.alpha, self.beta
 
+    def peak_rss(self) -> int:
+        """This worker's peak resident memory, bytes."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
 
 # ---------------------------------------------------------------------- the driver's side
 
@@ -614,17 +620,19 @@ class RayWork:
         self._pull_beta()
         run = self.run
         parts = run.get([run.call(w, "result") for w in self.workers])
+        self.peak_rss = run.get([run.call(w, "peak_rss") for w in self.workers])
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
 
 def solve_on_workers(cols: np.ndarray, n_users: int, n_items: int, state: dict | None, *,
                      rank: int, reg: float, loss: str, fit_bias: bool, max_iter: int,
                      tol: float, rng, n_workers: int, runner=None,
-                     verbose: bool = False) -> tuple[S.Result, int]:
+                     verbose: bool = False) -> tuple[S.Result, int, list]:
     """:func:`solvers._altsvm_solver.solve` with :class:`RayWork` on ``n_workers`` workers:
     ``cols`` the comparisons in layout order (a (3, n) array sorted by user, stably), the
     start cold (U drawn here from ``rng``, as :func:`~solvers._altsvm_solver.cold_start`
-    draws it) or from the warm ``state``. Returns the result and the warm join's matches."""
+    draws it) or from the warm ``state``. Returns the result, the warm join's matches and
+    each worker's peak resident memory (bytes; in process: this process's)."""
     work = RayWork(cols, n_users, n_items, rank, reg, S.LOSSES[loss], fit_bias, n_workers,
                    runner)
     V, b = np.zeros((n_items, rank)), np.zeros(n_items)
@@ -642,4 +650,4 @@ def solve_on_workers(cols: np.ndarray, n_users: int, n_items: int, state: dict |
                       tol=tol, rng=rng, parallel=False, verbose=verbose, work=work)
     finally:
         work.run.close()
-    return res, matched
+    return res, matched, work.peak_rss

@@ -17,6 +17,7 @@ from pipeline.training import retrain, steps
 from pipeline.training.run_types import Decision, RunContext
 
 KAFKA_CONN, REDIS_CONN = "rankstream_kafka", "rankstream_redis"
+RAY_CONN = "rankstream_ray"      # host and port of the Ray head the AltSVM fits run on
 
 
 def _connection(conn_id: str):
@@ -57,6 +58,9 @@ def settings() -> Settings:
     redis = _connection(REDIS_CONN)
     if redis is not None:
         overrides["redis_url"] = redis_url_of(redis)
+    ray = _connection(RAY_CONN)
+    if ray is not None:
+        overrides["ray_address"] = f"{ray.host or '127.0.0.1'}:{ray.port or 6390}"
     return Settings.load(overrides)
 
 

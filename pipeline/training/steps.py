@@ -187,6 +187,7 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
     if done:
         return done
     trainer = cfg.family.new_trainer()
+    trainer.ray_address = cfg.ray_address or ctx.settings.ray_address
     if arrays is None:
         ds, arrays = read_bundle(run_dir / "dataset", fmt=DATASET_FORMAT, version=1)
     else:

@@ -57,7 +57,7 @@ def test_workers_in_process_give_the_one_process_bits(monkeypatch, loss, bias, p
                                             ("warm", cold.warm_state(), 3, 5)):
             data = c[:30_000] if phase == "cold" else c
             cols = data[order[phase]].T.astype(np.int32)
-            res, _ = solve_on_workers(cols, 500, 200, state, rank=6, reg=40.0, loss=loss,
+            res, _, _ = solve_on_workers(cols, 500, 200, state, rank=6, reg=40.0, loss=loss,
                                       fit_bias=bias, max_iter=max_iter, tol=3e-4,
                                       rng=rng_of(rng), n_workers=workers, runner=InProcess())
             got = {"U": res.U, "V": res.V, "b": res.b, "alpha": res.alpha, "beta": res.beta,

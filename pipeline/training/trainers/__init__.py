@@ -174,6 +174,10 @@ class Trainer(abc.ABC):
     def evaluate(self, model, arrays: dict, cfg) -> dict:
         """Holdout metrics (names from the registry entry); {} when there is no holdout."""
 
+    # where a family that can fit on a Ray cluster does (``HOST:PORT``; None: this process):
+    # the model's ``ray_address`` or RANKSTREAM_RAY_ADDRESS, set by the train step
+    ray_address: str | None = None
+
     def holdout_unit(self, arrays: dict, cfg) -> str | None:
         """What the gate metric averages over on the holdout (``"users"``, ``"queries"``,
         ...) when it is a mean of per-unit values :meth:`per_unit_holdout` gives, for

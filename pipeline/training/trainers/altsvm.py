@@ -145,14 +145,14 @@ class AltSVMTrainer(Trainer):
                 model.reg, model.reg_ratio = None, tuning["reg_ratio"]
             else:
                 model.reg = tuning["reg_per_comparison"] * len(comparisons)
-            model.fit(comparisons, warm_start=warm, **sizes)
+            self._on_cluster(model).fit(comparisons, warm_start=warm, **sizes)
             tuning["reg_per_comparison"] = model.reg_ / len(comparisons)   # warm runs keep it
             return {**learned, "tuning": tuning}
         comparisons = self.comparisons(arrays, cfg)
         n = len(comparisons)
         if "reg" in cfg.params or "reg_ratio" in cfg.params \
                 or not self.family.dataset_param(cfg.params, "reg_path"):
-            model.fit(comparisons, warm_start=warm, **sizes)
+            self._on_cluster(model).fit(comparisons, warm_start=warm, **sizes)
             return {}
         last = {k: float(np.asarray(warm[k])) for k in ("path_n", "reg_per_comparison",
                                                         "reg_ratio")
@@ -170,8 +170,14 @@ class AltSVMTrainer(Trainer):
             learned["tuning"] = {"path_n": n, "reg_per_comparison": model.reg / n,
                                  "reg_ratio": model.reg / chosen.reg_max_,
                                  "reg_source": "path", "reg_max": chosen.reg_max_}
-        model.fit(comparisons, warm_start=warm, **sizes)
+        self._on_cluster(model).fit(comparisons, warm_start=warm, **sizes)
         return learned
+
+    def _on_cluster(self, model):
+        """``model``, its fit on the Ray cluster the run names (:attr:`Trainer.ray_address`):
+        the fits of the model's own comparisons, never the searches' samples."""
+        model.ray_address = self.ray_address
+        return model
 
     def refit(self, fitted: Fitted, arrays: dict, cfg) -> dict:
         """With tuned settings and implicit comparisons: those settings refitted on the
@@ -222,7 +228,7 @@ class AltSVMTrainer(Trainer):
 
     def fit_info(self, model, learned: dict) -> dict:
         info = {"objective": float(model.objective_[-1]), "reg": float(model.reg_),
-                "collapsed": model.collapsed_}
+                "collapsed": model.collapsed_, "engine": model.engine_}
         tuning = learned.get("tuning")
         if tuning is not None and "choice" in tuning:
             t = tuning
