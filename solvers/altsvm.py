@@ -81,6 +81,8 @@ def _check_bound(name, given, top, ids, where):
     return given
 
 
+RAY_RETRIES = 2      # fits started again when a Ray worker dies (see AltSVM._solve_on_ray)
+
 class AltSVM(Estimator):
     """Collaborative ranking by alternating SVMs on pairwise comparisons (AltSVM).
 
@@ -145,6 +147,8 @@ class AltSVM(Estimator):
         Where the fit ran: "this process, N threads" or "Ray at HOST:PORT, N workers".
     worker_peak_rss_ : list of int
         On Ray: each worker's peak resident memory in bytes.
+    ray_retried_ : list of str
+        On Ray: why the fit started again (a worker that died), one line per retry.
     n_iter_ : int
         Outer iterations run.
     objective_ : ndarray, shape (n_iter_,)
@@ -326,19 +330,36 @@ class AltSVM(Estimator):
         return self
 
     def _solve_on_ray(self, cols, n_users, n_items, state, reg, rng):
-        """The alternation on the Ray cluster at ``ray_address`` (:mod:`solvers.altsvm_ray`)."""
-        from solvers.altsvm_ray import OnRay, solve_on_workers
+        """The alternation on the Ray cluster at ``ray_address`` (:mod:`solvers.altsvm_ray`).
+        A worker (or its node) that dies makes the fit start again, up to ``RAY_RETRIES``
+        times, on the workers the cluster has then, from the same random state: the result
+        does not depend on the number of workers, so it is the same bits; ``ray_retried_``
+        says why each retry was made."""
+        from solvers.altsvm_ray import OnRay, is_worker_failure, solve_on_workers
 
         runner = OnRay(self.ray_address)
-        workers = self.ray_workers or runner.cpus()
-        if workers < 1:
-            raise ValueError(f"the Ray cluster at {self.ray_address} has no CPU for a worker; "
-                             "start worker nodes (infra/ray/start.sh)")
-        self.engine_ = f"Ray at {self.ray_address}, {workers} worker{'s' * (workers > 1)}"
-        return solve_on_workers(cols, n_users, n_items, state, rank=int(self.rank), reg=reg,
-                                loss=self.loss, fit_bias=bool(self.item_bias),
-                                max_iter=int(self.max_iter), tol=float(self.tol), rng=rng,
-                                n_workers=workers, runner=runner, verbose=bool(self.verbose))
+        start_state, self.ray_retried_ = rng.bit_generator.state, []
+        for attempt in range(RAY_RETRIES + 1):
+            workers = self.ray_workers or runner.cpus()
+            if workers < 1:
+                raise ValueError(f"the Ray cluster at {self.ray_address} has no CPU for a "
+                                 "worker; start worker nodes (infra/ray/start.sh)")
+            self.engine_ = f"Ray at {self.ray_address}, {workers} worker{'s' * (workers > 1)}"
+            try:
+                return solve_on_workers(cols, n_users, n_items, state, rank=int(self.rank),
+                                        reg=reg, loss=self.loss, fit_bias=bool(self.item_bias),
+                                        max_iter=int(self.max_iter), tol=float(self.tol),
+                                        rng=rng, n_workers=workers, runner=runner,
+                                        verbose=bool(self.verbose))
+            except Exception as err:
+                if attempt == RAY_RETRIES or not is_worker_failure(err):
+                    raise
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                self.ray_retried_.append(f"{type(err).__name__}: {first}"[:300])
+                warnings.warn(f"a Ray worker died ({self.ray_retried_[-1]}); the fit starts "
+                              "again on the cluster's workers, from the same random state "
+                              "(the same bits)", RuntimeWarning, stacklevel=3)
+                rng.bit_generator.state = start_state
 
     def _factor_bound(self) -> float:
         """max ‖u‖ · max ‖v‖, a bound on every |u_i·v_j| (scores are compared with a margin of

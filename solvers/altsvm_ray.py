@@ -129,6 +129,17 @@ class OnRay:
 # ---------------------------------------------------------------------- a worker
 
 
+def is_worker_failure(err: BaseException) -> bool:
+    """Whether ``err`` says a worker process or node died (what starting again fixes), not
+    that a call failed in our code."""
+    try:
+        from ray import exceptions as rx
+    except ImportError:
+        return False
+    return isinstance(err, (rx.RayActorError, rx.WorkerCrashedError, rx.ObjectLostError,
+                            rx.NodeDiedError)) and not isinstance(err, rx.RayTaskError)
+
+
 def _one_thread(method):
     """Run ``method`` with numba on one thread: a worker has one CPU, and numba's thread count
     is per calling thread (an actor runs its calls on several)."""
@@ -633,21 +644,22 @@ def solve_on_workers(cols: np.ndarray, n_users: int, n_items: int, state: dict |
     start cold (U drawn here from ``rng``, as :func:`~solvers._altsvm_solver.cold_start`
     draws it) or from the warm ``state``. Returns the result, the warm join's matches and
     each worker's peak resident memory (bytes; in process: this process's)."""
-    work = RayWork(cols, n_users, n_items, rank, reg, S.LOSSES[loss], fit_bias, n_workers,
-                   runner)
-    V, b = np.zeros((n_items, rank)), np.zeros(n_items)
-    matched = 0
-    if state is None:
-        work.start(rng.random((n_users, rank)) / np.sqrt(max(rank, 1)))
-    else:
-        V[: state["V"].shape[0]] = state["V"]
-        if fit_bias:
-            b[: state["b"].shape[0]] = state["b"]
-        matched = work.warm(state, V, np.inf if loss == "squared_hinge" else 1.0)
-    start = S.Start(None, V, b, None, None, warm=state is not None, n_matched=matched)
+    runner = runner or InProcess()
     try:
+        work = RayWork(cols, n_users, n_items, rank, reg, S.LOSSES[loss], fit_bias,
+                       n_workers, runner)
+        V, b = np.zeros((n_items, rank)), np.zeros(n_items)
+        matched = 0
+        if state is None:
+            work.start(rng.random((n_users, rank)) / np.sqrt(max(rank, 1)))
+        else:
+            V[: state["V"].shape[0]] = state["V"]
+            if fit_bias:
+                b[: state["b"].shape[0]] = state["b"]
+            matched = work.warm(state, V, np.inf if loss == "squared_hinge" else 1.0)
+        start = S.Start(None, V, b, None, None, warm=state is not None, n_matched=matched)
         res = S.solve(None, start, reg=reg, loss=loss, fit_bias=fit_bias, max_iter=max_iter,
                       tol=tol, rng=rng, parallel=False, verbose=verbose, work=work)
     finally:
-        work.run.close()
+        runner.close()     # the workers end with the fit (or its failure)
     return res, matched, work.peak_rss

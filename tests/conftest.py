@@ -105,19 +105,35 @@ def redis_cluster_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_address(tmp_path_factory):
-    """``HOST:PORT`` of a real local Ray cluster (``infra/ray/start.sh``: a head and two worker
-    nodes of one CPU, separate ``ray start`` processes on loopback) for this session; started
-    only when a test asks for it. ``RANKSTREAM_RAY_ADDRESS`` names an existing one instead."""
+def ray_cluster_info(tmp_path_factory):
+    """(address, session dir) of a real local Ray cluster (``infra/ray/start.sh``: a head and
+    two worker nodes of one CPU, separate ``ray start`` processes on loopback) for this
+    session; started only when a test asks for it, stopped by its pids at the end.
+    ``RANKSTREAM_RAY_ADDRESS`` names an existing one instead (its session dir unknown)."""
     if os.environ.get("RANKSTREAM_RAY_ADDRESS"):
-        yield os.environ["RANKSTREAM_RAY_ADDRESS"]
+        yield os.environ["RANKSTREAM_RAY_ADDRESS"], None
         return
+    tmp = tmp_path_factory.mktemp("ray")
     try:
-        with ray_cluster(tmp_path_factory.mktemp("ray"), workers=2) as port:
-            yield f"127.0.0.1:{port}"
+        with ray_cluster(tmp, workers=2) as port:
+            yield f"127.0.0.1:{port}", tmp / "s"
             return
     except RuntimeError as err:
         unavailable(str(err))
+
+
+@pytest.fixture(scope="session")
+def ray_address(ray_cluster_info) -> str:
+    """``HOST:PORT`` of the session's Ray cluster (see ``ray_cluster_info``)."""
+    return ray_cluster_info[0]
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster_info) -> Path:
+    """The session directory of the cluster (its nodes' command lines name it)."""
+    if ray_cluster_info[1] is None:
+        pytest.skip("RANKSTREAM_RAY_ADDRESS names a cluster this session did not start")
+    return ray_cluster_info[1]
 
 
 @pytest.fixture

@@ -162,21 +162,26 @@ def parse_model(name: str, raw: dict, where: str) -> ModelConfig:
         raise ValueError(f"{where}: model {name!r} schedule is {schedule!r}, expected an "
                          f"Airflow preset ({', '.join(SCHEDULE_PRESETS)}) or a cron "
                          "expression such as '0 * * * *'")
-    ray_address = raw.get("ray_address")
-    if ray_address is not None:
-        from solvers._params import Address
-
-        try:
-            Address()("ray_address", ray_address)
-        except ValueError as err:
-            raise ValueError(f"{where}: model {name!r} {err}") from None
-        if "ray_address" not in fam.estimator_class()._parameter_constraints:
-            raise ValueError(f"{where}: model {name!r} ({fam.name}) has ray_address, but only "
-                             "altsvm fits on a Ray cluster; remove it")
     return ModelConfig(name=name, algorithm=fam.name, kinds=kinds, window=window,
                        schedule=schedule, params=params,
                        evaluation=evaluation, gate=gate, publish=publish, tune=tune,
-                       ray_address=ray_address)
+                       ray_address=_ray_address(where, name, raw.get("ray_address"), fam))
+
+
+def _ray_address(where: str, name: str, address, fam: Family) -> str | None:
+    """A model's ``ray_address``, checked: ``HOST:PORT``, of a family that fits on Ray."""
+    if address is None:
+        return None
+    from solvers._params import Address
+
+    try:
+        Address()("ray_address", address)
+    except ValueError as err:
+        raise ValueError(f"{where}: model {name!r} {err}") from None
+    if "ray_address" not in fam.estimator_class()._parameter_constraints:
+        raise ValueError(f"{where}: model {name!r} ({fam.name}) has ray_address, but only "
+                         "altsvm fits on a Ray cluster; remove it")
+    return address
 
 
 SCHEDULE_PRESETS = ("@once", "@continuous", "@hourly", "@daily", "@weekly", "@monthly",

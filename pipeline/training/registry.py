@@ -22,6 +22,9 @@ import importlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
+# the estimator parameters that say where a fit runs, not what it fits: not config params
+ENGINE_PARAMS = ("ray_address", "ray_workers")
+
 
 @dataclass(frozen=True)
 class Family:
@@ -75,8 +78,11 @@ class Family:
 
     @cached_property
     def param_names(self) -> tuple[str, ...]:
-        """Every key a config's ``params`` may hold."""
-        return tuple(self.estimator_class().param_names()) + tuple(self.dataset_params)
+        """Every key a config's ``params`` may hold: the estimator's parameters but where it
+        runs (a model's ``ray_address`` says that, or RANKSTREAM_RAY_ADDRESS), and the
+        dataset's."""
+        return tuple(n for n in self.estimator_class().param_names()
+                     if n not in ENGINE_PARAMS) + tuple(self.dataset_params)
 
     def estimator_params(self, params: dict) -> dict:
         """The part of a config's ``params`` that goes to the estimator's constructor."""

@@ -125,3 +125,13 @@ def holdout_intervals(trainer, arrays: dict, cfg, *, model, metrics: dict, basel
         log.warning("no holdout intervals (%s: %s); the run goes on", type(err).__name__, err)
         return None
     return {**out, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def gate_lifts(found: dict, metric: str) -> dict:
+    """The gate's lift intervals (:class:`~pipeline.training.gate.Scores`' ``trivial_lifts``,
+    ``lift_over``, ``units``) from a run's ``holdout_intervals`` of the gate ``metric`` ({}
+    without them)."""
+    if found.get("metric") != metric or not found.get("lift"):
+        return {}
+    return {"trivial_lifts": {n: v["interval"] for n, v in found["lift"].items()},
+            "lift_over": found["lift_over"], "units": f"{found['units']:,} {found['unit']}"}

@@ -295,6 +295,8 @@ def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_a
 
 def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
     """The gate's inputs from the train step's summary."""
+    from pipeline.training.report_intervals import gate_lifts
+
     metric = ctx.cfg.metric
     ch = trained.get("challenger") or {}
     blend = ch.get("blend") or {}
@@ -308,16 +310,8 @@ def _scores(trained: dict, ctx: RunContext) -> gate.Scores:
         blend_value=blend.get("metrics", {}).get(metric), blend_weight=blend.get("weight"),
         blend_name=blend.get("name"), blend_margin=float(blend.get("margin") or 0.0),
         validation=ch.get("validation") or {}, holdout_errors=ch.get("holdout_errors") or {},
-        **_trivial_lifts(trained.get("holdout_intervals") or {}, metric))
+        **gate_lifts(trained.get("holdout_intervals") or {}, metric))
 
-
-def _trivial_lifts(found: dict, metric: str) -> dict:
-    """The gate's lift intervals (:class:`~pipeline.training.gate.Scores`) from the train
-    step's ``holdout_intervals`` of the gate metric ({} without them)."""
-    if found.get("metric") != metric or not found.get("lift"):
-        return {}
-    return {"trivial_lifts": {n: v["interval"] for n, v in found["lift"].items()},
-            "lift_over": found["lift_over"], "units": f"{found['units']:,} {found['unit']}"}
 
 
 def _current(versions: list, metric: str) -> gate.Current:

@@ -35,7 +35,8 @@ def main(address: str, workers: str, src: str, out: str) -> None:
     cold, warm = fits(data["first"], data["second"], json.loads(str(data["params"])),
                       ray_address=address, ray_workers=int(workers))
     np.savez(out, **{f"cold_{k}": v for k, v in fit_arrays(cold).items()},
-             **{f"warm_{k}": v for k, v in fit_arrays(warm).items()})
+             **{f"warm_{k}": v for k, v in fit_arrays(warm).items()},
+             retried=np.array(len(cold.ray_retried_) + len(warm.ray_retried_)))
 
 
 if __name__ == "__main__":

@@ -622,7 +622,8 @@ def test_constructor_is_keyword_only_and_stores_parameters():
                random_state=5, verbose=False)
     assert m.get_params() == dict(rank=7, reg=3.0, reg_ratio=0.3, loss="hinge", item_bias=True,
                                   max_iter=4, tol=1e-3, n_threads=1, deterministic=True,
-                                  random_state=5, verbose=False)
+                                  random_state=5, verbose=False, ray_address=None,
+                                  ray_workers=None)
 
 
 # ------------------------------------------------------------------------------ using the model

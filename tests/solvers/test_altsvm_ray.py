@@ -99,3 +99,52 @@ def test_a_real_ray_cluster_gives_the_one_process_bits(ray_address, tmp_path, sh
         for phase, model in (("cold", cold), ("warm", warm)):
             arrays = {k: got[f"{phase}_{k}"] for k in fit_arrays(model)}
             assert not same_bits(fit_arrays(model), arrays), (workers, phase)
+
+
+def _shard_processes(session: Path) -> list[int]:
+    """Pids of the AltSVM workers (``ray::UserShard``) whose raylet runs in ``session``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            raylet = Path(f"/proc/{parent}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if title.startswith("ray::UserShard") and str(session) in raylet:
+            found.append(int(proc.name))
+    return found
+
+
+def test_a_worker_killed_mid_fit_leaves_the_same_bits(ray_address, ray_session, tmp_path):
+    """SIGKILL one AltSVM worker while a 2-worker fit runs: the fit starts again on the
+    cluster's workers and ends with the one-process bits, saying what was retried."""
+    import os
+    import signal
+    import time
+
+    c = comparisons(7, 20_000, 2_000, 1_500_000)
+    params = {"rank": 16, "reg": 30.0, "item_bias": True, "max_iter": 6, "random_state": 1}
+    cold, warm = fits(c[:1_200_000], c, params)
+    src, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(src, first=c[:1_200_000], second=c, params=json.dumps(params))
+    driver = subprocess.Popen([sys.executable, str(DRIVER), ray_address, "2", str(src),
+                               str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_shard_processes(ray_session)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)                          # into the fit, past the setup
+        victims = _shard_processes(ray_session)
+        assert victims, "no AltSVM worker to kill"
+        os.kill(victims[0], signal.SIGKILL)
+        stdout, stderr = driver.communicate(timeout=600)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, stderr[-3000:]
+    got = np.load(out)
+    assert int(got["retried"]) >= 1, "the fit did not notice the killed worker"
+    for phase, model in (("cold", cold), ("warm", warm)):
+        arrays = {k: got[f"{phase}_{k}"] for k in fit_arrays(model)}
+        assert not same_bits(fit_arrays(model), arrays), phase

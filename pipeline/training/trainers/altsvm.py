@@ -228,7 +228,9 @@ class AltSVMTrainer(Trainer):
 
     def fit_info(self, model, learned: dict) -> dict:
         info = {"objective": float(model.objective_[-1]), "reg": float(model.reg_),
-                "collapsed": model.collapsed_, "engine": model.engine_}
+                "collapsed": model.collapsed_, "engine": model.engine_,
+                **({"ray_retried": model.ray_retried_}
+                   if getattr(model, "ray_retried_", None) else {})}
         tuning = learned.get("tuning")
         if tuning is not None and "choice" in tuning:
             t = tuning
