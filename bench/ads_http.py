@@ -42,9 +42,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -62,12 +60,11 @@ from search_http import (  # noqa: E402
     home_args,
     published_artifact,
     rankstream,
+    run_targets,
     say,
     train_line,
 )
 from serve_load import NAMESPACE, local_redis, serving  # noqa: E402
-
-from pipeline.settings import state_dir  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "libsvm-w8a" / "w8a.gz"
 MODEL = "ads"
@@ -279,24 +276,7 @@ def main(argv=None) -> int:
         print(f"ads_http: no w8a at {args.data} (see {args.data.parent / 'SOURCE.md'})",
               file=sys.stderr)
         return 2
-    t0 = time.perf_counter()
-    root = state_dir("bench") / f"ads-http-{os.getpid()}"
-    root.mkdir(mode=0o700)
-    failed = True
-    try:
-        results = run(args, root, t0)
-        failed = False
-    except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as err:
-        print(f"ads_http: {err} (logs in {root})", file=sys.stderr)
-        return 1
-    finally:
-        if args.keep or failed:
-            print(f"(state kept in {root})", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)     # the directory made above, nothing else
-    for name, met in results:
-        print(f"target {name} : {'MET' if met else 'MISSED'}")
-    return 0 if all(met for _, met in results) else 1
+    return run_targets("ads_http", args.keep, lambda root, t0: run(args, root, t0))
 
 
 def run(args, root: Path, t0: float) -> list[tuple[str, bool]]:

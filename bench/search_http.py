@@ -328,23 +328,30 @@ def main(argv=None) -> int:
         print(f"search_http: no {', '.join(missing)} file of fold {args.fold} under "
               f"{args.data} (see {args.data / 'SOURCE.md'})", file=sys.stderr)
         return 2
+    return run_targets("search_http", args.keep, lambda root, t0: run(args, files, root, t0))
+
+
+def run_targets(name: str, keep: bool, run) -> int:
+    """``run(root, t0)`` (its ``[(target, met)]``) in a state directory of its own, removed
+    after a clean run unless ``keep``; prints each target; the exit status (1: one missed or
+    a step failed, said in one line)."""
     t0 = time.perf_counter()
-    root = state_dir("bench") / f"search-http-{os.getpid()}"
+    root = state_dir("bench") / f"{name.replace('_', '-')}-{os.getpid()}"
     root.mkdir(mode=0o700)
     failed = True
     try:
-        results = run(args, files, root, t0)
+        results = run(root, t0)
         failed = False
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as err:
-        print(f"search_http: {err} (logs in {root})", file=sys.stderr)
+        print(f"{name}: {err} (logs in {root})", file=sys.stderr)
         return 1
     finally:
-        if args.keep or failed:
+        if keep or failed:
             print(f"(state kept in {root})", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)     # the directory made above, nothing else
-    for name, met in results:
-        print(f"target {name} : {'MET' if met else 'MISSED'}")
+    for target, met in results:
+        print(f"target {target} : {'MET' if met else 'MISSED'}")
     return 0 if all(met for _, met in results) else 1
 
 

@@ -307,6 +307,34 @@ def tournament(n_blocks: int) -> list:
     return rounds + [[(p, p) for p in range(n_blocks)]]
 
 
+def item_blocks(degree: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(item_block, item_order)``: items by decreasing ``degree`` (comparisons; ties by id)
+    dealt to the blocks in serpentine order (0..B−1, B−1..0, ...), and the items block by
+    block (by id within one: new label -> item)."""
+    n_items = degree.shape[0]
+    by_degree = np.argsort(-degree, kind="stable")
+    rank = np.arange(n_items)
+    lap, seat = rank // n_blocks, rank % n_blocks
+    item_block = np.empty(n_items, dtype=np.int32)
+    item_block[by_degree] = np.where(lap % 2 == 0, seat, n_blocks - 1 - seat)
+    return item_block, np.argsort(item_block, kind="stable")
+
+
+def task_order(sizes: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(key_of_task, round_ptr, task_of_key)``: the :func:`tournament`'s block pairs (key
+    min(p, q)·B + max(p, q); ``sizes``: comparisons per key) numbered round by round, within a
+    round by decreasing size (ties by key)."""
+    key_of_task, round_ptr = [], [0]
+    for pairs in tournament(n_blocks):
+        keys = [min(p, q) * n_blocks + max(p, q) for p, q in pairs]
+        key_of_task += sorted(keys, key=lambda k: (-sizes[k], k))
+        round_ptr.append(len(key_of_task))
+    key_of_task = np.asarray(key_of_task, dtype=np.int64)
+    task_of_key = np.full(n_blocks * n_blocks, -1, dtype=np.int64)
+    task_of_key[key_of_task] = np.arange(key_of_task.shape[0])
+    return key_of_task, np.asarray(round_ptr, dtype=np.int64), task_of_key
+
+
 def strata(lay: dict) -> dict:
     """The stratified V-step's schedule (:func:`_altsvm_kernels.vstep_strata`), from the
     comparisons alone (never the thread count).
@@ -327,25 +355,13 @@ def strata(lay: dict) -> dict:
     n = cu.shape[0]
     n_blocks = n_item_blocks(n, n_items)
     degree = np.bincount(cw, minlength=n_items) + np.bincount(cl, minlength=n_items)
-    by_degree = np.argsort(-degree, kind="stable")
-    rank = np.arange(n_items)
-    lap, seat = rank // n_blocks, rank % n_blocks
-    item_block = np.empty(n_items, dtype=np.int32)
-    item_block[by_degree] = np.where(lap % 2 == 0, seat, n_blocks - 1 - seat)
-    item_order = np.argsort(item_block, kind="stable")  # block by block, by id within one
+    item_block, item_order = item_blocks(degree, n_blocks)
     item_new = np.empty(n_items, dtype=cw.dtype)
     item_new[item_order] = np.arange(n_items)
     spans = max(1, min(numba.get_num_threads(), n))  # who counts what; the sort is stable
     counts = L.count_pairs(cw, cl, item_block, n_blocks, spans)
     sizes = counts.sum(axis=0)
-    key_of_task, round_ptr = [], [0]
-    for pairs in tournament(n_blocks):
-        keys = [min(p, q) * n_blocks + max(p, q) for p, q in pairs]
-        key_of_task += sorted(keys, key=lambda k: (-sizes[k], k))
-        round_ptr.append(len(key_of_task))
-    key_of_task = np.asarray(key_of_task, dtype=np.int64)
-    task_of_key = np.full(n_blocks * n_blocks, -1, dtype=np.int64)
-    task_of_key[key_of_task] = np.arange(key_of_task.shape[0])
+    key_of_task, round_ptr, task_of_key = task_order(sizes, n_blocks)
     task_ptr = np.zeros(key_of_task.shape[0] + 1, dtype=np.int64)
     np.cumsum(sizes[key_of_task], out=task_ptr[1:])
     per_span = counts[:, key_of_task]  # span t's rows of task k start after earlier spans'
@@ -354,7 +370,7 @@ def strata(lay: dict) -> dict:
     tu, tw, tl = (np.empty(n, dtype=cu.dtype) for _ in range(3))
     L.scatter_by_task(cu, cw, cl, item_block, n_blocks, task_of_key, item_new, starts, perm, tu,
                       tw, tl)
-    return {"round_ptr": np.asarray(round_ptr, dtype=np.int64), "task_ptr": task_ptr,
+    return {"round_ptr": round_ptr, "task_ptr": task_ptr,
             "perm": perm, "tu": tu, "tw": tw, "tl": tl, "item_order": item_order,
             "n_blocks": n_blocks}
 

@@ -462,27 +462,14 @@ class RayWork:
         run, n_items = self.run, self.n_items
         n_blocks = S.n_item_blocks(self.n, n_items)
         degree = sum(run.get([run.call(w, "degrees") for w in self.workers]))
-        by_degree = np.argsort(-degree, kind="stable")
-        rank = np.arange(n_items)
-        lap, seat = rank // n_blocks, rank % n_blocks
-        item_block = np.empty(n_items, dtype=np.int32)
-        item_block[by_degree] = np.where(lap % 2 == 0, seat, n_blocks - 1 - seat)
-        self.item_order = np.argsort(item_block, kind="stable")
+        item_block, self.item_order = S.item_blocks(degree, n_blocks)
         item_new = np.empty(n_items, dtype=np.int64)
         item_new[self.item_order] = np.arange(n_items)
         block_start = np.zeros(n_blocks + 1, dtype=np.int64)
         np.cumsum(np.bincount(item_block, minlength=n_blocks), out=block_start[1:])
         sizes = sum(run.get([run.call(w, "task_sizes", item_block, n_blocks)
                              for w in self.workers]))
-        key_of_task, round_ptr = [], [0]
-        for pairs in S.tournament(n_blocks):
-            keys = [min(p, q) * n_blocks + max(p, q) for p, q in pairs]
-            key_of_task += sorted(keys, key=lambda k: (-sizes[k], k))
-            round_ptr.append(len(key_of_task))
-        key_of_task = np.asarray(key_of_task, dtype=np.int64)
-        task_of_key = np.full(n_blocks * n_blocks, -1, dtype=np.int64)
-        task_of_key[key_of_task] = np.arange(key_of_task.shape[0])
-        self.round_ptr = np.asarray(round_ptr, dtype=np.int64)
+        key_of_task, self.round_ptr, task_of_key = S.task_order(sizes, n_blocks)
         owner = plan_tasks(sizes[key_of_task], self.round_ptr, len(self.workers))
         item_new = item_new.astype(np.int32 if n_items <= np.iinfo(np.int32).max else np.int64)
         self.block_start, self.plans = block_start, []

@@ -29,6 +29,25 @@ def free_port(pair: bool = False) -> int:
     raise RuntimeError("no free loopback port pair found")
 
 
+class ServerStartError(RuntimeError):
+    """A server of infra/ did not start."""
+
+
+@contextmanager
+def started(start: str, stop: str, env: dict, timeout: int = 300):
+    """Run ``infra/START`` with ``env`` (a failure: :class:`ServerStartError` with its
+    output), yield, then run ``infra/STOP``, which stops what it started by process id."""
+    run = subprocess.run([INFRA / start], env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    try:
+        if run.returncode != 0:
+            raise ServerStartError(f"infra/{start} failed ({run.returncode}):\n{run.stdout}\n"
+                                   f"{run.stderr.strip()[-2000:]}")
+        yield
+    finally:
+        subprocess.run([INFRA / stop], env=env, capture_output=True, timeout=120)
+
+
 @contextmanager
 def infra_server(name: str, tmp: Path):
     """Run ``infra/NAME/start.sh`` on a free port with its state under ``tmp``; yield the port;
@@ -36,15 +55,8 @@ def infra_server(name: str, tmp: Path):
     port = free_port(pair=(name == "kafka"))
     prefix = f"RANKSTREAM_{name.upper()}"
     env = {**os.environ, f"{prefix}_PORT": str(port), f"{prefix}_DIR": str(tmp / name)}
-    start = subprocess.run([INFRA / name / "start.sh"], env=env, capture_output=True, text=True,
-                           timeout=300)
-    if start.returncode != 0:
-        raise RuntimeError(f"infra/{name}/start.sh failed ({start.returncode}):\n"
-                           f"{start.stdout}\n{start.stderr}")
-    try:
+    with started(f"{name}/start.sh", f"{name}/stop.sh", env):
         yield port
-    finally:
-        subprocess.run([INFRA / name / "stop.sh"], env=env, capture_output=True, timeout=60)
 
 
 def _ephemeral_low() -> int:
@@ -89,20 +101,8 @@ def redis_cluster(tmp: Path):
     base = free_port_block(6)
     env = {**os.environ, "RANKSTREAM_REDIS_CLUSTER_PORT": str(base),
            "RANKSTREAM_REDIS_CLUSTER_DIR": str(tmp / "redis-cluster")}
-    start = subprocess.run([INFRA / "redis" / "cluster-start.sh"], env=env, capture_output=True,
-                           text=True, timeout=300)
-    try:
-        if start.returncode != 0:
-            raise RuntimeError(f"infra/redis/cluster-start.sh failed ({start.returncode}):\n"
-                               f"{start.stdout}\n{start.stderr}")
+    with started("redis/cluster-start.sh", "redis/cluster-stop.sh", env):
         yield base, tmp / "redis-cluster"
-    finally:
-        subprocess.run([INFRA / "redis" / "cluster-stop.sh"], env=env, capture_output=True,
-                       timeout=120)
-
-
-class ServerStartError(RuntimeError):
-    """A server of infra/ did not start."""
 
 
 @contextmanager
@@ -112,18 +112,12 @@ def s3_server(state: Path):
     start."""
     port = free_port_block(4, offset=10000)
     env = {**os.environ, "RANKSTREAM_S3_PORT": str(port), "RANKSTREAM_S3_DIR": str(state)}
-    start = subprocess.run([INFRA / "s3" / "start.sh"], env=env, capture_output=True, text=True,
-                           timeout=900)
-    try:
-        if start.returncode != 0:
-            raise ServerStartError(f"infra/s3/start.sh failed: {start.stderr.strip()[-400:]}")
+    with started("s3/start.sh", "s3/stop.sh", env, timeout=900):
         creds = dict(line.split("=", 1) for line in
                      (state / "credentials.env").read_text().split())
         yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_REGION": "us-east-1",
                "AWS_ACCESS_KEY_ID": creds["AWS_ACCESS_KEY_ID"],
                "AWS_SECRET_ACCESS_KEY": creds["AWS_SECRET_ACCESS_KEY"]}
-    finally:
-        subprocess.run([INFRA / "s3" / "stop.sh"], env=env, capture_output=True, timeout=60)
 
 
 @contextmanager
@@ -151,12 +145,5 @@ def ray_cluster(tmp: Path, workers: int = 2):
     env = {**os.environ, "RANKSTREAM_RAY_PORT": str(port), "RANKSTREAM_RAY_DIR": str(tmp),
            "RANKSTREAM_RAY_WORKERS": str(workers), "RANKSTREAM_RAY_SESSION_DIR": str(tmp / "s"),
            "RANKSTREAM_RAY_WORKER_MEMORY": "1500000000"}
-    start = subprocess.run([INFRA / "ray" / "start.sh"], env=env, capture_output=True,
-                           text=True, timeout=300)
-    try:
-        if start.returncode != 0:
-            raise RuntimeError(f"infra/ray/start.sh failed ({start.returncode}):\n"
-                               f"{start.stdout}\n{start.stderr}")
+    with started("ray/start.sh", "ray/stop.sh", env):
         yield port
-    finally:
-        subprocess.run([INFRA / "ray" / "stop.sh"], env=env, capture_output=True, timeout=120)
