@@ -190,13 +190,12 @@ class UserShard:
                 + np.bincount(lay["cl"], minlength=self.n_items))
 
     def task_sizes(self, item_block, n_blocks: int) -> np.ndarray:
-        """Comparisons per block pair key min(p, q)·B + max(p, q)."""
-        return np.bincount(self._keys(item_block, n_blocks), minlength=n_blocks * n_blocks)
-
-    def _keys(self, item_block, n_blocks: int) -> np.ndarray:
-        bw = np.asarray(item_block)[self.lay["cw"]].astype(np.int64)
-        bl = np.asarray(item_block)[self.lay["cl"]].astype(np.int64)
-        return np.minimum(bw, bl) * n_blocks + np.maximum(bw, bl)
+        """Comparisons per block pair key min(p, q)·B + max(p, q) (each comparison's key is
+        kept for :meth:`task_rows`)."""
+        item_block = np.asarray(item_block)
+        bw, bl = item_block[self.lay["cw"]], item_block[self.lay["cl"]]
+        self.keys = np.minimum(bw, bl).astype(np.int32) * np.int32(n_blocks) + np.maximum(bw, bl)
+        return np.bincount(self.keys, minlength=n_blocks * n_blocks)
 
     # -- the starting point
     def set_u(self, U) -> None:
@@ -220,18 +219,20 @@ class UserShard:
         self.U_old = self.U.copy()
 
     # -- the V-step's tasks: rows for their owners, and as their owner
-    def task_rows(self, owner: int, tasks, task_of_key, item_block, n_blocks: int, item_new):
+    def task_rows(self, owner: int, tasks, task_of_key, item_new):
         """Our comparisons of ``tasks`` (task after task, each in our layout order) for the
         worker ``owner``: (count per task, users, relabelled winners and losers, beta)."""
         if getattr(self, "task", None) is None:      # each comparison's task, once
-            self.task = np.asarray(task_of_key)[self._keys(item_block, n_blocks)]
+            self.task, self.keys = np.asarray(task_of_key)[self.keys], None
         task = self.task
         tasks = np.asarray(tasks, dtype=np.int64)
         rank_of = np.full(int(np.asarray(task_of_key).max()) + 1, -1, dtype=np.int64)
         rank_of[tasks] = np.arange(tasks.shape[0])
         mine = rank_of[task]
         picked = np.flatnonzero(mine >= 0)
-        picked = picked[np.argsort(mine[picked], kind="stable")]
+        # a stable sort by the task's place in ``tasks`` (radix sort on 16-bit keys: the
+        # tasks number at most B(B+1)/2 = 2,080)
+        picked = picked[np.argsort(mine[picked].astype(np.int16), kind="stable")]
         self.to_owner[owner] = picked
         lay, item_new = self.lay, np.asarray(item_new)
         return (np.bincount(mine[picked], minlength=tasks.shape[0]),
@@ -485,8 +486,8 @@ class RayWork:
                                       for x in (key // n_blocks, key % n_blocks)}))
             plan = {"tasks": tasks, "round_ptr": ptr, "blocks": blocks,
                     "block_start": block_start}
-            rows = [run.call(w, "task_rows", k, tasks, task_of_key, item_block, n_blocks,
-                             item_new) for w in self.workers]
+            rows = [run.call(w, "task_rows", k, tasks, task_of_key, item_new)
+                    for w in self.workers]
             run.get(run.call(worker, "own_tasks", plan, *rows))
             self.plans.append(plan)
         block_worker = np.empty((self.round_ptr.shape[0] - 1, n_blocks), dtype=np.int64)
