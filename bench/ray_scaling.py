@@ -100,7 +100,8 @@ def cluster(workers: int, port: int):
            "RANKSTREAM_RAY_WORKERS": str(workers)}
     start = subprocess.run([REPO / "infra" / "ray" / "start.sh"], env=env, text=True,
                            capture_output=True)
-    if start.returncode != 0:
+    if start.returncode != 0:       # stop the nodes it did start
+        subprocess.run([REPO / "infra" / "ray" / "stop.sh"], env=env, capture_output=True)
         sys.exit(f"infra/ray/start.sh failed: {start.stderr.strip()}")
     return env
 

@@ -58,17 +58,28 @@ if ! alive "$dir/head.pid"; then
     sleep 0.5
   done
 fi
+worker() {  # W: start worker node W
+  launch "worker-$1" --address="$address" --num-cpus="$cpus" --memory="$memory" \
+    --object-store-memory=$((memory / 4)) --dashboard-agent-listen-port=$((port + 2 + $1))
+}
 for w in $(seq 1 "$workers"); do
   if ! alive "$dir/worker-$w.pid"; then
-    launch "worker-$w" --address="$address" --num-cpus="$cpus" --memory="$memory" \
-      --object-store-memory=$((memory / 4)) --dashboard-agent-listen-port=$((port + 2 + w))
+    worker "$w"
     sleep 1    # one node at a time: two joining at once on 2 cores timed out once
   fi
 done
-for _ in $(seq 1 60); do
+declare -A tries
+for _ in $(seq 1 90); do
   for w in $(seq 1 "$workers"); do
-    alive "$dir/worker-$w.pid" || { echo "ray worker $w failed; see $dir/worker-$w.log" >&2
-                                     exit 1; }
+    # Ray gives a starting node 30 s (fixed); on a busy machine one ran out: start it again
+    if ! alive "$dir/worker-$w.pid"; then
+      tries[$w]=$(( ${tries[$w]:-0} + 1 ))
+      if (( tries[$w] > 2 )); then
+        echo "ray worker $w failed 3 times; see $dir/worker-$w.log" >&2
+        exit 1
+      fi
+      worker "$w"
+    fi
   done
   if [[ $(nodes) -ge $workers ]]; then
     echo "ray started: head pid $(cut -d' ' -f1 "$dir/head.pid"), $workers worker nodes," \
