@@ -60,6 +60,7 @@ from search_http import (  # noqa: E402
     home_args,
     published_artifact,
     rankstream,
+    response_error,
     run_targets,
     say,
     train_line,
@@ -158,18 +159,11 @@ def score_over_http(client, rows: Rows, test: np.ndarray, batch: int) -> HttpSco
         out.seconds.append(time.perf_counter() - t)
         out.status.append(resp.status_code)
         if resp.status_code != 200:
-            out.errors.append((b, resp.status_code, _error(resp)))
+            out.errors.append((b, resp.status_code, response_error(resp)))
             continue
         for it in resp.json()["items"]:
             out.score[int(it["item"])] = it["score"]
     return out
-
-
-def _error(resp) -> str:
-    try:
-        return str(resp.json().get("error", resp.text))
-    except ValueError:
-        return resp.text
 
 
 def scores_in_process(artifact, rows: Rows, test: np.ndarray, batch: int) -> np.ndarray:

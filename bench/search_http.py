@@ -179,7 +179,7 @@ def rank_every_query(client, test: TestSet) -> HttpRun:
         run.seconds.append(time.perf_counter() - t)
         run.status.append(resp.status_code)
         if resp.status_code != 200:
-            run.errors.append((qid, resp.status_code, _error(resp)))
+            run.errors.append((qid, resp.status_code, response_error(resp)))
             continue
         items = resp.json()["items"]
         run.incomplete += len(items) != len(rows)
@@ -189,7 +189,8 @@ def rank_every_query(client, test: TestSet) -> HttpRun:
     return run
 
 
-def _error(resp) -> str:
+def response_error(resp) -> str:
+    """The API's one-line error of a refused request (its body, when not JSON)."""
     try:
         return str(resp.json().get("error", resp.text))
     except ValueError:
@@ -201,7 +202,7 @@ def short_list_refusal(client, test: TestSet) -> tuple[int, str]:
     error). Read as features 1..45 it would score every doc with shifted weights."""
     body = {"candidates": [{"id": 0, "features": test.X[0, :-1].tolist()}], "k": 1}
     resp = client.post(f"/v1/models/{MODEL}/rank", json=body)
-    return resp.status_code, _error(resp)
+    return resp.status_code, response_error(resp)
 
 
 # ---------------------------------------------------------------------- in process
