@@ -87,11 +87,16 @@ class OnRay:
     :meth:`UserShard.receive`); the actors end with the fit (:meth:`close`)."""
 
     def __init__(self, address: str, max_restarts: int = 0):
+        import sys
+
+        connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+        if not connected:
+            _answers(address)      # before importing Ray: a wrong address costs nothing
         import ray
 
         from solvers.ray_loopback import is_loopback, keep_loopback
 
-        if not ray.is_initialized():
+        if not connected:
             # a V-step round's blocks (~0.3 MB) go inline, not through the object store:
             # 1.4 ms a hop instead of 5.6 (the workers' nodes get it from infra/ray/start.sh)
             os.environ.setdefault("RAY_max_direct_call_object_size", str(INLINE_BYTES))
@@ -126,6 +131,20 @@ class OnRay:
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors = []
+
+
+def _answers(address: str, timeout: float = 5.0) -> None:
+    """A connection to the head's port, or a one-line error: ``ray.init`` on an address where
+    nothing listens retries for minutes, printing a line every few seconds."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(f"no Ray cluster answers at {address} ({err.strerror or err}): "
+                              "start one (infra/ray/start.sh) or unset "
+                              "RANKSTREAM_RAY_ADDRESS / the model's ray_address") from None
 
 
 # ---------------------------------------------------------------------- failures

@@ -72,6 +72,13 @@ def test_a_ray_fit_is_refused_in_one_line_when_it_cannot_run():
         AltSVM(ray_address="localhost").fit(c)
     with pytest.raises(ValueError, match="the lock-free V-step runs in one process only"):
         AltSVM(ray_address="127.0.0.1:6390", deterministic=False).fit(c)
+    # nothing listens there: one line at once (ray.init would retry for minutes)
+    from tests.servers import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionError, match=f"no Ray cluster answers at {address} .*: "
+                                              "start one"):
+        AltSVM(reg=1.0, ray_address=address).fit(c)
 
 
 def test_a_real_ray_cluster_gives_the_one_process_bits(ray_address, tmp_path, shared_data):
