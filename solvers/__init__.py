@@ -57,14 +57,13 @@ def scorer_estimator(kind: str):
 
 
 # the kernels compiled together: each estimator family, the comparison samplers, top-K
-WARM_UPS = (*ESTIMATORS, "pairs", "topk", "fold_in")
+WARM_UPS = (*ESTIMATORS, "pairs", "topk", "fold_in", "neighbours")
 
 
 def warm_up(n_threads=None, only: str | None = None) -> dict:
     """Compile, or load from numba's disk cache, the kernels of every estimator family, the
-    comparison samplers, the top-K selection and the fold-in (or ``only`` one of
-    :data:`WARM_UPS`);
-    returns the seconds each took. Call it at service start (the demo and the benchmarks do)
+    comparison samplers, the top-K selection, the fold-in and the item-kNN's neighbours (or
+    ``only`` one of :data:`WARM_UPS`); returns the seconds each took. Call it at service start (the demo and the benchmarks do)
     so that first calls are not compile calls; ``infra/setup.sh`` compiles the groups in
     parallel processes.
 
@@ -72,7 +71,7 @@ def warm_up(n_threads=None, only: str | None = None) -> dict:
     --------
     >>> seconds = warm_up(n_threads=1)
     >>> sorted(seconds)
-    ['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush', 'fold_in', 'pairs', 'topk']
+    ['AltSVM', 'KernelRankSVM', 'NPSVOR', 'TopPush', 'fold_in', 'neighbours', 'pairs', 'topk']
     """
     import importlib
 

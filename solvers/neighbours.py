@@ -11,7 +11,7 @@ neighbours: with ``V`` the items x items CSR whose row j holds j's neighbours, t
 ``X Vᵀ``, a factor model whose user rows are the users' 0/1 items and whose item rows are
 sparse. Memory is the kept neighbours (16 bytes each per shrinkage while they are ranked, 8
 in ``V``: at most ``k`` per item) plus one block of
-columns' co-occurrences at a time (:data:`BLOCK_ENTRIES` bounds the block's dense width), never
+items' co-occurrences at a time (:data:`BLOCK_ENTRIES` bounds the block's dense width), never
 the items x items matrix.
 
 Order: a neighbour list ranks by similarity, then by lower item index (reproducible whatever
@@ -29,11 +29,13 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["cosine_neighbours", "neighbour_rows"]
+from solvers._neighbour_kernels import block_neighbours
 
-# co-occurrences (items x block columns) formed at a time, at most: each costs about 50 bytes
-# of temporaries while its block is ranked (on ml-1m-implicit's 3.6k items, 20M of them made
-# a block the whole matrix and 0.5 GB of a 2.1 GB run)
+__all__ = ["cosine_neighbours", "neighbour_rows", "warm_up"]
+
+# co-occurrences (block rows x items) formed at a time, at most: each is a CSR entry (8 bytes)
+# plus scipy's product's temporaries while its block is ranked (on ml-1m-implicit's 3.6k items,
+# 20M of them made a block the whole matrix and 0.5 GB of a 2.1 GB run)
 BLOCK_ENTRIES = 4_000_000
 
 
@@ -50,29 +52,42 @@ def cosine_neighbours(X, shrinks, k_max: int) -> dict:
     X = sp.csr_matrix(X, dtype=np.float32)
     X.data[:] = 1.0
     n_items = X.shape[1]
-    Xc = sp.csc_matrix(X)
-    XT = sp.csr_matrix(Xc.T)
-    norm = np.sqrt(np.diff(Xc.indptr).astype(np.float64))
+    XT = sp.csr_matrix(X.T)                 # items x users
+    norm = np.sqrt(np.diff(XT.indptr).astype(np.float64))
     block = max(16, int(BLOCK_ENTRIES // max(n_items, 1)))
     kept: dict = {s: [] for s in shrinks}
     for start in range(0, n_items, block):
-        co = (XT @ Xc[:, start:start + block]).tocoo()
-        items = co.col.astype(np.int32) + np.int32(start)
-        off = co.row != items
-        nbr, items, both = co.row[off].astype(np.int32), items[off], co.data[off]
+        stop = min(start + block, n_items)
+        co = XT[start:stop] @ X             # row r: item start + r's co-occurrences
+        co.sort_indices()
+        # every item met by someone co-occurs with itself, which is never its neighbour
+        others = np.diff(co.indptr) - (norm[start:stop] > 0)
+        offsets = np.zeros(stop - start + 1, np.int64)
+        np.cumsum(np.minimum(others, k_max), out=offsets[1:])
+        indptr = co.indptr.astype(np.int64)
+        indices = co.indices.astype(np.int32, copy=False)
         for s in shrinks:
-            sim = both / (norm[nbr] * norm[items] + s)
-            order = np.lexsort((nbr, -sim, items))   # per item: similarity desc, index asc
-            it = items[order]
-            position = (np.arange(len(order)) - np.searchsorted(it, it, side="left")).astype(
-                np.int32)
-            top = order[position < k_max]
             # 16 bytes per kept neighbour and shrinkage
-            kept[s].append((nbr[top], items[top], sim[top].astype(np.float32),
-                            position[position < k_max]))
+            out = (np.empty(offsets[-1], np.int32), np.empty(offsets[-1], np.int32),
+                   np.empty(offsets[-1], np.float32), np.empty(offsets[-1], np.int32))
+            block_neighbours(indptr, indices, co.data, norm, start, s, offsets, *out)
+            kept[s].append(out)
     empty = (np.zeros(0, np.int32),) * 2 + (np.zeros(0, np.float32), np.zeros(0, np.int32))
     return {s: tuple(np.concatenate(p) for p in zip(*parts)) if parts else empty
             for s, parts in kept.items()}
+
+
+def warm_up() -> float:
+    """Compile, or load from numba's disk cache, :func:`cosine_neighbours`' kernel; returns
+    the seconds.
+
+    >>> seconds = warm_up()
+    """
+    import time
+
+    started = time.perf_counter()
+    cosine_neighbours(sp.csr_matrix(np.eye(3, dtype=np.float32)), (0.0,), 1)
+    return time.perf_counter() - started
 
 
 def neighbour_rows(candidates: tuple, n_items: int, k: int) -> sp.csr_matrix:
