@@ -220,3 +220,24 @@ def sparse_block_topk(indptr, indices, data, n_items, seen_indptr, seen_indices,
             mark[seen_indices[j]] = 0
         for j in range(lo, hi):
             mark[indices[j]] = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def sparse_product_add(indptr, indices, data, b_indptr, b_indices, b_data, row_start, out):
+    """``out[r] += `` row ``row_start + r`` of the product of the CSR matrices (``indptr``,
+    ``indices``, ``data``) and (``b_indptr``, ``b_indices``, ``b_data``), every column of it
+    (absent ones as 0). Each row is summed in float32 in scipy's order (the row's entries in
+    turn, each over the other's row), so the sums are scipy's bit for bit, without its CSR
+    result: on an item-kNN's Zipf-popular neighbours that was 5x the time."""
+    scratch = np.zeros(out.shape[1], np.float32)
+    for r in range(out.shape[0]):
+        u = row_start + r
+        for p in range(indptr[u], indptr[u + 1]):
+            i = indices[p]
+            x = data[p]
+            for q in range(b_indptr[i], b_indptr[i + 1]):
+                scratch[b_indices[q]] += x * b_data[q]
+        row = out[r]
+        for j in range(row.shape[0]):
+            row[j] += scratch[j]
+            scratch[j] = 0

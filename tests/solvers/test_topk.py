@@ -215,3 +215,23 @@ def test_sparse_rows_are_ranked_as_their_dense_rows():
             np.testing.assert_array_equal(got[0][r, :n], want[0][r, :n])
             np.testing.assert_array_equal(got[1][r, :n], want[1][r, :n])
         assert not mark.any()
+
+
+def test_sparse_products_summed_by_the_kernel_are_scipys_bits(monkeypatch):
+    """Past SMALL scores an item-kNN's sparse product is summed by a kernel straight into the
+    score rows: every score is scipy's float32 sum, bit for bit, added onto a dense part."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(3)
+    U = sp.random(40, 300, density=0.05, format="csr", dtype=np.float32, random_state=rng)
+    VT = sp.random(300, 500, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    dense = rng.standard_normal((40, 500)).astype(np.float32)
+    rows = slice(7, 29)
+    want = dense[rows] + (U[rows] @ VT).toarray()
+    monkeypatch.setattr(T, "SMALL", 0)
+    got = dense[rows].copy()
+    T._add_product(U, rows, VT, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    out = np.full((22, 500), np.nan, np.float32)
+    T.factor_scores(U, rows, VT, out)
+    assert np.array_equal(out, (U[rows] @ VT).toarray())
