@@ -29,6 +29,10 @@ from pipeline.training.trainers.altsvm_data import tuning_view
 from pipeline.training.trainers.factors import pair_scores
 
 BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
+# pairs are made of the best this many candidates on validation: 3 pairs, not the 6 of four
+# candidates (on a 40k x 39k synthetic set the six pairs' curves were 34 s of a 250 s run; a
+# blend of the two weakest would also have to beat the best candidate to serve)
+BLEND_CANDIDATES = 3
 MAX_BLOCK = 256             # users per block of score rows (fewer when the catalogue is large)
 BLOCK_BYTES = 64 << 20      # a worker's score rows: every candidate's and their mix
 
@@ -88,8 +92,8 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
                                                               float | None, list]:
     """``(pair, weight, the blend's validation metric, tried)``: of every two of
     ``candidates`` (name -> :class:`~pipeline.training.trainers.Challenger` with TRAIN fits
-    ``validated`` scored on VALIDATION as ``validation``, and ``evaluated`` fits), the pair and
-    weight whose blend is best on validation and holdout together (the mean of the two
+    ``validated`` scored on VALIDATION as ``validation``, and ``evaluated`` fits; the best
+    :data:`BLEND_CANDIDATES` on validation are paired), the pair and weight whose blend is best on validation and holdout together (the mean of the two
     metrics: two disjoint samples of the users' rows), among the pairs some weight of which
     beats both parts on validation; ``(None, None, None, tried)`` when no pair does. ``tried``
     has one entry per pair and weight: its ``validation`` and, for such pairs, ``holdout``.
@@ -105,7 +109,7 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
     ranked = sorted(candidates, key=lambda n: (candidates[n].validation is None,
                                                -sign * (candidates[n].validation or 0.0)))
     pairs = [("model", next(n for n in p if n != "model")) if "model" in p else p
-             for p in combinations(ranked, 2)]
+             for p in combinations(ranked[:BLEND_CANDIDATES], 2)]
     started = time.perf_counter()
     on_validation = curves(trainer, {n: c.validated for n, c in candidates.items()}, pairs,
                            arrays, cfg, VALIDATION, seed)
