@@ -9,7 +9,8 @@
 ``rankstream_refresh_events_total{model}``      events applied
 ``rankstream_refresh_heals_total{model}``       republished after Redis lost the model
 ``rankstream_refresh_flips_total{model}``       served versions re-applied to
-``rankstream_refresh_rejoins_total{model}``     rebalances that did not finish, given up on
+``rankstream_refresh_rejoins_total{model}``     stalled rebalances and stretches without a
+                                                partition, joined again
 ``rankstream_refresh_backlog{model,partition}``  messages behind the partition's end
 ``rankstream_refresh_stats_age_seconds{model}``  since the refresher last wrote its stats (a
                                                 stopped refresher's numbers grow old)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -44,10 +45,17 @@ MAX_RECORDS = 20_000     # one poll's most; a full poll means more is waiting
 # refresher then reading nothing; a member that joins again under its static id is assigned at
 # once. Generous next to a normal rebalance here (under 1 s), short next to a user's patience.
 REJOIN_SECONDS = 10.0
+# a member that holds no partition of its topics (which have some) for this long joins again,
+# past kafka-python's 10 s session timeout: a refresher left out of an assignment otherwise
+# refreshes nobody and says nothing. Each idle rejoin doubles the wait, up to ORPHAN_MAX_SECONDS
+# (with more refreshers than partitions, some are rightly idle)
+ORPHAN_SECONDS = 15.0
+ORPHAN_MAX_SECONDS = 600.0
 
 
 class StalledRebalance(RuntimeError):
-    """A rebalance that did not finish within :data:`REJOIN_SECONDS`."""
+    """A rebalance that did not finish within :data:`REJOIN_SECONDS`, or a member that held no
+    partition for :data:`ORPHAN_SECONDS` or more: the consumer joins again."""
 
 
 def group_of(model: str) -> str:
@@ -70,9 +78,13 @@ class KafkaRefresh:
         self.applied: dict = {}         # TopicPartition -> next offset to commit (written)
         self.replay_until: dict = {}    # TopicPartition -> committed offset at assignment
         self.consumer = None
-        self.to_place: list = []        # partitions assigned, paused until placed
+        # partitions assigned, paused until placed: handed from the rebalance listener to the
+        # loop through a thread-safe queue (the listener may run on kafka-python's IO thread)
+        self.to_place: queue.SimpleQueue = queue.SimpleQueue()
         self.revoked_at: float | None = None   # a rebalance began here, and has not finished
         self.events_said = 0            # the refresher's event count at the last batch line
+        self.empty_since: float | None = None   # holding no partition since
+        self.orphan_wait = ORPHAN_SECONDS
 
     def _consumer(self, member: str):
         from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -90,7 +102,8 @@ class KafkaRefresh:
                 outer.revoked_at = None
                 if assigned:
                     outer.consumer.pause(*assigned)
-                    outer.to_place.extend(assigned)
+                    for tp in assigned:
+                        outer.to_place.put(tp)
 
         consumer = KafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
@@ -111,7 +124,9 @@ class KafkaRefresh:
         resume it (main thread: ``committed`` blocks)."""
         from pipeline.refresh.refresher import watermark_of
 
-        partitions, self.to_place = self.to_place, []
+        partitions = []
+        while not self.to_place.empty():
+            partitions.append(self.to_place.get_nowait())
         store, st = self.refresher.store, self.refresher.state
         marks = {(name, p): o for name, p, o in (watermark_of(st) or [])} if st else {}
         for tp in partitions:
@@ -183,7 +198,8 @@ class KafkaRefresh:
 
     def _close(self) -> None:
         consumer, self.consumer = self.consumer, None
-        self.buffers, self.taken, self.applied, self.to_place = {}, {}, {}, []
+        self.buffers, self.taken, self.applied = {}, {}, {}
+        self.to_place = queue.SimpleQueue()
         if consumer is not None:
             try:
                 consumer.close(autocommit=False)
@@ -203,13 +219,13 @@ class KafkaRefresh:
 
     def _run(self, member: str) -> None:
         refresher = self.refresher
-        self.consumer, self.revoked_at = self._consumer(member), None
+        self.consumer, self.revoked_at, self.empty_since = self._consumer(member), None, None
         last_flush = last_commit = last_watch = last_stats = time.monotonic()
         while not self.stop.is_set():
             records = self.consumer.poll(timeout_ms=int(MIN_GAP_SECONDS * 1000),
                                          max_records=MAX_RECORDS)
             self.taken.update(self._take(records))
-            if self.to_place:
+            if not self.to_place.empty():
                 self._place()
             now = time.monotonic()
             if self.revoked_at is not None and now - self.revoked_at > REJOIN_SECONDS:
@@ -219,6 +235,14 @@ class KafkaRefresh:
             if now - last_watch >= WATCH_SECONDS:
                 refresher.watch()
                 last_watch = now
+                if self._orphaned(now):
+                    refresher.stats.rejoins += 1
+                    waited, self.orphan_wait = self.orphan_wait, min(2 * self.orphan_wait,
+                                                                     ORPHAN_MAX_SECONDS)
+                    raise StalledRebalance(
+                        f"held no partition of {', '.join(sorted(self.kinds))} for {waited:g} s "
+                        f"while they have some; joining group {self.group} again (with more "
+                        "refreshers than partitions some stay idle, and this repeats less often)")
             caught_up = sum(map(len, records.values())) < MAX_RECORDS
             if (self.taken or refresher.pending or refresher.replay) and (
                     now - last_flush >= self.batch
@@ -236,6 +260,21 @@ class KafkaRefresh:
         self._commit()
         refresher.stats.write(self.settings.home)
         self._close()
+
+    def _orphaned(self, now: float) -> bool:
+        """Whether this member has held no partition for :attr:`orphan_wait` seconds, outside
+        a rebalance, while its topics have partitions."""
+        if self.consumer.assignment() or self.revoked_at is not None:
+            self.empty_since = None
+            if self.consumer.assignment():
+                self.orphan_wait = ORPHAN_SECONDS
+            return False
+        if self.empty_since is None:
+            self.empty_since = now
+        if now - self.empty_since < self.orphan_wait:
+            return False
+        self.empty_since = None
+        return any(self.consumer.partitions_for_topic(t) for t in self.kinds)
 
     def _flush(self) -> None:
         """Recompute and write the touched users; what was read is then written, to commit.

@@ -36,7 +36,7 @@ class RefreshStats:
     replayed_users: int = 0        # recomputed after a flip or a heal
     flips: int = 0
     heals: int = 0
-    rejoins: int = 0               # rebalances given up on (see kafka_source.REJOIN_SECONDS)
+    rejoins: int = 0               # stalled rebalances and partitionless stretches, joined again
     last_heal: str = ""
     nothing_to_refresh: str = ""   # why, for a version whose shape has no per-user state
     lag_counts: list = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))

@@ -2,7 +2,9 @@
 rebalance that began (partitions revoked) and was never finished (no assignment) is given up
 after ``REJOIN_SECONDS``: the consumer is closed, the loop joins again, and the metrics count
 it. Seen with kafka-python 3.0.12 against a real broker: a second generation's assignment that
-never came, the refresher reading nothing for good."""
+never came, the refresher reading nothing for good. Likewise a member that holds no partition
+of topics that have some for ``ORPHAN_SECONDS`` (seen in the Kafka refresh tests: a refresher
+that refreshed nobody and said nothing) joins again, waiting twice as long the next time."""
 
 from __future__ import annotations
 
@@ -20,13 +22,21 @@ from pipeline.refresh.stats import RefreshStats
 class _Consumer:
     """Polls come back empty; the first one starts a rebalance that never finishes."""
 
-    def __init__(self, loop, finish_after: int | None = None):
+    def __init__(self, loop, finish_after: int | None = None, held=("t-0",), partitions=(0,),
+                 rebalance: bool = True):
         self.loop, self.polls, self.finish_after = loop, 0, finish_after
+        self.held, self.partitions, self.rebalance = set(held), set(partitions), rebalance
         self.closed = False
+
+    def assignment(self):
+        return self.held
+
+    def partitions_for_topic(self, topic):
+        return self.partitions
 
     def poll(self, timeout_ms, max_records):
         self.polls += 1
-        if self.polls == 1:
+        if self.polls == 1 and self.rebalance:
             self.loop.revoked_at = time.monotonic()          # on_partitions_revoked
         if self.finish_after is not None and self.polls == self.finish_after:
             self.loop.revoked_at = None                      # on_partitions_assigned
@@ -37,15 +47,18 @@ class _Consumer:
         self.closed = True
 
 
-def _loop(monkeypatch, finish_after=None):
+def _loop(monkeypatch, finish_after=None, **consumer_args):
     refresher = SimpleNamespace(model="movies", stats=RefreshStats("movies"), pending=False,
                                 replay=set(), watch=lambda: "same", flush=lambda: False)
     settings = SimpleNamespace(home=None, kafka_bootstrap="127.0.0.1:1", kafka_security={})
     loop = KafkaRefresh(refresher, settings, topics={"t": "rating"}, group="g")
-    consumer = _Consumer(loop, finish_after)
+    consumer = _Consumer(loop, finish_after, **consumer_args)
     monkeypatch.setattr(loop, "_consumer", lambda member: consumer)
     monkeypatch.setattr(refresher.stats, "write", lambda home: None)
     monkeypatch.setattr(kafka_source, "REJOIN_SECONDS", 0.3)
+    monkeypatch.setattr(kafka_source, "WATCH_SECONDS", 0.05)
+    monkeypatch.setattr(kafka_source, "ORPHAN_SECONDS", 0.3)
+    loop.orphan_wait = 0.3
     return loop, consumer
 
 
@@ -64,3 +77,25 @@ def test_a_rebalance_that_finishes_keeps_the_consumer(monkeypatch):
     threading.Timer(1.0, loop.stop.set).start()
     loop._run("member-0")                  # stops when told, nothing raised
     assert consumer.closed and loop.refresher.stats.rejoins == 0 and consumer.polls > 10
+
+
+def test_a_member_left_without_partitions_joins_again_and_waits_longer_each_time(monkeypatch):
+    loop, consumer = _loop(monkeypatch, held=(), rebalance=False)
+    started = time.monotonic()
+    with pytest.raises(StalledRebalance, match=r"held no partition of t for 0.3 s while they "
+                                               r"have some; joining group g again"):
+        loop._run("member-0")
+    assert 0.3 <= time.monotonic() - started < 5.0
+    assert loop.refresher.stats.rejoins == 1 and loop.orphan_wait == 0.6
+    with pytest.raises(StalledRebalance, match="for 0.6 s"):
+        loop._run("member-0")
+    assert loop.refresher.stats.rejoins == 2 and loop.orphan_wait == 1.2
+
+
+@pytest.mark.parametrize("held,partitions", [(("t-0",), (0,)), ((), ())],
+                         ids=["holding a partition", "topic without partitions"])
+def test_a_member_with_partitions_or_a_topic_without_any_stays(monkeypatch, held, partitions):
+    loop, consumer = _loop(monkeypatch, held=held, partitions=partitions, rebalance=False)
+    threading.Timer(1.0, loop.stop.set).start()
+    loop._run("member-0")
+    assert consumer.closed and loop.refresher.stats.rejoins == 0
