@@ -63,9 +63,9 @@ WARM_UPS = (*ESTIMATORS, "pairs", "topk", "fold_in", "neighbours")
 def warm_up(n_threads=None, only: str | None = None) -> dict:
     """Compile, or load from numba's disk cache, the kernels of every estimator family, the
     comparison samplers, the top-K selection, the fold-in and the item-kNN's neighbours (or
-    ``only`` one of :data:`WARM_UPS`); returns the seconds each took. Call it at service start (the demo and the benchmarks do)
-    so that first calls are not compile calls; ``infra/setup.sh`` compiles the groups in
-    parallel processes.
+    ``only`` one of :data:`WARM_UPS`); returns the seconds each took. Call it at service
+    start (the demo and the benchmarks do) so that first calls are not compile calls;
+    ``infra/setup.sh`` compiles the groups in parallel processes.
 
     Examples
     --------

@@ -93,8 +93,9 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
     """``(pair, weight, the blend's validation metric, tried)``: of every two of
     ``candidates`` (name -> :class:`~pipeline.training.trainers.Challenger` with TRAIN fits
     ``validated`` scored on VALIDATION as ``validation``, and ``evaluated`` fits; the best
-    :data:`BLEND_CANDIDATES` on validation are paired), the pair and weight whose blend is best on validation and holdout together (the mean of the two
-    metrics: two disjoint samples of the users' rows), among the pairs some weight of which
+    :data:`BLEND_CANDIDATES` on validation are paired), the pair and weight whose blend is
+    best on validation and holdout together (the mean of the two metrics: two disjoint
+    samples of the users' rows), among the pairs some weight of which
     beats both parts on validation; ``(None, None, None, tried)`` when no pair does. ``tried``
     has one entry per pair and weight: its ``validation`` and, for such pairs, ``holdout``.
 
