@@ -39,6 +39,33 @@ def cheapest_near_best(tried: list, tolerance: float, cost: Callable[[dict], flo
     return min(near, key=lambda t: (cost(t["params"]), -sign * t["validation"]))
 
 
+class NearBest(dict):
+    """A search's fits by setting key, keeping only those :func:`cheapest_near_best` may still
+    choose: scored within ``tolerance`` (relative) of the best so far (a later best only
+    narrows the set). A search's every fit kept to the end was most of a run's memory growth
+    (ALS: 12 fits of 40k users x up to 128 factors; item-kNN: 62 MB of neighbours each).
+
+    >>> kept = NearBest(0.0)
+    >>> kept.offer("a", 0.2, "fit a"); kept.offer("b", 0.3, "fit b"); kept.offer("c", None, "c")
+    >>> sorted(kept)
+    ['b']
+    """
+
+    def __init__(self, tolerance: float = 0.0, higher_is_better: bool = True):
+        super().__init__()
+        self.tolerance, self.sign, self.scores = float(tolerance), 1.0 if higher_is_better \
+            else -1.0, {}
+
+    def offer(self, key, value: float | None, fit) -> None:
+        """Keep ``fit`` under ``key`` if its score ``value`` is near the best (None: never)."""
+        if value is None:
+            return
+        self[key], self.scores[key] = fit, self.sign * float(value)
+        top = max(self.scores.values())
+        for k in [k for k, v in self.scores.items() if v < top - self.tolerance * abs(top)]:
+            del self[k], self.scores[k]
+
+
 @contextmanager
 def collected_warnings(reemit: bool = False):
     """Catch every warning of the block; yields a list that, after the block, holds each

@@ -40,7 +40,7 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
-from pipeline.training.selection import setting_key
+from pipeline.training.selection import NearBest, setting_key
 from pipeline.training.trainers import Challenger, blends, challenger_names
 from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search
 
@@ -177,7 +177,9 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
     last = _last(warm)
-    tried, trained, warning, value = [], {}, None, None
+    tolerance = float(cfg.tune.get("tolerance", 0.0))
+    higher = trainer.family.higher_is_better(metric)
+    tried, trained, warning, value = [], NearBest(tolerance, higher), None, None
     if last is not None and n_rows <= REUSE_GROWTH * last["n_rows"]:
         choice, source = last["choice"], "last tuning"
     else:
@@ -187,15 +189,15 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
         def score(params: dict):
             X = interactions(view, view_relevant, (TRAIN,), params["input"])
             fit = fit_als if view is arrays else fit_als_on_met   # a sample: what it met
-            trained[setting_key(params)] = fit(X, params, iterations=ITERATIONS, seed=seed)
-            U, V = trained[setting_key(params)]
-            return trainer.topk_metrics((U, V, None), view, cfg, VALIDATION).get(metric)
+            U, V = fit(X, params, iterations=ITERATIONS, seed=seed)
+            value = trainer.topk_metrics((U, V, None), view, cfg, VALIDATION).get(metric)
+            trained.offer(setting_key(params), value, (U, V))
+            return value
 
         best, tried, warning = pattern_search(
             ALS_AXES, last["choice"] if last else ALS_START, score,
-            higher_is_better=trainer.family.higher_is_better(metric),
-            cost=lambda p: p["factors"], ridges=ALS_RIDGES,
-            first_step=1 if last else 2, tolerance=float(cfg.tune.get("tolerance", 0.0)),
+            higher_is_better=higher, cost=lambda p: p["factors"], ridges=ALS_RIDGES,
+            first_step=1 if last else 2, tolerance=tolerance,
             design=() if last else ALS_DESIGN, **caps(cfg, n_rows))
         choice, source, value = best["params"], "tuned", best["validation"]
     # the last factors, when they have the chosen width: the evaluated fit continues the last

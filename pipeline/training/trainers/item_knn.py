@@ -36,6 +36,7 @@ import numpy as np
 
 from pipeline.training.config import TUNE_KEYS
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.selection import NearBest
 from pipeline.training.trainers import Challenger
 from pipeline.training.trainers.altsvm_data import tuning_view
 from pipeline.training.trainers.ease import met_matrix
@@ -82,7 +83,8 @@ def challenger(trainer, arrays: dict, cfg, warm: dict,
     last = None
     if warm and "k" in warm:
         last = {"k": int(np.asarray(warm["k"])), "shrink": float(np.asarray(warm["shrink"]))}
-    tried, warning, value, validated = [], None, None, {}
+    higher = trainer.family.higher_is_better(metric)
+    tried, warning, value, validated = [], None, None, NearBest(0.0, higher)
     if last is not None and n_rows <= REUSE_GROWTH * float(np.asarray(warm["n_rows"])):
         choice, source = last, "last tuning"
     else:
@@ -96,15 +98,16 @@ def challenger(trainer, arrays: dict, cfg, warm: dict,
                 if len(built) >= 2:
                     del built[next(iter(built))]
                 built[shrink] = cosine_neighbours(X_train, (shrink,), max(NEIGHBOURS))[shrink]
-            V = neighbour_rows(built[shrink], n_items, params["k"])
-            factors = validated[params["k"], params["shrink"]] = (X_train, V, None)
-            return trainer.topk_metrics(factors, view, cfg, VALIDATION).get(metric)
+            factors = (X_train, neighbour_rows(built[shrink], n_items, params["k"]), None)
+            value = trainer.topk_metrics(factors, view, cfg, VALIDATION).get(metric)
+            validated.offer((params["k"], params["shrink"]), value, factors)
+            return value
 
         start = last if last is not None and last["k"] in NEIGHBOURS \
             and last["shrink"] in SHRINKS else START
         best, tried, warning = pattern_search(
             {"k": list(NEIGHBOURS), "shrink": list(SHRINKS)}, start, score,
-            higher_is_better=trainer.family.higher_is_better(metric),
+            higher_is_better=higher,
             max_settings=MAX_SETTINGS if last is None else 3, first_step=1,
             budget_seconds=float(cfg.tune.get("budget_seconds", TUNE_KEYS["budget_seconds"])))
         del built
