@@ -2,6 +2,12 @@
 
 Used by ``rankstream produce``, the tests and the benchmark.
 
+**Keyed by user.** An event with a ``user`` goes to the partition of its user: a JSON or msgpack
+message carries the user as its key (Kafka's default partitioner: murmur2 of the key, modulo
+the partitions), and a compact batch holds one partition's users, sent to that partition by
+the same hash. So each user's events are in one partition, in order, whatever the encoding,
+and refreshers in one consumer group split users, not events (``docs/deploy.md``).
+
 Examples
 --------
 Needs a broker, so not run here::
@@ -54,7 +60,8 @@ class EventProducer:
         self.batch_events, self.max_message_bytes = batch_events, max_message_bytes
         self.producer = KafkaProducer(bootstrap_servers=bootstrap,
                                       **{**PRODUCER_CONFIG, **(security or {}), **config})
-        self.pending: dict[tuple[str, str], list[dict]] = {}
+        self.pending: dict[tuple[str, str, int | None], list[dict]] = {}
+        self.partitions: dict[str, int] = {}    # topic -> its partition count
         self.events = self.messages = 0
 
     def send(self, topic: str, event: dict, kind: str | None = None,
@@ -63,7 +70,10 @@ class EventProducer:
         compact batches)."""
         self.events += 1
         batch_kind = event.get("kind", kind) if type(event) is dict else None
+        user = user_key(event)
         if self.encoding == "compact" and type(batch_kind) is str:
+            if partition is None and user is not None:
+                partition = self.partition_of(topic, user)
             key = (topic, batch_kind, partition)
             chunk = self.pending.setdefault(key, [])
             chunk.append(event)
@@ -72,17 +82,28 @@ class EventProducer:
             return
         value = encode_json(event) if self.encoding == "json" else encode_msgpack(event)
         # (compact: an event without a usable kind goes alone, to be rejected alone)
-        self.send_raw(topic, value, partition)
+        self.send_raw(topic, value, partition, key=user)
 
     def send_many(self, topic: str, events: Iterable[dict], kind: str | None = None,
                   partition: int | None = None) -> None:
         for event in events:
             self.send(topic, event, kind, partition)
 
-    def send_raw(self, topic: str, value: bytes, partition: int | None = None) -> None:
-        """Send bytes as they are (tests use it for malformed messages)."""
-        self.producer.send(topic, value=value, partition=partition)
+    def send_raw(self, topic: str, value: bytes, partition: int | None = None,
+                 key: bytes | None = None) -> None:
+        """Send bytes as they are (tests use it for malformed messages), with ``key``: the
+        partition is its hash's unless ``partition`` is given."""
+        self.producer.send(topic, value=value, partition=partition, key=key)
         self.messages += 1
+
+    def partition_of(self, topic: str, key: bytes) -> int:
+        """The partition Kafka's default partitioner gives ``key`` in ``topic`` (the Java
+        client's too): murmur2 of the key, its sign bit cleared, modulo the partitions."""
+        from kafka.partitioner.default import murmur2
+
+        if topic not in self.partitions:
+            self.partitions[topic] = len(self.producer.partitions_for(topic))
+        return (murmur2(key) & 0x7FFFFFFF) % self.partitions[topic]
 
     def _send_batch(self, key) -> None:
         topic, kind, partition = key
@@ -107,6 +128,19 @@ class EventProducer:
         self.close()
 
 
+def user_key(event) -> bytes | None:
+    """The message key of an event: its ``user`` as UTF-8 text, as ingest reads ids (7 and
+    "7" alike), or None where it has no id there (ingest then refuses the event anyway).
+
+    >>> user_key({"user": 7}), user_key({"user": "u1"}), user_key({"user": 7.0})
+    (b'7', b'u1', None)
+    """
+    user = event.get("user") if type(event) is dict else None
+    if type(user) is not int and type(user) is not str:
+        return None
+    return str(user).encode("utf-8", "replace")
+
+
 def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
                   kind: str | None = None, fmt: str | None = None, encoding: str = "json",
                   security: Mapping | None = None, progress: bool = True) -> dict:
@@ -126,8 +160,12 @@ def produce_files(paths: Iterable[str | Path], topic: str, *, bootstrap: str,
         for path in paths:
             for chunk in read_chunks(path, fmt, kind):
                 if chunk.lines is not None and encoding == "json":
-                    for line in chunk.lines:
-                        producer.send_raw(topic, line)
+                    for line in chunk.lines:      # as it is, keyed by its user when it has one
+                        try:
+                            key = user_key(decode(line)[0])
+                        except DecodeError:
+                            key = None
+                        producer.send_raw(topic, line, key=key)
                     producer.events += len(chunk.lines)
                 elif chunk.lines is not None:
                     for line in chunk.lines:
