@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from pipeline.cli._redis import (
     add_redis_arguments,
@@ -36,6 +37,10 @@ def format_summary(s: dict) -> str:
     every candidate and the publish."""
     lines = _head(s)
     ds = s.get("dataset", {})
+    if ds.get("reused"):
+        lines.append(f"  reused   run {Path(ds['run_dir']).name}: the same data, config and warm "
+                     "start as this call's (its results below; --cold with the same window "
+                     "reuses a cold run too)")
     if ds.get("stats"):
         stats = ", ".join(f"{k} {v:,}" for k, v in ds["stats"].items()
                           if isinstance(v, (int, float)))

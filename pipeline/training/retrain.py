@@ -41,6 +41,7 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
     """All steps for one model in this process, holding the model's retrain lock (waiting up
     to ``wait`` seconds for another run to finish); returns a summary for people and XCom."""
     ctx = RunContext.of(config, model, settings, redis_url)
+    invoked = time.time()
     with model_lock(ctx.settings, model, wait=wait,
                     redis_url=ctx.redis_url if publish else None) as lease:
         ctx = replace(ctx, fence=lease and lease.token)
@@ -48,7 +49,9 @@ def run(model: str, config, *, settings: Settings | None = None, redis_url: str 
             summary = _run_steps(ctx, cold, publish, ingest, progress)
         if summary["dataset"].get("run_dir"):
             ctx.runs.push_run(summary["dataset"]["run_dir"])
-        outcome = finish_run(ctx, summary)
+        # a run that reused an earlier one's steps (the same data, config and warm start) took
+        # this call's time, not the time since that run began
+        outcome = finish_run(ctx, summary, invoked if summary["dataset"].get("reused") else None)
         summary["seconds"] = outcome["seconds"]
         return summary
 

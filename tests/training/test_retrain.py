@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -282,6 +283,21 @@ def test_empty_window_is_a_clear_no_data_outcome(settings, redis_url):
         warnings.simplefilter("error")
         out = retrain.run("movies", _models(), settings=settings, redis_url=redis_url)
     assert out["decision"] == "no_data" and "train" not in out
+
+
+def test_a_run_that_reuses_an_earlier_one_says_so_and_counts_its_own_time(settings):
+    from pipeline.cli.train import format_summary
+
+    first, _ = _ratings()
+    _ingest(first, settings, "rating", "r0")
+    began = time.time()
+    one = retrain.run("movies", _models(), settings=settings, cold=True, publish=False)
+    time.sleep(0.5)
+    again = retrain.run("movies", _models(), settings=settings, cold=True, publish=False)
+    assert again["dataset"]["reused"] and again["dataset"]["run_dir"] == one["dataset"]["run_dir"]
+    assert again["seconds"] < time.time() - began - 0.5     # not since the first run began
+    assert "reused   run " + Path(one["dataset"]["run_dir"]).name in format_summary(again)
+    assert "reused" not in format_summary(one)
 
 
 def test_retried_steps_are_idempotent(settings, redis_url):
