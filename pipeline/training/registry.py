@@ -125,6 +125,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                # implicit per user: at most this many per liked item (0: no cap), so the
                # comparisons, the fit's time and memory grow with the positives
                "implicit_max_per_positive": 0,
+               # implicit comparisons of one fit in all (0: no budget): past it the cap per
+               # liked row (or implicit_per_item) is lowered to fit, so the fit's memory
+               # (about 130 bytes per comparison) stays bounded whatever the data's size
+               "implicit_max_comparisons": 0,
                # comparisons of each kind per user (0: no cap); a bot with millions of
                # ratings would otherwise make all its pairs (the report says what was dropped)
                "max_pairs_per_user": 10_000,

@@ -124,8 +124,8 @@ def test_model_config_validation_names_the_problem(tmp_path):
         'algorithm = "altsvm"\ncolour = "red"': "unknown keys ['colour']",
         'algorithm = "altsvm"\nparams = { rnak = 3 }':
             "unknown params keys ['rnak']; allowed: ['comparisons', 'deterministic', "
-            "'implicit_max_per_positive', 'implicit_min_rating', 'implicit_per_item', "
-            "'implicit_per_user', "
+            "'implicit_max_comparisons', 'implicit_max_per_positive', 'implicit_min_rating', "
+            "'implicit_per_item', 'implicit_per_user', "
             "'implicit_sampling', 'item_bias', 'loss', 'max_iter', 'max_pairs_per_user', "
             "'n_threads', 'random_state', 'rank', 'rating_range', 'reg', 'reg_path', "
             "'reg_ratio', 'tol', 'verbose']",

@@ -12,7 +12,7 @@ from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.run_types import RunContext
-from pipeline.training.trainers.altsvm_data import tuning_sample, tuning_view
+from pipeline.training.trainers.altsvm_data import budget_caps, tuning_sample, tuning_view
 from solvers.persist import read_bundle
 
 
@@ -128,3 +128,39 @@ def test_als_on_a_sample_fits_the_rows_and_columns_it_met():
     U2, V2 = fit_als(csr_matrix(kept), params, iterations=3, seed=0)
     assert np.array_equal(np.delete(U, 5, axis=0), U2)
     assert np.array_equal(np.delete(V, 7, axis=0), V2)
+
+
+def test_a_comparison_budget_lowers_the_cap_per_liked_item_and_the_summary_counts_it(tmp_path):
+    """Past ``implicit_max_comparisons`` the cap per liked item drops to the largest that
+    fits: the fit's memory is bounded whatever the data's size; what was left out is counted,
+    and a folded-in user gets the lowered cap too."""
+    settings = Settings(home=tmp_path / "home")
+    _ingest(settings)
+    free = _config()
+    budget = _config()
+    budget["movies"] = parse_model("movies", {
+        "algorithm": "altsvm", "kinds": ["rating"],
+        "params": {**budget["movies"].params, "implicit_max_comparisons": 1500},
+        "evaluation": {"split": "random", "fraction": 0.2}, "gate": {"tolerance": 0.5}}, "test")
+    made = {}
+    for name, models in (("free", free), ("budget", budget)):
+        built: dict = {}
+        ds = steps.dataset_step(RunContext.of(models, "movies", settings), hand_over=built)
+        made[name] = (ds["stats"], built["arrays"])
+    (stats_free, arrays_free), (stats, arrays) = made["free"], made["budget"]
+    assert stats_free["comparisons"] > 1500 >= stats["comparisons"] > 1500 // 2
+    assert stats["comparisons_dropped_implicit_budget"] > 0
+    assert "comparisons_dropped_implicit_budget" not in stats_free
+    per_item = np.bincount(arrays["comparisons"][:, 0] * 80 + arrays["comparisons"][:, 1])
+    trainer = budget["movies"].family.new_trainer()
+
+    class Fit:
+        reg_, loss = 1.0, "squared_hinge"
+
+    param = lambda name: budget["movies"].family.dataset_param(budget["movies"].params, name)  # noqa: E731
+    made_with = budget_caps(arrays, param, (TRAIN, VALIDATION))[0]
+    assert per_item.max() <= made_with < 5
+    # the published fit learns from every met row: its cap, the folded-in user's, is no higher
+    cap = trainer.fold_in_spec(Fit(), arrays, budget["movies"])["max_per_positive"]
+    assert 1 <= cap <= made_with
+    assert trainer.fold_in_spec(Fit(), arrays_free, free["movies"])["max_per_positive"] == 5

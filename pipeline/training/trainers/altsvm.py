@@ -12,7 +12,9 @@ the training comparisons' wins − losses) are scored the same way, for the gate
 **Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
 user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
 comparisons, so C ≤ P · implicit_max_per_positive in all (10 shipped: amazon-beauty's 52k
-users with 6 liked items each make 3M, not the 52M of 1,000 per user). The comparisons are made
+users with 6 liked items each make 3M, not the 52M of 1,000 per user), and past
+``implicit_max_comparisons`` (20M shipped) the cap is lowered until C fits: the fit's memory
+below is then bounded whatever the data's size. The comparisons are made
 from the met rows when a fit needs them and handed over in memory, never stored. Peak memory
 of the fit: 25 bytes per met row (the dataset) + about 130 per comparison (24 for the rows,
 up to 107 more inside the solver, 31 of them kept as its warm state; measured with
@@ -32,6 +34,7 @@ from pipeline.training.progress import phase
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
 from pipeline.training.trainers.altsvm_data import (
     DERIVED,
+    budget_caps,
     collaborative,
     parse_rating_range,
     training_comparisons,
@@ -73,6 +76,7 @@ class AltSVMTrainer(Trainer):
             implicit_per_user=int(param("implicit_per_user")),
             implicit_min_rating=_number_or(param("implicit_min_rating"), "relevance"),
             implicit_max_per_positive=int(param("implicit_max_per_positive")),
+            implicit_max_comparisons=int(param("implicit_max_comparisons")),
             max_pairs_per_user=param("max_pairs_per_user") or None,
             relevance=_number_or(ev["relevance"], "auto"),
             rating_range=param("rating_range"),
@@ -398,15 +402,18 @@ class AltSVMTrainer(Trainer):
         relevance = relevance_of(arrays, cfg)
         min_rating = param("implicit_min_rating")
         range_ = param("rating_range")
+        # the caps the published fit's comparisons were made with (every met row's), lowered
+        # where they would pass implicit_max_comparisons
+        cap, per_item = budget_caps(arrays, param, (TRAIN, VALIDATION, TEST))
         spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
-                "per_item": int(param("implicit_per_item")), "relevance": relevance,
+                "per_item": per_item, "relevance": relevance,
                 "min_rating": relevance if min_rating == "relevance" else float(min_rating),
                 "comparisons": param("comparisons"),
                 "rating_range": None if range_ is None else [float(x) for x in range_]}
         if int(param("implicit_per_user") or 0) > 0:
             spec["per_user"] = int(param("implicit_per_user"))
-            if int(param("implicit_max_per_positive") or 0) > 0:
-                spec["max_per_positive"] = int(param("implicit_max_per_positive"))
+            if cap > 0:
+                spec["max_per_positive"] = cap
         return spec
 
     def factor_artifact(self, model, arrays: dict, **describe):
