@@ -166,7 +166,7 @@ class Models:
 
 def movielens_movies(path: Path, rank: int, seed: int) -> tuple[ModelArtifact, list, str]:
     """AltSVM (implicit comparisons, 10 per rating, item bias) trained on all of ML-100K."""
-    from pipeline.training.trainers.altsvm_data import make_comparisons
+    from pipeline.training.trainers.altsvm_comparisons import make_comparisons
     from solvers import AltSVM
 
     d = np.loadtxt(path / "u.data", dtype=np.int64)

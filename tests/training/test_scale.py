@@ -12,7 +12,8 @@ from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.run_types import RunContext
-from pipeline.training.trainers.altsvm_data import budget_caps, tuning_sample, tuning_view
+from pipeline.training.trainers.altsvm_comparisons import budget_caps
+from pipeline.training.trainers.altsvm_data import tuning_sample, tuning_view
 from solvers.persist import read_bundle
 
 

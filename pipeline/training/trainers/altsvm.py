@@ -32,12 +32,11 @@ import numpy as np
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
+from pipeline.training.trainers.altsvm_comparisons import budget_caps, training_comparisons
 from pipeline.training.trainers.altsvm_data import (
     DERIVED,
-    budget_caps,
     collaborative,
     parse_rating_range,
-    training_comparisons,
     tuning_view,
 )
 from pipeline.training.trainers.altsvm_metrics import rated_metrics, relevance_of

@@ -1,7 +1,7 @@
 """AltSVM's dataset: rating, interaction and comparison events -> comparisons (user, winner,
 loser) over stable indices, with a per-user holdout of each user's latest ratings
 (:func:`collaborative`). The ALS challenger (:mod:`.als`) and the tuning (:mod:`.altsvm_tuning`)
-read the same arrays; :func:`make_comparisons` makes comparisons as the builder does.
+read the same arrays; :mod:`.altsvm_comparisons` makes comparisons as the builder does.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from pipeline.training.datasets import (
     window_tables,
 )
 from pipeline.training.idmap import IdMap
+from pipeline.training.trainers.altsvm_comparisons import make_comparisons
 
 DERIVED = ("comparisons", "path_comparisons")
-"""Arrays made from the met rows on demand (:func:`training_comparisons`), never stored: a
-dataset bundle holds the events' rows (bytes per met row: 25), not their comparisons (24 bytes
-each, up to ``implicit_per_user`` per user), which a resumed step makes again, the same bits
-from the same rows and seed."""
+"""Arrays made from the met rows on demand (:func:`.altsvm_comparisons.training_comparisons`),
+never stored: a dataset bundle holds the events' rows (bytes per met row: 25), not their
+comparisons (24 bytes each, up to ``implicit_per_user`` per user), which a resumed step makes
+again, the same bits from the same rows and seed."""
 
 
 @dataclass
@@ -147,9 +148,8 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                   implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                   implicit_per_user: int = 0, implicit_min_rating=0.0,
                   implicit_max_per_positive: int = 0, implicit_max_comparisons: int = 0,
-                  max_pairs_per_user: int | None = None,
-                  relevance="auto", rating_range=None, validation_users: int = 0,
-                  seed: int = 0) -> CollaborativeData:
+                  max_pairs_per_user: int | None = None, relevance="auto", rating_range=None,
+                  validation_users: int = 0, seed: int = 0) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
     Every (user, item) a user met (rated or interacted with; the latest event wins) is a
@@ -158,9 +158,9 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``split="random"`` a stable ``fraction`` chosen by a hash of (user, item, seed), so a row
     stays on its side as data grows. VALIDATION is carved out of the rest the same way (seed
     + 1), for choosing λ on the regularization path and every other setting; past
-    ``validation_users`` users (0: no limit) only from that many of them
-    (:func:`tuning_sample`), and the searches fit and score those users alone
-    (:func:`tuning_view`): a search's cost is a count, the chosen setting is fitted on all.
+    ``validation_users`` users (0: no limit) only from that many (:func:`tuning_sample`), and
+    the searches fit and score those users alone (:func:`tuning_view`): a search's cost is a
+    count, the chosen setting is fitted on all.
 
     Comparisons (``comparisons``): ``"explicit"``, within-user pairs of TRAIN ratings with
     different ratings (plus comparison events); ``"implicit"``, "the user met item i, so i
@@ -168,17 +168,17 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
     popularity; at most ``implicit_max_per_positive`` per winning row when it is not 0, so a
-    user's comparisons grow with their positives, lowered where all of them would pass
-    ``implicit_max_comparisons``: :func:`within_budget`); only rows rated at least
+    user's comparisons grow with their positives, lowered where all would pass
+    ``implicit_max_comparisons``: :mod:`.altsvm_comparisons`); only rows rated at least
     ``implicit_min_rating`` (and interactions) win, the others are met and never sampled as
-    losers (``"relevance"``: the relevance threshold);
-    ``"mixed"``, both. ``max_pairs_per_user`` caps each kind per user, by a stable hash, and
-    the stats say how many were dropped. ``relevance`` is resolved by
-    :func:`relevance_threshold` on the window's ratings (``stats["relevance"]``).
+    losers (``"relevance"``: the relevance threshold); ``"mixed"``, both.
+    ``max_pairs_per_user`` caps each kind per user, by a stable hash, and the stats say how
+    many were dropped. :func:`relevance_threshold` resolves ``relevance`` on the window's
+    ratings (``stats["relevance"]``).
 
-    ``rating_range = [low, high]`` declares the model's rating scale: ratings outside it are
-    left out and counted (``stats["ratings_out_of_range"]``, with a warning), so one stray
-    rating (-3 on a 1–5 scale) neither counts as a preference nor moves the "auto" threshold.
+    ``rating_range = [low, high]``, the rating scale: ratings outside it are left out and
+    counted (``stats["ratings_out_of_range"]``, warned), so a stray -3 on 1–5 stars is neither
+    a preference nor a move of the "auto" threshold.
     """
     low, high = parse_rating_range(rating_range)
     known_users = 0 if users is None else len(users)
@@ -207,9 +207,8 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         u[rows], i[rows], r[rows], len(items), explicit=explicit, comparisons=comparisons,
         implicit_per_item=implicit_per_item, implicit_sampling=implicit_sampling,
         implicit_per_user=implicit_per_user, implicit_min_rating=implicit_min_rating,
-        implicit_max_per_positive=implicit_max_per_positive,
-        implicit_max_comparisons=implicit_max_comparisons,
-        max_pairs_per_user=max_pairs_per_user, seed=seed)
+        implicit_max_per_positive=implicit_max_per_positive, max_pairs_per_user=max_pairs_per_user,
+        implicit_max_comparisons=implicit_max_comparisons, seed=seed)
     stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
@@ -302,116 +301,6 @@ def parse_rating_range(declared) -> tuple[float, float]:
     return low, high
 
 
-def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",
-                     implicit_per_item: int = 10, implicit_sampling: str = "uniform",
-                     implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
-                     implicit_max_per_positive: int = 0, implicit_max_comparisons: int = 0,
-                     max_pairs_per_user: int | None = None, seed: int = 0
-                     ) -> tuple[np.ndarray, dict]:
-    """Comparisons (user, winner, loser) of met rows ``(u, i, r)`` (NaN rating: an
-    interaction), as :func:`collaborative` describes, and how many each kind dropped
-    (``implicit_budget``: those :func:`within_budget` left out)."""
-    from solvers.pairs import implicit_comparisons, pairs_from_ratings
-
-    made, dropped = [], {}
-    if comparisons in ("explicit", "mixed"):
-        rated = np.isfinite(r)
-        pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
-                                   max_pairs_per_user=max_pairs_per_user, random_state=seed)
-        dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
-        made += [pairs] + ([explicit] if explicit is not None else [])
-    if comparisons in ("implicit", "mixed"):
-        wins = ~(r < implicit_min_rating)          # NaN (an interaction) wins
-        per_user = implicit_per_user or 0
-        positives = np.bincount(u[wins])
-        positives = positives[positives > 0]
-        wanted = implicit_asked(positives, per_user, implicit_max_per_positive,
-                                implicit_per_item)
-        cap, per_item = within_budget(positives, per_user, implicit_max_per_positive,
-                                      implicit_per_item, implicit_max_comparisons)
-        imp = implicit_comparisons(u, i, max(n_items, 1), per_item, implicit_sampling,
-                                   max_per_user=max_pairs_per_user, random_state=seed,
-                                   positive=wins, per_user=per_user or None,
-                                   max_per_positive=cap or None)
-        asked = implicit_asked(positives, per_user, cap, per_item)
-        if asked < wanted:
-            dropped["implicit_budget"] = wanted - asked
-        dropped["implicit"] = asked - len(imp)
-        made.append(imp)
-    return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
-
-
-def implicit_asked(positives: np.ndarray, per_user: int, cap: int, per_item: int) -> int:
-    """How many implicit comparisons users with ``positives`` liked rows each ask for: each
-    ``min(per_user, positives · cap)`` (cap 0: per_user) with a per-user budget, else
-    ``per_item`` per liked row."""
-    if per_user:
-        return int(np.minimum(per_user, positives.astype(np.int64) * (cap or per_user)).sum())
-    return int(positives.sum()) * int(per_item)
-
-
-def within_budget(positives: np.ndarray, per_user: int, cap: int, per_item: int,
-                  budget: int) -> tuple[int, int]:
-    """``(cap, per_item)`` lowered as little as it takes for :func:`implicit_asked` to stay
-    within ``budget`` comparisons (0: no budget), at least 1 per liked row: the fit's memory
-    (about 130 bytes per comparison) is then bounded whatever the data's size. With a per-user
-    budget the cap per liked row is lowered (the largest that fits), else ``per_item``.
-
-    >>> within_budget(np.array([10, 100]), 1000, 10, 10, 500)   # asks 100 + 1000 = 1,100
-    (4, 10)
-    >>> within_budget(np.array([10, 100]), 0, 0, 10, 500)       # asks 110 x 10
-    (0, 4)
-    """
-    if not budget or implicit_asked(positives, per_user, cap, per_item) <= budget:
-        return cap, per_item
-    if not per_user:
-        return cap, max(1, int(budget) // max(1, int(positives.sum())))
-    lo, hi = 1, int(cap or per_user)         # the largest cap in [1, hi] within the budget
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if implicit_asked(positives, per_user, mid, per_item) <= budget \
-            else (lo, mid - 1)
-    return lo, per_item
-
-
-def training_comparisons(arrays: dict, param, parts, seed: int) -> np.ndarray:
-    """The comparisons of the met rows in ``parts`` (and, with explicit ones, the comparison
-    events), made as :func:`collaborative` makes them; ``param(name)`` is the dataset
-    parameter ``name`` (the config's, or a tuned value). The same bits for the same rows,
-    parameters and seed, in any process."""
-    rows = np.isin(arrays["met_part"], parts)
-    min_rating = param("implicit_min_rating")
-    if min_rating == "relevance":
-        min_rating = float(arrays["relevance"])
-    return make_comparisons(
-        arrays["met_user"][rows], arrays["met_item"][rows], arrays["met_rating"][rows],
-        len(arrays["item_ids"]), explicit=arrays.get("comparison_events"),
-        comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
-        implicit_sampling=param("implicit_sampling"),
-        implicit_per_user=int(param("implicit_per_user")),
-        implicit_min_rating=float(min_rating),
-        implicit_max_per_positive=int(param("implicit_max_per_positive")),
-        implicit_max_comparisons=int(param("implicit_max_comparisons")),
-        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
-
-
-def budget_caps(arrays: dict, param, parts) -> tuple[int, int]:
-    """``(implicit_max_per_positive, implicit_per_item)`` as :func:`training_comparisons`
-    applies them to the met rows in ``parts`` (:func:`within_budget`): what a user folded into
-    that fit gets too."""
-    cap, per_item = int(param("implicit_max_per_positive") or 0), int(param("implicit_per_item"))
-    if not int(param("implicit_max_comparisons") or 0):
-        return cap, per_item
-    rows = np.isin(arrays["met_part"], parts)
-    min_rating = param("implicit_min_rating")
-    if min_rating == "relevance":
-        min_rating = float(arrays["relevance"])
-    wins = ~(arrays["met_rating"][rows] < float(min_rating))
-    positives = np.bincount(arrays["met_user"][rows][wins])
-    return within_budget(positives[positives > 0], int(param("implicit_per_user") or 0), cap,
-                         per_item, int(param("implicit_max_comparisons")))
-
-
 def tuning_sample(users: np.ndarray, n: int, seed: int) -> np.ndarray | None:
     """The ``n`` users (sorted indices) of ``users`` whose hash of (index, seed) is smallest,
     or None when there are at most ``n`` (or ``n`` is 0): every user. Stable as data grows:
@@ -451,13 +340,3 @@ def _split(u, i, ts, split: str, holdout: int, fraction: float, min_train: int,
     if holdout > 0:
         return holdout_latest(u, ts, holdout, min_train)
     return np.zeros(len(u), dtype=bool)
-
-
-def _pairs_possible(users: np.ndarray, ratings: np.ndarray) -> int:
-    """Within-user pairs with different ratings, over all users: Σ_u (n_u² − Σ_r n_ur²) / 2."""
-    if len(users) == 0:
-        return 0
-    _, per_user = np.unique(users, return_counts=True)
-    _, per_rating = np.unique(np.column_stack([users, ratings]), axis=0, return_counts=True)
-    return int((np.sum(per_user.astype(np.int64) ** 2)
-                - np.sum(per_rating.astype(np.int64) ** 2)) // 2)

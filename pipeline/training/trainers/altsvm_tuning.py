@@ -44,7 +44,7 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import cheapest_near_best, setting_key
-from pipeline.training.trainers.altsvm_data import training_comparisons
+from pipeline.training.trainers.altsvm_comparisons import training_comparisons
 from pipeline.training.tuning import REUSE_GROWTH, coordinate_search, settings_for_size
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing

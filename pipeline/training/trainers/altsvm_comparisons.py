@@ -1,0 +1,130 @@
+"""AltSVM's comparisons from a dataset's met rows: implicit ("a met item beats a sampled unmet
+one") and explicit (pairs of ratings), under the per-user caps and one fit's budget
+(:func:`within_budget`). The dataset builder (:func:`.altsvm_data.collaborative`), the trainer,
+its tuning and the fold-in spec all make or size them here, the same bits for the same rows,
+parameters and seed in any process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",
+                     implicit_per_item: int = 10, implicit_sampling: str = "uniform",
+                     implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
+                     implicit_max_per_positive: int = 0, implicit_max_comparisons: int = 0,
+                     max_pairs_per_user: int | None = None, seed: int = 0
+                     ) -> tuple[np.ndarray, dict]:
+    """Comparisons (user, winner, loser) of met rows ``(u, i, r)`` (NaN rating: an
+    interaction), as :func:`.altsvm_data.collaborative` describes, and how many each kind dropped
+    (``implicit_budget``: those :func:`within_budget` left out)."""
+    from solvers.pairs import implicit_comparisons, pairs_from_ratings
+
+    made, dropped = [], {}
+    if comparisons in ("explicit", "mixed"):
+        rated = np.isfinite(r)
+        pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
+                                   max_pairs_per_user=max_pairs_per_user, random_state=seed)
+        dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
+        made += [pairs] + ([explicit] if explicit is not None else [])
+    if comparisons in ("implicit", "mixed"):
+        wins = ~(r < implicit_min_rating)          # NaN (an interaction) wins
+        per_user = implicit_per_user or 0
+        positives = np.bincount(u[wins])
+        positives = positives[positives > 0]
+        wanted = implicit_asked(positives, per_user, implicit_max_per_positive,
+                                implicit_per_item)
+        cap, per_item = within_budget(positives, per_user, implicit_max_per_positive,
+                                      implicit_per_item, implicit_max_comparisons)
+        imp = implicit_comparisons(u, i, max(n_items, 1), per_item, implicit_sampling,
+                                   max_per_user=max_pairs_per_user, random_state=seed,
+                                   positive=wins, per_user=per_user or None,
+                                   max_per_positive=cap or None)
+        asked = implicit_asked(positives, per_user, cap, per_item)
+        if asked < wanted:
+            dropped["implicit_budget"] = wanted - asked
+        dropped["implicit"] = asked - len(imp)
+        made.append(imp)
+    return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
+
+
+def implicit_asked(positives: np.ndarray, per_user: int, cap: int, per_item: int) -> int:
+    """How many implicit comparisons users with ``positives`` liked rows each ask for: each
+    ``min(per_user, positives · cap)`` (cap 0: per_user) with a per-user budget, else
+    ``per_item`` per liked row."""
+    if per_user:
+        return int(np.minimum(per_user, positives.astype(np.int64) * (cap or per_user)).sum())
+    return int(positives.sum()) * int(per_item)
+
+
+def within_budget(positives: np.ndarray, per_user: int, cap: int, per_item: int,
+                  budget: int) -> tuple[int, int]:
+    """``(cap, per_item)`` lowered as little as it takes for :func:`implicit_asked` to stay
+    within ``budget`` comparisons (0: no budget), at least 1 per liked row: the fit's memory
+    (about 130 bytes per comparison) is then bounded whatever the data's size. With a per-user
+    budget the cap per liked row is lowered (the largest that fits), else ``per_item``.
+
+    >>> within_budget(np.array([10, 100]), 1000, 10, 10, 500)   # asks 100 + 1000 = 1,100
+    (4, 10)
+    >>> within_budget(np.array([10, 100]), 0, 0, 10, 500)       # asks 110 x 10
+    (0, 4)
+    """
+    if not budget or implicit_asked(positives, per_user, cap, per_item) <= budget:
+        return cap, per_item
+    if not per_user:
+        return cap, max(1, int(budget) // max(1, int(positives.sum())))
+    lo, hi = 1, int(cap or per_user)         # the largest cap in [1, hi] within the budget
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if implicit_asked(positives, per_user, mid, per_item) <= budget \
+            else (lo, mid - 1)
+    return lo, per_item
+
+
+def training_comparisons(arrays: dict, param, parts, seed: int) -> np.ndarray:
+    """The comparisons of the met rows in ``parts`` (and, with explicit ones, the comparison
+    events), made as :func:`collaborative` makes them; ``param(name)`` is the dataset
+    parameter ``name`` (the config's, or a tuned value). The same bits for the same rows,
+    parameters and seed, in any process."""
+    rows = np.isin(arrays["met_part"], parts)
+    min_rating = param("implicit_min_rating")
+    if min_rating == "relevance":
+        min_rating = float(arrays["relevance"])
+    return make_comparisons(
+        arrays["met_user"][rows], arrays["met_item"][rows], arrays["met_rating"][rows],
+        len(arrays["item_ids"]), explicit=arrays.get("comparison_events"),
+        comparisons=param("comparisons"), implicit_per_item=int(param("implicit_per_item")),
+        implicit_sampling=param("implicit_sampling"),
+        implicit_per_user=int(param("implicit_per_user")),
+        implicit_min_rating=float(min_rating),
+        implicit_max_per_positive=int(param("implicit_max_per_positive")),
+        implicit_max_comparisons=int(param("implicit_max_comparisons")),
+        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
+
+
+def budget_caps(arrays: dict, param, parts) -> tuple[int, int]:
+    """``(implicit_max_per_positive, implicit_per_item)`` as :func:`training_comparisons`
+    applies them to the met rows in ``parts`` (:func:`within_budget`): what a user folded into
+    that fit gets too."""
+    cap, per_item = int(param("implicit_max_per_positive") or 0), int(param("implicit_per_item"))
+    if not int(param("implicit_max_comparisons") or 0):
+        return cap, per_item
+    rows = np.isin(arrays["met_part"], parts)
+    min_rating = param("implicit_min_rating")
+    if min_rating == "relevance":
+        min_rating = float(arrays["relevance"])
+    wins = ~(arrays["met_rating"][rows] < float(min_rating))
+    positives = np.bincount(arrays["met_user"][rows][wins])
+    return within_budget(positives[positives > 0], int(param("implicit_per_user") or 0), cap,
+                         per_item, int(param("implicit_max_comparisons")))
+
+
+def _pairs_possible(users: np.ndarray, ratings: np.ndarray) -> int:
+    """Within-user pairs with different ratings, over all users: Σ_u (n_u² − Σ_r n_ur²) / 2."""
+    if len(users) == 0:
+        return 0
+    _, per_user = np.unique(users, return_counts=True)
+    _, per_rating = np.unique(np.column_stack([users, ratings]), axis=0, return_counts=True)
+    return int((np.sum(per_user.astype(np.int64) ** 2)
+                - np.sum(per_rating.astype(np.int64) ** 2)) // 2)
