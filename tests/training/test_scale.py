@@ -165,3 +165,13 @@ def test_a_comparison_budget_lowers_the_cap_per_liked_item_and_the_summary_count
     cap = trainer.fold_in_spec(Fit(), arrays, budget["movies"])["max_per_positive"]
     assert 1 <= cap <= made_with
     assert trainer.fold_in_spec(Fit(), arrays_free, free["movies"])["max_per_positive"] == 5
+
+
+def test_comparison_caps_that_are_not_whole_numbers_are_refused_when_the_config_is_read():
+    import pytest
+
+    for value in (-5, "20M", 2.5e7):
+        with pytest.raises(ValueError, match=r"implicit_max_comparisons is .*, expected a whole "
+                                             r"number >= 0"):
+            parse_model("movies", {"algorithm": "altsvm", "kinds": ["rating"],
+                                   "params": {"implicit_max_comparisons": value}}, "test")

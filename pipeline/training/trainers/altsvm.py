@@ -1,26 +1,23 @@
 """AltSVM's trainer: rating, interaction and comparison events -> comparisons -> AltSVM (λ chosen
 on a warm-started regularization path) -> per-user top-K lists.
 
-Dataset (:func:`.altsvm_data.collaborative`): every (user, item) a user met, with its part
-(TRAIN, VALIDATION or TEST), and the comparisons made from the training parts.
+Dataset (:func:`.altsvm_data.collaborative`): every (user, item) met, with its part (TRAIN,
+VALIDATION or TEST), and the comparisons made from the training parts.
 
-Evaluation measures what is published: each held-out user's top-k over the items they did not
-meet in training, against their held-out positives (``topk_*`` metrics), beside the paper's
-NDCG over the rated held-out items. The trivial models (popularity, and the global ranking of
-the training comparisons' wins − losses) are scored the same way, for the gate.
+Evaluation measures what is published: each held-out user's top-k over the items not met in
+training against their held-out positives (``topk_*``), beside the paper's NDCG over the rated
+held-out items; the trivial models (popularity, training's wins − losses) likewise, for the gate.
 
 **Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
 user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
 comparisons, so C ≤ P · implicit_max_per_positive in all (10 shipped: amazon-beauty's 52k
-users with 6 liked items each make 3M, not the 52M of 1,000 per user), and past
-``implicit_max_comparisons`` (20M shipped) the cap is lowered until C fits: the fit's memory
-below is then bounded whatever the data's size. The comparisons are made
+users with 6 liked items each make 3M, not the 52M of 1,000 per user), lowered to fit
+``implicit_max_comparisons`` (20M shipped): the memory below is bounded. Comparisons are made
 from the met rows when a fit needs them and handed over in memory, never stored. Peak memory
 of the fit: 25 bytes per met row (the dataset) + about 130 per comparison (24 for the rows,
 up to 107 more inside the solver, 31 of them kept as its warm state; measured with
 tracemalloc at 2M comparisons, rank 20) + 8 · rank · (users + items) per copy of the factors.
-The searches (:mod:`.altsvm_tuning`, the challengers') fit and score a stable sample of
-``tune.sample_users`` users, so their cost is a count, not the data's size.
+Searches (:mod:`.altsvm_tuning`, challengers') run on ``tune.sample_users`` users: a count.
 """
 
 from __future__ import annotations
@@ -32,7 +29,11 @@ import numpy as np
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
-from pipeline.training.trainers.altsvm_comparisons import budget_caps, training_comparisons
+from pipeline.training.trainers.altsvm_comparisons import (
+    budget_caps,
+    check_caps,
+    training_comparisons,
+)
 from pipeline.training.trainers.altsvm_data import (
     DERIVED,
     collaborative,
@@ -63,6 +64,7 @@ class AltSVMTrainer(Trainer):
     @classmethod
     def check_params(cls, params: dict) -> None:
         parse_rating_range(params.get("rating_range"))
+        check_caps(params)
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
         ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)
@@ -401,8 +403,7 @@ class AltSVMTrainer(Trainer):
         relevance = relevance_of(arrays, cfg)
         min_rating = param("implicit_min_rating")
         range_ = param("rating_range")
-        # the caps the published fit's comparisons were made with (every met row's), lowered
-        # where they would pass implicit_max_comparisons
+        # the published fit's caps (every met row's; implicit_max_comparisons may lower them)
         cap, per_item = budget_caps(arrays, param, (TRAIN, VALIDATION, TEST))
         spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
                 "per_item": per_item, "relevance": relevance,

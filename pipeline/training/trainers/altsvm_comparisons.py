@@ -10,6 +10,15 @@ from __future__ import annotations
 import numpy as np
 
 
+def check_caps(params: dict) -> None:
+    """Refuse a per-item cap or a comparison budget that is not a whole number >= 0 (read
+    with the config, not after a window was built)."""
+    for name in ("implicit_max_per_positive", "implicit_max_comparisons"):
+        value = params.get(name, 0)
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} is {value!r}, expected a whole number >= 0 (0: no cap)")
+
+
 def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str = "implicit",
                      implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                      implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
