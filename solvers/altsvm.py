@@ -321,8 +321,9 @@ class AltSVM(Estimator):
                           f"above reg_max = {self.reg_max_:.4g}, where U = V = 0 is the "
                           f"optimum, so the scores are {model}. Lower reg (or use "
                           "reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
-        elif self.reg is not None and bound < 0.1 and reg >= self.reg_max_:
-            # small factors from a given reg: reg_max is worth its cost (an SVD) only here
+        elif self.reg is not None and bound < 0.1 and self._zero_is_optimal(reg, lay):
+            # small factors from a given reg: is U = V = 0 the optimum at this λ? (one σ_max;
+            # reg_max itself, a secant of several, only for the message)
             warnings.warn(f"λ = {reg:.4g} is at or above reg_max = {self.reg_max_:.4g}, where "
                           f"U = V = 0 is the optimum: the factors (every |u·v| ≤ {bound:.2g}) "
                           f"are on their way to zero, and the scores to {model}. Lower reg (or "
@@ -396,6 +397,16 @@ class AltSVM(Estimator):
             c, n_users, n_items = _check_comparisons(comparisons, n_users, n_items)
             return self._threshold(c, n_users, n_items)
 
+    def _zero_is_optimal(self, reg: float, lay: dict | None) -> bool:
+        """Whether U = V = 0 is optimal at λ = ``reg`` for the fitted comparisons (``lay``
+        their layout, None on Ray): λ >= reg_max."""
+        if getattr(self, "_reg_max", None) is not None:
+            return reg >= self._reg_max
+        with numba_threads(check_threads(self.n_threads)):
+            return S.Threshold(tuple(self._comparisons), self.user_factors_.shape[0],
+                               self.item_factors_.shape[0], self.loss,
+                               lay=lay).zero_is_optimal(reg, self.item_bias)
+
     def _threshold(self, c, n_users, n_items) -> float:
         """reg_max of comparisons ``c`` as :func:`_altsvm_solver.layout` takes them."""
         return S.Threshold(c, n_users, n_items, self.loss).reg_max(self.item_bias)
@@ -405,7 +416,7 @@ class AltSVM(Estimator):
         self._check_fitted()
         if getattr(self, "_reg_max", None) is None:
             with numba_threads(check_threads(self.n_threads)):
-                self._reg_max = self._threshold(tuple(self._comparisons),
+                self._reg_max = self._threshold(tuple(self._fitted_comparisons()),
                                                 self.user_factors_.shape[0],
                                                 self.item_factors_.shape[0])
         return self._reg_max
@@ -505,10 +516,27 @@ class AltSVM(Estimator):
 
     # ---------------------------------------------------------------- warm start
 
+    def drop_duals(self) -> "AltSVM":
+        """Forget the comparisons and their duals (28 bytes per comparison), keeping the
+        factors, λ and what else scores or describes the fit: a model that is only scored and
+        published (a retrain's refit on every event). ``warm_state``, ``save`` and an uncached
+        ``reg_max_`` then refuse, naming this."""
+        self._check_fitted()
+        self._comparisons = self._alpha = self._beta = None
+        return self
+
+    def _fitted_comparisons(self) -> np.ndarray:
+        if self._comparisons is None:
+            raise ValueError("this AltSVM's comparisons and duals were dropped (drop_duals); "
+                             "fit it again to warm-start from it, save it or get its reg_max_")
+        return self._comparisons
+
+    fresh_warm_keys = ("user", "winner", "loser")   # astype() copies
+
     def _warm_arrays(self) -> dict:
         """``U``, ``V``, ``b``, the comparison keys ``user``/``winner``/``loser`` (int64) and
         their duals ``alpha`` (U-step, eq. 7) and ``beta`` (V-step, eq. 9)."""
-        c = self._comparisons  # (3, n), int32 while the ids fit
+        c = self._fitted_comparisons()  # (3, n), int32 while the ids fit
         return {"U": self.user_factors_, "V": self.item_factors_, "b": self.item_bias_,
                 "user": c[0].astype(np.int64), "winner": c[1].astype(np.int64),
                 "loser": c[2].astype(np.int64), "alpha": self._alpha, "beta": self._beta}

@@ -65,6 +65,17 @@ def test_a_fit_just_above_reg_max_ends_at_zero_and_just_below_does_not(loss, ite
     assert not short.collapsed_
 
 
+@pytest.mark.parametrize("item_bias", [False, True])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_zero_is_optimal_at_one_lambda_agrees_with_reg_max(loss, item_bias):
+    # the one-σ_max test a fit with small factors runs, against the secant's threshold
+    c = planted()
+    reg_max = AltSVM(loss=loss, item_bias=item_bias).reg_max(c)
+    threshold = S.Threshold(c, 40, 30, loss)
+    assert not threshold.zero_is_optimal(0.97 * reg_max, item_bias)
+    assert threshold.zero_is_optimal(1.03 * reg_max, item_bias)
+
+
 @pytest.mark.parametrize("loss", LOSSES)
 def test_with_an_item_bias_reg_max_is_the_fixed_point_at_the_bias_optimum(loss):
     c = planted()
@@ -121,3 +132,16 @@ def test_the_path_stops_after_patience_points_without_improvement():
         c, score=lambda m: next(scores), ratios=[0.8, 0.4, 0.2, 0.1, 0.05], patience=2)
     assert [p["score"] for p in model.path_] == [0.5, 0.7, 0.6, 0.65]
     assert model.reg == model.path_[1]["reg"]
+
+
+def test_a_model_whose_duals_were_dropped_scores_the_same_and_refuses_to_warm_start():
+    c = planted()
+    m = quiet_fit(c, rank=3, reg=5.0)
+    users, items = c[:, 0], c[:, 1]
+    scores, lists = m.predict(users, items), m.recommend(np.arange(40), k=5)
+    assert m.drop_duals() is m
+    assert np.array_equal(m.predict(users, items), scores)
+    assert all(np.array_equal(a, b) for a, b in zip(m.recommend(np.arange(40), k=5), lists))
+    for use in (m.warm_state, lambda: m.reg_max_):
+        with pytest.raises(ValueError, match=r"dropped \(drop_duals\)"):
+            use()

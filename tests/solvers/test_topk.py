@@ -147,7 +147,9 @@ def test_item_factors_of_any_layout_give_the_same_lists(layout):
 def test_wide_sparse_user_rows_rank_as_the_dense_product():
     """An item-item model's user rows (0/1 met items, thousands of columns) are multiplied
     sparsely: the same lists and scores as the dense product, up to the last bit."""
-    from solvers.topk import SMALL, sparse_rows, user_topk
+    import scipy.sparse as sp
+
+    from solvers.topk import SMALL, dense_pairs, user_topk
 
     rng = np.random.default_rng(0)
     n_users, width, n_items = 3000, 600, 900
@@ -156,12 +158,21 @@ def test_wide_sparse_user_rows_rank_as_the_dense_product():
     for u in range(n_users):
         U[u, rng.choice(width, 5, replace=False)] = 1.0
     V = rng.standard_normal((n_items, width)).astype(np.float32)
-    assert sparse_rows(U) is not None and sparse_rows(np.ones((4, 600), np.float32)) is None
-    items, scores = user_topk(U, V, 10)
-    dense = U @ V.T
-    expected = np.argsort(-dense, axis=1, kind="stable")[:, :10]
-    assert np.allclose(scores, np.take_along_axis(dense, expected, 1), rtol=1e-5, atol=1e-5)
-    assert (items == expected).mean() > 0.999      # a near-tie may order two items apart
+    VT = np.ascontiguousarray(V.T)
+    assert sp.issparse(dense_pairs(U, VT)[0][0])
+    assert len(dense_pairs(np.ones((4, 600), np.float32), VT)) == 1
+    # a blend's factors: a dense rank-8 model beside the 0/1 columns, split in two products
+    blend = np.hstack([rng.standard_normal((n_users, 8)).astype(np.float32), U])
+    V_blend = np.hstack([rng.standard_normal((n_items, 8)).astype(np.float32), V])
+    pairs = dense_pairs(blend, np.ascontiguousarray(V_blend.T))
+    assert [sp.issparse(p[0]) for p in pairs] == [False, True]
+    for U_, V_ in ((U, V), (blend, V_blend)):
+        items, scores = user_topk(U_, V_, 10)
+        dense = U_ @ V_.T
+        expected = np.argsort(-dense, axis=1, kind="stable")[:, :10]
+        assert np.allclose(scores, np.take_along_axis(dense, expected, 1), rtol=1e-5,
+                           atol=1e-5)
+        assert (items == expected).mean() > 0.999      # a near-tie may order two items apart
 
 
 def test_one_list_for_everyone_ranks_as_the_per_user_scores():

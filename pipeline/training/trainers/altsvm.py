@@ -204,7 +204,7 @@ class AltSVMTrainer(Trainer):
                                   "reg": tuning["reg_per_comparison"] * len(everything)})
         refitted.fit(everything, warm_start=model.warm_state(),
                      n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
-        fitted.served = refitted
+        fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
                 "refit_iterations": int(refitted.n_iter_),
                 "refit_comparisons": int(len(everything))}

@@ -55,7 +55,12 @@ def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str =
             dropped["implicit_budget"] = wanted - asked
         dropped["implicit"] = asked - len(imp)
         made.append(imp)
-    return (np.concatenate(made) if made else np.zeros((0, 3), np.int64)), dropped
+    if not made:
+        return np.zeros((0, 3), np.int32), dropped
+    out = made[0] if len(made) == 1 else np.concatenate(made)
+    # int32 while the ids fit (the solver takes them as they are): 12 bytes a comparison, not 24
+    fits = out.size == 0 or int(out.max()) < 2**31
+    return (out.astype(np.int32) if fits else out), dropped
 
 
 def implicit_asked(positives: np.ndarray, per_user: int, cap: int, per_item: int) -> int:

@@ -175,9 +175,6 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     for n in names:
         U, V, b = (T.as_factors(f) if f is not None else None for f in fits[n])
         U = U[users]
-        if not sp.issparse(U) and not sp.issparse(V):
-            sparse = T.sparse_rows(U)
-            U = U if sparse is None else sparse
         rows_of[n] = (T.factor_pairs(U, V), None if b is None else np.asarray(b, np.float32))
 
     def run(start: int) -> list[float]:
