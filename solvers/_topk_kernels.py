@@ -241,3 +241,24 @@ def sparse_product_add(indptr, indices, data, b_indptr, b_indices, b_data, row_s
         for j in range(row.shape[0]):
             row[j] += scratch[j]
             scratch[j] = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def global_rows(order, seen_indptr, seen_indices, k, mark, out):
+    """Row u of ``out`` (filled with -1 beforehand): the first ``k`` entries of ``order``
+    that are not among user u's seen columns (``seen_indptr``/``seen_indices`` rows), each
+    user's seen columns marked in ``mark`` (zeros, left clean) while their row is walked:
+    O(k + seen) a user."""
+    for u in range(seen_indptr.shape[0] - 1):
+        lo, hi = seen_indptr[u], seen_indptr[u + 1]
+        for p in range(lo, hi):
+            mark[seen_indices[p]] = 1
+        n = 0
+        for t in range(order.shape[0]):
+            if n == k:
+                break
+            if mark[order[t]] == 0:
+                out[u, n] = order[t]
+                n += 1
+        for p in range(lo, hi):
+            mark[seen_indices[p]] = 0

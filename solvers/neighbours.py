@@ -59,7 +59,6 @@ def cosine_neighbours(X, shrinks, k_max: int) -> dict:
     for start in range(0, n_items, block):
         stop = min(start + block, n_items)
         co = XT[start:stop] @ X             # row r: item start + r's co-occurrences
-        co.sort_indices()
         # every item met by someone co-occurs with itself, which is never its neighbour
         others = np.diff(co.indptr) - (norm[start:stop] > 0)
         offsets = np.zeros(stop - start + 1, np.int64)

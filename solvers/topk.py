@@ -370,15 +370,12 @@ def global_topk(scores: np.ndarray, k: int, *, seen_indptr: np.ndarray,
     scores = np.asarray(scores, np.float32)
     order = np.argsort(-scores, kind="stable")
     order = order[np.isfinite(scores[order]) & (scores[order] > -np.inf)]
-    n_users = len(seen_indptr) - 1
-    items = np.full((n_users, k), -1, dtype=np.int64)
-    for u in range(n_users):
-        seen = seen_indices[seen_indptr[u]:seen_indptr[u + 1]]
-        head = order[:k + len(seen)]
-        if len(seen):
-            head = head[~np.isin(head, seen)]
-        head = head[:k]
-        items[u, :len(head)] = head
+    from solvers._topk_kernels import global_rows
+
+    items = np.full((len(seen_indptr) - 1, k), -1, dtype=np.int64)
+    global_rows(order.astype(np.int64), np.asarray(seen_indptr, np.int64),
+                np.asarray(seen_indices, np.int64), int(k), np.zeros(len(scores), np.int8),
+                items)
     out = np.where(items >= 0, scores[np.maximum(items, 0)].astype(np.float64), -np.inf)
     return items, out
 
@@ -399,4 +396,6 @@ def warm_up() -> float:
                       0, 1, *out, np.zeros(2, np.int8))
     one = (np.array([0, 1], np.int64), np.array([0], np.int32), np.ones(1, np.float32))
     sparse_product_add(*one, *one, 0, scores)
+    global_topk(np.ones(2, np.float32), 1, seen_indptr=np.zeros(2, np.int64),
+                seen_indices=np.zeros(0, np.int64))
     return time.perf_counter() - started
