@@ -48,7 +48,7 @@ PUBLISH_KEYS = {"top_k": 100, "keep_versions": 3}
 # they are no part of a model's config digest (naming a titles file retrains nothing)
 UI_KEYS = ("item_titles",)
 TUNE_KEYS = {"budget_seconds": 30.0, "max_settings": 12, "tolerance": 0.005,
-             "challenger_settings": 24, "ease_max_items": 5000, "sample_users": 5_000}
+             "challenger_settings": 24, "ease_max_items": 5000, "sample_users": 10_000}
 
 
 @dataclass(frozen=True)
