@@ -1,0 +1,140 @@
+"""Several refreshers of one model against a real Kafka broker and redis-server: with events
+keyed by user, a backlog drained by one refresher and by two (in one consumer group, over a
+4-partition topic) leaves every touched user with the same list (issue 53)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from pipeline.ingest import synthetic
+from pipeline.ingest.files import ingest_files
+from pipeline.ingest.open_store import open_store
+from pipeline.ingest.producer import EventProducer
+from pipeline.refresh.kafka_source import KafkaRefresh
+from pipeline.refresh.refresher import Refresher
+from pipeline.serving.lookup import TopK
+from pipeline.serving.redis_client import as_client
+from pipeline.settings import Settings
+from pipeline.training import retrain
+from tests.ingest.factory import new_topic
+from tests.refresh import models as refresh_models
+
+PARTITIONS = 4
+DEADLINE = 90.0
+
+
+def _published(tmp_path, name: str, path, models, redis_url, kafka_bootstrap) -> Settings:
+    """A home and namespace of their own with the events of ``path`` ingested, and the
+    version a retrain of them published."""
+    settings = Settings(home=tmp_path / name, namespace=f"{name}{uuid.uuid4().hex[:8]}",
+                        kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
+    ingest_files([path], "rating", settings=settings, progress=False)
+    run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
+    assert run["decision"] == "published", run.get("reason")
+    return settings
+
+
+def _drained(group: str, topic: str, bootstrap: str, ends: dict) -> bool:
+    """Whether ``group`` committed every partition of ``topic`` up to its end (a refresher
+    commits a batch's offsets after it wrote the batch's lists); read by a consumer that
+    names the group without joining it."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                           enable_auto_commit=False)
+    try:
+        return all((reader.committed(TopicPartition(topic, p)) or -1) >= end
+                   for p, end in ends.items())
+    finally:
+        reader.close()
+
+
+def _drain(settings: Settings, models, topic: str, ends: dict, members: int) -> None:
+    """Run ``members`` refreshers of ``movies`` in one consumer group of their own until the
+    group committed the whole topic, then stop them."""
+    topk = TopK(as_client(settings.redis_url), namespace=settings.namespace, timeout=5.0)
+    group = f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}"
+    loops, threads = [], []
+    for _ in range(members):
+        refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
+                              redis_url=settings.redis_url)
+        loop = KafkaRefresh(refresher, settings, batch_ms=100, topics={topic: "rating"},
+                            group=group)
+        loops.append(loop)
+        threads.append(threading.Thread(target=loop.run, daemon=True))
+        threads[-1].start()
+    try:
+        started = time.monotonic()
+        while not _drained(group, topic, settings.kafka_bootstrap, ends):
+            assert time.monotonic() - started < DEADLINE, \
+                f"{members} refresher(s) did not drain the backlog in {DEADLINE:.0f} s"
+            time.sleep(0.5)
+    finally:
+        for loop in loops:
+            loop.stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not any(t.is_alive() for t in threads), "a refresher did not stop"
+
+
+def test_a_backlog_drained_by_one_refresher_or_by_two_leaves_every_user_the_same_list(
+        tmp_path, redis_url, kafka_bootstrap):
+    models = refresh_models()
+    events = synthetic.rating_events(n_users=200, n_items=120, per_user=25, seed=3)
+    path = synthetic.write_jsonl(events, tmp_path / "ratings.jsonl")
+    one = _published(tmp_path, "one", path, models, redis_url, kafka_bootstrap)
+    two = _published(tmp_path, "two", path, models, redis_url, kafka_bootstrap)
+    client = as_client(redis_url)
+    readers = {name: TopK(client, namespace=s.namespace, timeout=5.0)
+               for name, s in (("one", one), ("two", two))}
+    # the same version in both namespaces: a retrain is deterministic
+    states = {n: r.versions.current_state("movies") for n, r in readers.items()}
+    factors = [readers[n].lists.factors(states[n]) for n in ("one", "two")]
+    assert np.array_equal(factors[0][0], factors[1][0])
+
+    # the backlog: known users (some with many events, spread over every partition) and
+    # users the version never met, their events keyed by user as `rankstream produce` sends
+    topic = new_topic(kafka_bootstrap, partitions=PARTITIONS, prefix="rs.refresh.many")
+    rng = np.random.default_rng(7)
+    users = sorted({e["user"] for e in events})
+    touched = [users[i] for i in rng.choice(len(users), 60, replace=False)]
+    touched += [f"new-{n}" for n in range(8)]
+    items = sorted({e["item"] for e in events})
+    producer = EventProducer(kafka_bootstrap)
+    try:
+        for n in range(600):
+            user = touched[int(rng.integers(len(touched)))]
+            producer.send(topic, {"kind": "rating", "event_id": uuid.uuid4().hex,
+                                  "ts": int(time.time() * 1000) + n, "user": user,
+                                  "item": items[int(rng.integers(len(items)))],
+                                  "rating": float(rng.integers(1, 6))}, "rating")
+        producer.flush()
+        spread = {producer.partition_of(topic, str(u).encode()) for u in touched}
+    finally:
+        producer.close()
+    assert spread == set(range(PARTITIONS)), spread
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    try:
+        ends = {tp.partition: o for tp, o in consumer.end_offsets(
+            [TopicPartition(topic, p) for p in range(PARTITIONS)]).items()}
+    finally:
+        consumer.close()
+    assert sum(ends.values()) == 600
+
+    _drain(one, models, topic, ends, members=1)
+    _drain(two, models, topic, ends, members=2)
+
+    differ = []
+    for user in touched:
+        lists = {n: r.recommend("movies", user, k=10) for n, r in readers.items()}
+        assert lists["one"].source == "fresh", (user, lists["one"].source)
+        if [i for i, _ in lists["one"].items] != [i for i, _ in lists["two"].items]:
+            differ.append(user)
+    assert not differ, f"{len(differ)} of {len(touched)} users got another list from two " \
+                       f"refreshers: {differ[:5]}"
