@@ -8,7 +8,10 @@ rules below make a second copy count once, so a replay is harmless:
 
 - ratings and interactions: the latest event per (user, item) wins (by time, then offset), as
   training's dataset takes it; ratings outside the model's ``rating_range`` are left out first;
-- comparisons: one per ``event_id``.
+- comparisons: one per ``event_id``, its latest copy (by time, then offset), as training's.
+
+``tests/refresh/test_conformance.py`` feeds random histories to both and requires the same
+per-user inputs.
 
 :func:`fold_in_inputs` then turns them into the served version's terms, as training counts
 them: ``seen`` (every met item: never served back to the user), ``winners`` (items rated at least
@@ -28,12 +31,10 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.serving.layout import key_of
+from pipeline.training.trainers.altsvm_data import COLUMNS  # what training reads, the same
 from solvers.fold_in import sorted_unique
 
 USER_KINDS = ("rating", "interaction", "comparison")
-COLUMNS = {"rating": ["ts", "offset", "user", "item", "rating"],
-           "interaction": ["ts", "offset", "user", "item"],
-           "comparison": ["ts", "offset", "event_id", "user", "winner", "loser"]}
 
 
 @dataclass(frozen=True)
@@ -145,10 +146,10 @@ class FoldInInputs:
 class Digest:
     """What a run of a user's events comes to, by the rules of the module: for each item, the
     latest in-scale rating or interaction (``items[n]``, ``ratings[n]``, NaN for an
-    interaction, at ``(ts, offset)`` ``keys[n]``), and each comparison event id's first
-    (winner, loser) in ``compared``.
+    interaction, at ``(ts, offset)`` ``keys[n]``), and each comparison event id's latest
+    ``((ts, offset), (winner, loser))`` in ``compared``.
 
-    Both are order-free folds (a max by (ts, offset), a first-by-id), so events can be added as
+    Both are order-free folds (maxima by (ts, offset)), so events can be added as
     they come: the digest of a history and its extension is the digest of the whole. The
     refresher keeps one per user and adds only the events since, instead of re-reading the
     whole history every batch; it also keeps the items' indices in the served version
@@ -174,7 +175,11 @@ class Digest:
         slot, compared = self.slot, self.compared
         for e in events:
             if e.kind == "comparison":
-                compared.setdefault(e.event_id, (e.item, e.other))
+                key, last = (e.ts, e.offset), compared.get(e.event_id)
+                if last is None or key >= last[0]:
+                    if last is not None and last[1] != (e.item, e.other):
+                        self.pair_indices = []     # an edited copy: index the pairs anew
+                    compared[e.event_id] = (key, (e.item, e.other))
                 continue
             if not math.isnan(e.rating) and not low <= e.rating <= high:
                 continue
@@ -198,7 +203,7 @@ class Digest:
         for item in self.items[len(self.indices):]:
             i = index_of(item)
             self.indices.append(-1 if i is None else i)
-        for w, lo in list(self.compared.values())[len(self.pair_indices):]:
+        for _, (w, lo) in list(self.compared.values())[len(self.pair_indices):]:
             self.pair_indices.append((index_of(w), index_of(lo)))
         return np.array(self.indices, np.int64), self.pair_indices
 
