@@ -533,13 +533,23 @@ class AltSVM(Estimator):
 
     fresh_warm_keys = ("user", "winner", "loser")   # astype() copies
 
-    def _warm_arrays(self) -> dict:
-        """``U``, ``V``, ``b``, the comparison keys ``user``/``winner``/``loser`` (int64) and
-        their duals ``alpha`` (U-step, eq. 7) and ``beta`` (V-step, eq. 9)."""
+    def _warm_arrays(self, widen: bool = True) -> dict:
+        """``U``, ``V``, ``b``, the comparison keys ``user``/``winner``/``loser`` (int64, or
+        as held unless ``widen``) and their duals ``alpha`` (U-step, eq. 7) and ``beta``
+        (V-step, eq. 9)."""
         c = self._fitted_comparisons()  # (3, n), int32 while the ids fit
+        keys = [k.astype(np.int64) if widen else k for k in c]
         return {"U": self.user_factors_, "V": self.item_factors_, "b": self.item_bias_,
-                "user": c[0].astype(np.int64), "winner": c[1].astype(np.int64),
-                "loser": c[2].astype(np.int64), "alpha": self._alpha, "beta": self._beta}
+                "user": keys[0], "winner": keys[1], "loser": keys[2], "alpha": self._alpha,
+                "beta": self._beta}
+
+    def warm_view(self) -> dict:
+        """:meth:`warm_state` without a copy, for a fit in this process that only reads it (a
+        retrain's refit on every event, from its evaluated fit): the model's own arrays, the
+        comparison keys in the dtype it holds. On 7M comparisons that is 280 MB less at the
+        refit's peak. Neither change them nor keep them past this model's next fit."""
+        self._check_fitted()
+        return {**self._warm_arrays(widen=False), "algorithm": np.array(self.algorithm)}
 
     def _check_warm_state(self, state) -> dict:
         s = super()._check_warm_state(state)

@@ -87,6 +87,20 @@ def _unchanged(ctx: RunContext, ds: dict, summary: dict, publish: bool) -> dict:
     return summary
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the OS (glibc's ``malloc_trim``; elsewhere
+    nothing). Arrays under glibc's mmap threshold, which grows to 32 MB as big ones are freed,
+    live on the heap, and a run that freed its fits kept their pages: on a 40k-user set the
+    publish then peaked 0.2 GB above what it held."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
                progress: bool) -> dict:
     summary = {"model": ctx.model, "algorithm": ctx.cfg.algorithm}
@@ -102,6 +116,7 @@ def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,
     dataset_upload = ctx.runs.start_push(ctx.run_dir)     # overlaps the fit
     phase("fit")
     summary["train"] = train_step(ctx, trial=not publish, arrays=built.pop("arrays", None))
+    release_freed_memory()   # the fits are gone; the publish reads the artifact back
     if dataset_upload is not None:
         dataset_upload.result()
     if not publish:

@@ -145,3 +145,21 @@ def test_a_model_whose_duals_were_dropped_scores_the_same_and_refuses_to_warm_st
     for use in (m.warm_state, lambda: m.reg_max_):
         with pytest.raises(ValueError, match=r"dropped \(drop_duals\)"):
             use()
+
+
+def test_a_fit_from_the_warm_view_is_the_fit_from_the_warm_state_and_leaves_its_source():
+    # the refit's warm start: the evaluated model's own arrays, read, never copied or changed
+    c = planted()
+    m = quiet_fit(c, rank=3, reg=5.0, max_iter=5)
+    before = {k: np.array(v, copy=True) for k, v in m.warm_state().items()}
+    view = m.warm_view()
+    assert np.shares_memory(view["alpha"], m.warm_view()["alpha"])
+    assert view["user"].dtype == m._comparisons.dtype
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = (AltSVM(rank=3, reg=6.0, max_iter=3, n_threads=1, random_state=0).fit(
+            c, warm_start=start) for start in (m.warm_state(), view))
+    assert np.array_equal(a.user_factors_, b.user_factors_)
+    assert np.array_equal(a.item_factors_, b.item_factors_)
+    for k, v in m.warm_state().items():
+        assert np.array_equal(v, before[k]), k

@@ -202,7 +202,7 @@ class AltSVMTrainer(Trainer):
         arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
         refitted = type(model)(**{**model.get_params(),
                                   "reg": tuning["reg_per_comparison"] * len(everything)})
-        refitted.fit(everything, warm_start=model.warm_state(),
+        refitted.fit(everything, warm_start=model.warm_view(),
                      n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
         fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
