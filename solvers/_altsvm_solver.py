@@ -628,8 +628,9 @@ class Threshold:
         # 8 Lanczos vectors, not svds' 20: the secant's calls start from the last singular
         # vector, and a restart of 20 matvecs was most of each (on 8.5M comparisons the six
         # σ_max of a reg_max took 11.3 s, with 8 6.9 s, with 5 11.3 s again)
-        u, sv, vt = svds(self.operator(), k=1, ncv=min(SIGMA_NCV, min(self.shape)),
-                         tol=REG_MAX_TOL, v0=self.v0, random_state=0)
+        ncv = SIGMA_NCV if min(self.shape) > SIGMA_NCV else None   # svds: k < ncv < min
+        u, sv, vt = svds(self.operator(), k=1, ncv=ncv, tol=REG_MAX_TOL, v0=self.v0,
+                         random_state=0)
         # ARPACK iterates on the Gram matrix of the shorter side: start it from the last
         # singular vector of that side (G moves little between the secant steps)
         self.v0 = u[:, 0] if self.shape[0] <= self.shape[1] else vt[0]
