@@ -141,6 +141,12 @@ class Estimator(abc.ABC):
         state["algorithm"] = np.array(self.algorithm)
         return state
 
+    def warm_view(self) -> dict:
+        """What :meth:`warm_state` gives, for a caller in this process that only reads it
+        before the model fits again (a retrain's refit, its checkpoint); a solver whose
+        warm state is large hands out its own arrays instead of copies. Here: a copy."""
+        return self.warm_state()
+
     fresh_warm_keys: tuple = ()   # arrays _warm_arrays() makes afresh, owned by no one else
 
     @abc.abstractmethod

@@ -373,7 +373,7 @@ def global_topk(scores: np.ndarray, k: int, *, seen_indptr: np.ndarray,
     from solvers._topk_kernels import global_rows
 
     items = np.full((len(seen_indptr) - 1, k), -1, dtype=np.int64)
-    global_rows(order.astype(np.int64), np.asarray(seen_indptr, np.int64),
+    global_rows(np.asarray(order, np.int64), np.asarray(seen_indptr, np.int64),
                 np.asarray(seen_indices, np.int64), int(k), np.zeros(len(scores), np.int8),
                 items)
     out = np.where(items >= 0, scores[np.maximum(items, 0)].astype(np.float64), -np.inf)

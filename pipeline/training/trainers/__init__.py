@@ -228,12 +228,10 @@ class Trainer(abc.ABC):
         MovieLens subset that lifted a warm AltSVM's holdout NDCG@10 2.4% over a cold fit of
         the same rows (ALS's 3.2%, EASE's, which starts from nothing, 0%), and the gate
         served AltSVM over a blend 5% better on held-out data."""
-        # a solver's view where it has one (AltSVM: its duals, not a 0.28 GB copy of 7M of
-        # them): the checkpoint is written at once, and nothing fits the model again
-        model = fitted.model
-        warm = model.warm_view() if hasattr(model, "warm_view") else model.warm_state()
+        # a view, not a copy (AltSVM's 7M duals: 0.28 GB): the checkpoint is written at once,
+        # and nothing fits the model again
         return {**{name: arrays[name] for name in self.id_maps},
-                **{WARM_PREFIX + k: v for k, v in warm.items()}}
+                **{WARM_PREFIX + k: v for k, v in fitted.model.warm_view().items()}}
 
 
 def warm_state(checkpoint_arrays: dict, prefix: str = WARM_PREFIX) -> dict:
