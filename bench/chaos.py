@@ -1025,7 +1025,7 @@ def missing_effects(url: str, store, users) -> dict:
             events = history.of(key_of(user))
             rec = topk.recommend(MODEL, user, k=10)
             ids, scores = [i for i, _ in rec.items], np.array([s for _, s in rec.items])
-            made = user_factor(st, (V, b), events, st.fold_in)
+            made = user_factor(st, (V, b), events, st.fold_in, key_of(user))
             if made is None:
                 continue       # none of their items known to the version: nothing to fold in
             factor, seen = made

@@ -97,35 +97,38 @@ def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has
 
 
 @njit(cache=True)
-def implicit_pairs_many(met, met_indptr, seeds, per_item, n_items):
-    """:func:`solvers.fold_in.implicit_pairs` of many users (``met[met_indptr[n]:...]``, each
-    sorted and unique; ``seeds[n]``: the CRC-32 of those items' int64 bytes, shifted left 32;
-    ``per_item[n]``), draw for draw: ``(winners, losers, indptr)``."""
+def implicit_pairs_many(met, met_indptr, seen, seen_indptr, seeds, per_item, n_items):
+    """:func:`solvers.fold_in.implicit_pairs` of many users (``met[met_indptr[n]:...]`` win,
+    ``seen[seen_indptr[n]:...]`` are never drawn, each sorted and unique; ``seeds[n]``: the
+    CRC-32 of the winners' int64 bytes, shifted left 32; ``per_item[n]``), draw for draw,
+    before any cap: ``(winners, losers, indptr)``."""
     n_users = len(met_indptr) - 1
     indptr = np.zeros(n_users + 1, np.int64)
     for n in range(n_users):
         m = met_indptr[n + 1] - met_indptr[n]
-        count = m * per_item[n] if 0 < m < n_items and per_item[n] >= 1 else 0
+        n_others = n_items - (seen_indptr[n + 1] - seen_indptr[n])
+        count = m * per_item[n] if m > 0 and n_others > 0 and per_item[n] >= 1 else 0
         indptr[n + 1] = indptr[n] + count
     winners = np.empty(indptr[-1], np.int64)
     losers = np.empty(indptr[-1], np.int64)
     others = np.empty(n_items, np.int64)
     for n in range(n_users):
         items = met[met_indptr[n]:met_indptr[n + 1]]
-        n_others = n_items - len(items)
+        excluded = seen[seen_indptr[n]:seen_indptr[n + 1]]
+        n_others = n_items - len(excluded)
         out, count = indptr[n], indptr[n + 1] - indptr[n]
-        # the r-th item not met: read from a list of them when the draws outnumber the
-        # items (one pass over the items), else r + #{m_j − j ≤ r} by a binary search
+        # the r-th item not seen: read from a list of them when the draws outnumber the
+        # items (one pass over the items), else r + #{s_j − j ≤ r} by a binary search
         listed = 4 * count >= n_items
         if listed:
             j, at = 0, 0
             for i in range(n_items):
-                if j < len(items) and items[j] == i:
+                if j < len(excluded) and excluded[j] == i:
                     j += 1
                 else:
                     others[at] = i
                     at += 1
-        gaps = items - np.arange(len(items))
+        gaps = excluded - np.arange(len(excluded))
         for k in range(count):
             _, bits = next_u64(seeds[n] + np.uint64(k))
             r = np.int64(bits % np.uint64(n_others))

@@ -62,11 +62,12 @@ def hash4(seed, a, b, c):
 
 
 @njit(cache=True, parallel=True)
-def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
+def fill_pairs(starts, r, user, salt, item, counts, cap, largest_gap, seed, out):
     """Write the kept comparisons as rows (user, winner item, loser item) into ``out``.
 
     ``cap < 0`` keeps every pair; ``out`` has ``sum(min(counts, cap))`` rows. Users run in
-    parallel; every choice depends on (seed, user, pair) only, so not on the thread count.
+    parallel; every choice depends on (seed, the row's ``salt``, pair) only, so not on the
+    thread count.
     """
     n_groups = starts.shape[0] - 1
     kept = np.empty(n_groups + 1, np.int64)
@@ -92,7 +93,7 @@ def fill_pairs(starts, r, user, item, counts, cap, largest_gap, seed, out):
             for b in range(a + 1, hi):
                 if r[a] != r[b]:
                     lo_item, hi_item = min(item[a], item[b]), max(item[a], item[b])
-                    hkey[t] = hash4(seed, user[a], lo_item, hi_item)
+                    hkey[t] = hash4(seed, salt[a], lo_item, hi_item)
                     key[t] = -abs(r[a] - r[b]) if largest_gap else 0.0
                     t += 1
         order = np.argsort(hkey)

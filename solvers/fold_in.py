@@ -31,18 +31,25 @@ import numpy as np
 from solvers._random import mix64
 
 
-def implicit_pairs(items, n_items: int, per_item: int) -> np.ndarray:
-    """(winner, loser) rows: each met item against ``per_item`` items drawn uniformly (with
-    replacement) from those not met; the draw is seeded by the items, so the same request gets
-    the same pairs. A counter-based draw (splitmix64 of the items' CRC and a counter; no
-    generator object to seed: a refresher draws for thousands of users a second), in
-    O(per_item · |items| · log |items|), whatever the number of items.
+def implicit_pairs(items, n_items: int, per_item: int, *, seen=None, cap=None) -> np.ndarray:
+    """(winner, loser) rows: each of ``items`` against ``per_item`` items drawn uniformly (with
+    replacement) from those not ``seen`` (default: ``items``; a user's met items, of which
+    ``items`` win, as training never draws a met item as a loser); the draw is seeded by the
+    items, so the same request gets the same pairs; at most ``cap`` rows, those of smallest
+    hash (:func:`keep_smallest`), as training trims a user's to ``implicit_per_user``. A
+    counter-based draw (splitmix64 of the items' CRC and a counter; no generator object to
+    seed: a refresher draws for thousands of users a second), in
+    O(per_item · |items| · log |seen|), whatever the number of items.
 
     >>> implicit_pairs([0, 1], 4, 2).tolist()   # items 2 and 3 are the ones not met
     [[0, 3], [0, 2], [1, 2], [1, 3]]
+    >>> implicit_pairs([0, 1], 4, 2, seen=[0, 1, 3], cap=3).tolist()   # 3 met, not a winner
+    [[0, 2], [0, 2], [1, 2]]
     """
     met = sorted_unique(items)
-    n_others = n_items - len(met)
+    excluded = met if seen is None else sorted_unique(
+        np.concatenate([met, np.asarray(seen, np.int64).ravel()]))
+    n_others = n_items - len(excluded)
     if not len(met) or n_others <= 0 or per_item < 1:
         return np.zeros((0, 2), np.int64)
     count = len(met) * per_item
@@ -51,25 +58,47 @@ def implicit_pairs(items, n_items: int, per_item: int) -> np.ndarray:
         bits = mix64(seed + np.arange(count, dtype=np.uint64))
     # uniform on [0, n_others): a modulo of 64 random bits (bias below n_others / 2⁶⁴)
     r = (bits % np.uint64(n_others)).astype(np.int64).reshape(len(met), per_item)
-    # the r-th item not met is r plus the number of met items m_j with m_j - j <= r
-    losers = r + np.searchsorted(met - np.arange(len(met)), r, side="right")
-    return np.column_stack([np.repeat(met, per_item), losers.ravel()])
+    # the r-th item not seen is r plus the number of seen items s_j with s_j - j <= r
+    losers = r + np.searchsorted(excluded - np.arange(len(excluded)), r, side="right")
+    return keep_smallest(np.column_stack([np.repeat(met, per_item), losers.ravel()]), seed,
+                         cap)
 
 
-def implicit_pairs_many(items_of_users: list, n_items: int, per_item: list) -> list:
-    """:func:`implicit_pairs` of several users (``per_item[n]`` each), draw for draw, in one
-    jitted call: a list of (winner, loser) row arrays."""
+def keep_smallest(pairs: np.ndarray, seed, cap) -> np.ndarray:
+    """The ``cap`` rows of ``pairs`` (winner, loser) of smallest hash under ``seed``, in their
+    order (all of them when ``cap`` is None or not below their count): a user's cap keeps the
+    same draws however they were made."""
+    if cap is None or len(pairs) <= int(cap):
+        return pairs
+    with np.errstate(over="ignore"):
+        h = mix64(mix64(np.uint64(seed) ^ pairs[:, 0].astype(np.uint64))
+                  ^ pairs[:, 1].astype(np.uint64))
+    return pairs[np.sort(np.argsort(h, kind="stable")[:int(cap)])]
+
+
+def implicit_pairs_many(items_of_users: list, n_items: int, per_item: list, *, seen=None,
+                        caps=None) -> list:
+    """:func:`implicit_pairs` of several users (``per_item[n]``, ``seen[n]`` and ``caps[n]``
+    each), draw for draw, in one jitted call: a list of (winner, loser) row arrays."""
     from solvers._fold_in_kernels import implicit_pairs_many as draw
 
     met = [sorted_unique(x) for x in items_of_users]
-    indptr = np.zeros(len(met) + 1, np.int64)
-    np.cumsum([len(x) for x in met], out=indptr[1:])
+    excluded = met if seen is None else [
+        sorted_unique(np.concatenate([m, np.asarray(s, np.int64).ravel()]))
+        for m, s in zip(met, seen)]
     seeds = np.array([zlib.crc32(x.tobytes()) << 32 for x in met], np.uint64)
-    winners, losers, at = draw(np.concatenate(met) if met else np.zeros(0, np.int64), indptr,
-                               seeds, np.asarray(per_item, np.int64).reshape(len(met)),
-                               int(n_items))
+    winners, losers, at = draw(*_ragged(met), *_ragged(excluded), seeds,
+                               np.asarray(per_item, np.int64).reshape(len(met)), int(n_items))
     pairs = np.column_stack([winners, losers])
-    return [pairs[at[n]:at[n + 1]] for n in range(len(met))]
+    caps = caps if caps is not None else [None] * len(met)
+    return [keep_smallest(pairs[at[n]:at[n + 1]], seeds[n], caps[n]) for n in range(len(met))]
+
+
+def _ragged(rows: list) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays of int64 rows as one array and its row pointers."""
+    indptr = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(x) for x in rows], out=indptr[1:])
+    return (np.concatenate(rows) if rows else np.zeros(0, np.int64)), indptr
 
 
 def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: int = 200,

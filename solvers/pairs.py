@@ -76,7 +76,7 @@ def _run_bounds(sorted_keys: np.ndarray) -> np.ndarray:
 
 
 def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy="random",
-                       random_state=None) -> np.ndarray:
+                       random_state=None, user_salts=None) -> np.ndarray:
     """Within-user comparisons (user, winner, loser) from explicit ratings.
 
     Every pair of items rated by the same user with different ratings gives one comparison,
@@ -98,6 +98,10 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
         below it, and a warm start finds most of its duals again.
     random_state : int, numpy.random.Generator or None
         Seed for the subsampling (an integer gives the same choice in every process).
+    user_salts : array-like of uint64, indexed by user id, optional
+        What the hash takes for each user instead of their id: a caller that numbers a user
+        differently elsewhere (the refresher folds one user in as user 0) names them by a
+        salt of their own, and the same ratings keep the same pairs in both.
 
     Returns
     -------
@@ -121,6 +125,9 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
                              "integer >= 1 or None")
         max_pairs_per_user = int(max_pairs_per_user)
     n = users.shape[0]
+    if user_salts is not None and n and len(user_salts) <= int(users.max()):
+        raise ValueError(f"user_salts has {len(user_salts)} entries, but users holds "
+                         f"{int(users.max())}; expected one salt per user id")
     if n == 0:
         return np.empty((0, 3), dtype=np.int64)
 
@@ -141,7 +148,9 @@ def pairs_from_ratings(users, items, ratings, max_pairs_per_user=None, strategy=
     cap = -1 if max_pairs_per_user is None else max_pairs_per_user
     size = int(counts.sum() if cap < 0 else np.minimum(counts, cap).sum())
     out = np.empty((size, 3), np.int64)
-    fill_pairs(starts, r_s, u_s, i_s, counts, cap, strategy == "largest_gap",
+    salt = (u_s.astype(np.uint64) if user_salts is None
+            else np.asarray(user_salts, np.uint64)[u_s])
+    fill_pairs(starts, r_s, u_s, salt, i_s, counts, cap, strategy == "largest_gap",
                _seed(random_state), out)
     return out
 

@@ -8,7 +8,9 @@ rules below make a second copy count once, so a replay is harmless:
 
 - ratings and interactions: the latest event per (user, item) wins (by time, then offset), as
   training's dataset takes it; ratings outside the model's ``rating_range`` are left out first;
-- comparisons: one per ``event_id``, its latest copy (by time, then offset), as training's.
+- comparisons: one per ``event_id``, its latest copy (by time, then offset), as training's;
+- the model's window (``last_days``/``last_events``) first, by training's own
+  :func:`~pipeline.training.datasets.window_start` over every event the refresher holds.
 
 ``tests/refresh/test_conformance.py`` feeds random histories to both and requires the same
 per-user inputs.
@@ -17,8 +19,9 @@ per-user inputs.
 them: ``seen`` (every met item: never served back to the user), ``winners`` (items rated at least
 ``min_rating``, and interactions: the met items training's implicit comparisons start from) and
 ``pairs`` (comparison events, plus within-user rating pairs when the model's comparisons are
-``explicit`` or ``mixed``), each as the version's item indices (items it does not know are
-skipped: they cannot be scored).
+``explicit`` or ``mixed``, past ``max_pairs_per_user`` the ones training keeps, by training's
+code), each as the version's item indices (items it does not know are skipped: they cannot be
+scored).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.serving.layout import key_of
+from pipeline.training.datasets import window_start
+from pipeline.training.trainers.altsvm_comparisons import user_salts
 from pipeline.training.trainers.altsvm_data import COLUMNS  # what training reads, the same
 from solvers.fold_in import sorted_unique
+from solvers.pairs import pairs_from_ratings
 
 USER_KINDS = ("rating", "interaction", "comparison")
 
@@ -75,19 +81,32 @@ class UserHistory:
         self.stored: dict[str, list[Event]] = defaultdict(list)
         self.streamed: dict[str, list[tuple]] = defaultdict(list)   # (source, Event)
         self.digests: dict[str, Digest] = {}     # user -> digest of their first events
+        self.stored_ts = np.zeros(0, np.int64)   # every stored event's time, for the window
+        self.streamed_ts: list[int] = []
 
     def load_store(self, store, kinds) -> int:
         """Read the model's kinds from the event store (all of it); the number of events."""
         self.stored = defaultdict(list)
         self.digests = {}
-        n = 0
         for kind in kinds:
             if kind not in USER_KINDS:
                 continue
             for user, event in events_of(kind, store.read(kind, columns=COLUMNS[kind])):
                 self.stored[user].append(event)
-                n += 1
-        return n
+        self.stored_ts = np.array([e.ts for events in self.stored.values() for e in events],
+                                  np.int64)
+        return len(self.stored_ts)
+
+    def window_start(self, window: dict) -> int | None:
+        """The model's window over every event held (:func:`window_start`, training's rule):
+        the first time a user's inputs keep, or None."""
+        if not window:
+            return None
+        streamed = np.array(self.streamed_ts, np.int64)
+        if "last_days" in window:      # only the newest time counts
+            newest = [a.max() for a in (self.stored_ts, streamed) if a.size]
+            return window_start(np.array(newest, np.int64), window)
+        return window_start(np.concatenate([self.stored_ts, streamed]), window)
 
     def add(self, kind: str, table: pa.Table, source=None) -> set[str]:
         """Add streamed events (``source``: the Kafka (topic, partition) they came from, or
@@ -95,6 +114,7 @@ class UserHistory:
         touched = set()
         for user, event in events_of(kind, table):
             self.streamed[user].append((source, event))
+            self.streamed_ts.append(event.ts)
             touched.add(user)
         return touched
 
@@ -103,11 +123,13 @@ class UserHistory:
         next offset of that Kafka topic partition, or None); they were read again by
         :meth:`load_store`."""
         self.digests = {}       # a user's events are in another order now: digest anew
+        self.streamed_ts = []
         for user in list(self.streamed):
             kept = [(src, e) for src, e in self.streamed[user]
                     if src is None or e.offset >= (stored_until(src) or 0)]
             if kept:
                 self.streamed[user] = kept
+                self.streamed_ts += [e.ts for _, e in kept]
             else:
                 del self.streamed[user]
 
@@ -117,15 +139,17 @@ class UserHistory:
     def of(self, user: str) -> list[Event]:
         return self.stored.get(user, []) + [e for _, e in self.streamed.get(user, [])]
 
-    def inputs(self, user: str, index_of, spec: dict, token=None) -> FoldInInputs:
-        """:func:`fold_in_inputs` of the user's whole history, from their digest with only
-        the events since added (events are only appended between :meth:`load_store` and
-        :meth:`forget_stored`, which start every digest anew); ``token`` names the version
-        whose ``index_of`` it is, to look each item up once."""
+    def inputs(self, user: str, index_of, spec: dict, token=None,
+               start: int | None = None) -> FoldInInputs:
+        """:func:`fold_in_inputs` of the user's whole history from ``start`` on (the window's
+        first time, :meth:`window_start`), from their digest with only the events since added
+        (events are only appended between :meth:`load_store` and :meth:`forget_stored`, which
+        start every digest anew; a window that moved past an event digested does too);
+        ``token`` names the version whose ``index_of`` it is, to look each item up once."""
         bounds = bounds_of(spec)
         digest = self.digests.get(user)
-        if digest is None or digest.bounds != bounds:
-            digest = self.digests[user] = Digest(bounds)
+        if digest is None or digest.bounds != bounds or not digest.moved_to(start):
+            digest = self.digests[user] = Digest(bounds, start)
         stored = self.stored.get(user, [])
         streamed = self.streamed.get(user, [])
         done = digest.consumed
@@ -133,7 +157,7 @@ class UserHistory:
             digest.add(stored[done:])
             done = len(stored)
         digest.add([e for _, e in streamed[done - len(stored):]])
-        return inputs_of(digest, index_of, spec, token)
+        return inputs_of(digest, index_of, spec, token, user)
 
 
 @dataclass(frozen=True)
@@ -155,11 +179,13 @@ class Digest:
     whole history every batch; it also keeps the items' indices in the served version
     (``token`` names the version), looked up once per item."""
 
-    __slots__ = ("bounds", "consumed", "slot", "items", "ratings", "keys", "compared",
-                 "token", "indices", "pair_indices")
+    __slots__ = ("bounds", "start", "oldest", "consumed", "slot", "items", "ratings", "keys",
+                 "compared", "token", "indices", "pair_indices")
 
-    def __init__(self, bounds: tuple[float, float]):
+    def __init__(self, bounds: tuple[float, float], start: int | None = None):
         self.bounds = bounds
+        self.start = start         # events before this time are outside the window (None: none)
+        self.oldest = math.inf     # the oldest time taken in
         self.consumed = 0          # how many of the user's events are in
         self.slot: dict = {}       # item -> n
         self.items: list = []
@@ -174,6 +200,9 @@ class Digest:
         low, high = self.bounds
         slot, compared = self.slot, self.compared
         for e in events:
+            if self.start is not None and e.ts < self.start:
+                continue
+            self.oldest = min(self.oldest, e.ts)
             if e.kind == "comparison":
                 key, last = (e.ts, e.offset), compared.get(e.event_id)
                 if last is None or key >= last[0]:
@@ -195,6 +224,17 @@ class Digest:
         self.consumed += len(events)
         return self
 
+    def moved_to(self, start: int | None) -> bool:
+        """Take the window's ``start`` if this digest stays the digest of the same events under
+        it (nothing taken falls out, nothing left out comes back); False: digest anew."""
+        if start == self.start:
+            return True
+        if start is None or (self.start is not None and start < self.start) \
+                or self.oldest < start:
+            return False
+        self.start = start
+        return True
+
     def indexed(self, index_of, token) -> tuple[np.ndarray, list]:
         """The items' indices (-1: unknown to the version) and the comparisons' index pairs,
         looking up only what is new since the last call with the same ``token``."""
@@ -213,10 +253,11 @@ def bounds_of(spec: dict) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def inputs_of(digest: Digest, index_of, spec: dict, token=None) -> FoldInInputs:
+def inputs_of(digest: Digest, index_of, spec: dict, token=None, user: str = "") -> FoldInInputs:
     """A digest's :class:`FoldInInputs` in a version's item indices (``index_of(item)``: the
     index, or None; ``token``: a name of that version, to keep the lookups), by the version's
-    fold-in ``spec`` (``min_rating``, ``comparisons``)."""
+    fold-in ``spec`` (``min_rating``, ``comparisons``, ``max_pairs_per_user`` and ``seed``) for
+    ``user`` (their key)."""
     min_rating = float(spec.get("min_rating", -math.inf))
     idx, pair_idx = digest.indexed(index_of, token)
     r = np.array(digest.ratings, np.float64)
@@ -227,16 +268,22 @@ def inputs_of(digest: Digest, index_of, spec: dict, token=None) -> FoldInInputs:
                       if w is not None and lo is not None and w != lo],
                      np.int64).reshape(-1, 2)
     if spec.get("comparisons") in ("explicit", "mixed"):
-        # every rated pair a > b with r_a > r_b, in the order of the items
+        # every rated pair a > b with r_a > r_b, past the spec's cap the ones training keeps
+        # (training's own code, the same hash of the seed, the user's key and the two items)
         scored = ~np.isnan(r)
-        si, sr = idx[scored], r[scored]
-        a, b = np.nonzero(sr[:, None] > sr[None, :])
-        pairs = np.concatenate([pairs, np.stack([si[a], si[b]], axis=1)])
+        rated = pairs_from_ratings(
+            np.zeros(int(scored.sum()), np.int64), idx[scored], r[scored],
+            max_pairs_per_user=spec.get("max_pairs_per_user") or None,
+            random_state=int(spec.get("seed", 0)),
+            user_salts=user_salts([user], [0]) if spec.get("max_pairs_per_user") else None)
+        pairs = np.concatenate([pairs, rated[:, 1:]])
     return FoldInInputs(sorted_unique(idx), winners, pairs)
 
 
-def fold_in_inputs(events: list[Event], index_of, spec: dict) -> FoldInInputs:
-    """A user's :class:`FoldInInputs` from their whole history ``events`` in a version's item
-    indices, by the version's fold-in ``spec`` (``min_rating``, ``rating_range``,
-    ``comparisons``): the reference :meth:`UserHistory.inputs` keeps incrementally."""
-    return inputs_of(Digest(bounds_of(spec)).add(events), index_of, spec)
+def fold_in_inputs(events: list[Event], index_of, spec: dict, user: str = "",
+                   start: int | None = None) -> FoldInInputs:
+    """A user's :class:`FoldInInputs` from their whole history ``events`` from ``start`` on
+    (the window's first time) in a version's item indices, by the version's fold-in ``spec``
+    (``min_rating``, ``rating_range``, ``comparisons``, ...) for ``user`` (their key): the
+    reference :meth:`UserHistory.inputs` keeps incrementally."""
+    return inputs_of(Digest(bounds_of(spec), start).add(events), index_of, spec, user=user)

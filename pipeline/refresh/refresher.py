@@ -45,19 +45,21 @@ def input_rules(spec: dict) -> dict:
     return spec
 
 
-def user_factor(st, factors, events, spec: dict):
-    """``(factor, seen)`` of one user from their events by the version's fold-in, or None
-    when none of their items is known to the version."""
+def user_factor(st, factors, events, spec: dict, user: str = "", start: int | None = None):
+    """``(factor, seen)`` of one user (``user``: their key) from their events (from ``start``
+    on: the window's first time) by the version's fold-in, or None when none of their items
+    is known to the version."""
     from pipeline.serving.item_queries import fold_in_method
 
     rules = input_rules(spec)
-    inputs = fold_in_inputs(events, st.index_of, rules)
+    inputs = fold_in_inputs(events, st.index_of, rules, user, start)
     if not inputs.seen.size and not inputs.pairs.size:
         return None
     met = inputs.seen if rules.get("input") == "met" else inputs.winners
     V, b = factors
-    u = fold_in_method(spec.get("method")).user_factor(st, V, b, met, inputs.pairs, spec)
-    return np.asarray(u, np.float32), inputs.seen
+    u = fold_in_method(spec.get("method")).user_factors(st, V, b, [met], [inputs.pairs], spec,
+                                                        seen=[inputs.seen])
+    return np.asarray(u, np.float32).reshape(-1), inputs.seen
 
 
 class Refresher:
@@ -234,7 +236,9 @@ class Refresher:
         spec = st.fold_in
         rules = input_rules(spec)
         index, token = _memo_index(st), (st.version, st.publish_id)
-        inputs = [(user, self.history.inputs(user, index, rules, token)) for user in users]
+        start = self.history.window_start(self.cfg.window)    # training's window, as of now
+        inputs = [(user, self.history.inputs(user, index, rules, token, start))
+                  for user in users]
         inputs = [(user, x) for user, x in inputs if x.seen.size or x.pairs.size]
         if not inputs:
             return []
@@ -242,9 +246,9 @@ class Refresher:
         V, b = factors
         # an iterative fold-in (AltSVM's Newton) starts from the user's last factor: the
         # same optimum, in a step or two instead of four or five
-        U = fold_in_method(spec.get("method")).user_factors(
+        U = fold_in_method(spec.get("method")).user_factors(   # no met item drawn as a loser
             st, V, b, met, [x.pairs for _, x in inputs], spec,
-            starts=[self.last.get(user) for user, _ in inputs])
+            starts=[self.last.get(user) for user, _ in inputs], seen=[x.seen for _, x in inputs])
         U = np.asarray(U, np.float32).reshape(len(inputs), st.rank)
         if not is_sparse(st.meta):   # a sparse version's factor is as wide as its catalogue
             for n, (user, _) in enumerate(inputs):

@@ -53,7 +53,7 @@ from pipeline.serving.item_queries import (
 )
 from pipeline.serving.layout import LayoutError, bucket_of, key_of, unpack_i32
 from pipeline.serving.sparse_factors import dense_row, is_sparse, unpack_factor
-from solvers.fold_in import implicit_pairs, pairwise_fold_in
+from solvers.fold_in import pairwise_fold_in
 
 CACHED_USERS = 256      # users' decompositions kept per version (the UI explains a whole list)
 MAX_SUGGESTIONS = 100_000   # item ids searched for a "did you mean"
@@ -133,8 +133,7 @@ def _empty(rank: int) -> Terms:
 def pairwise_terms(st, V, b, u, met, spec: dict) -> Terms:
     """AltSVM: one term per met item, its implicit comparisons' ``α_c d_c / λ`` summed."""
     V64 = np.asarray(V, np.float64)
-    per_item = PairwiseFoldIn.per_item(spec, len(met))
-    rows = implicit_pairs(met, st.n_items, per_item)     # the fold-in's own, same seed
+    rows = PairwiseFoldIn.drawn(st, [met], spec)[0]      # the fold-in's own, same seed
     if not len(rows):
         return _empty(V64.shape[1])
     reg, loss = float(spec["reg"]), spec["loss"]

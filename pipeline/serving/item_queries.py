@@ -140,11 +140,12 @@ class FoldIn:
         raise NotImplementedError
 
     def user_factors(self, st: VersionState, V, b, mets: list, pairs: list, spec: dict,
-                     starts=None) -> np.ndarray:
+                     starts=None, seen=None) -> np.ndarray:
         """:meth:`user_factor` of several users (``mets[n]``, ``pairs[n]``), one row each;
         a method with a batched solve overrides it. ``starts``: each user's last factor (a
         row each, or None), where an iterative method may start: the answer is the same
-        optimum, reached in fewer steps."""
+        optimum, reached in fewer steps. ``seen``: each user's met items where they are more
+        than ``mets`` (a refreshed user's low ratings: met, not winners), or None."""
         rows = [np.asarray(self.user_factor(st, V, b, m, p, spec), np.float64)
                 for m, p in zip(mets, pairs)]
         return np.stack(rows) if rows else np.zeros((0, V.shape[1]))
@@ -173,15 +174,24 @@ class PairwiseFoldIn(FoldIn):
             return min(per, int(spec.get("max_per_positive") or per))
         return int(spec.get("per_item", 10))
 
+    @classmethod
+    def drawn(cls, st, mets: list, spec: dict, seen=None) -> list:
+        """Each user's implicit comparisons, as training makes theirs: ``per_item`` for each
+        winning item against items not ``seen``, at most ``per_user`` and
+        ``max_pairs_per_user`` in all (the draws of smallest hash)."""
+        caps = [int(c) for c in (spec.get("per_user"), spec.get("max_pairs_per_user")) if c]
+        return implicit_pairs_many(
+            mets, st.n_items, [cls.per_item(spec, len(sorted_unique(m))) for m in mets],
+            seen=seen, caps=[min(caps) if caps else None] * len(mets))
+
     def user_factor(self, st, V, b, met, pairs, spec, start=None):
         # the jitted many-user kernel, for one: 1.5x the numpy reference's speed
         return self.user_factors(st, V, b, [met], [pairs], spec, starts=[start])[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None, seen=None):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         b64 = None if b is None else _derived(st, "b64", lambda: b.astype(np.float64))
-        drawn = implicit_pairs_many(mets, st.n_items,
-                                    [self.per_item(spec, len(sorted_unique(m))) for m in mets])
+        drawn = self.drawn(st, mets, spec, seen)
         rows = [np.concatenate([p, d]) if len(p) else d for p, d in zip(pairs, drawn)]
         return pairwise_fold_in_many(V64, b64, rows, reg=float(spec["reg"]), loss=spec["loss"],
                                      starts=starts, max_epochs=FOLD_IN_EPOCHS,
@@ -197,7 +207,7 @@ class LeastSquaresFoldIn(FoldIn):
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None, seen=None):
         V64 = _derived(st, "V64", lambda: V.astype(np.float64))
         gram = _derived(st, "gram", lambda: V64.T @ V64)
         items = [sorted_unique(np.concatenate([m, p[:, 0]])) for m, p in zip(mets, pairs)]
@@ -252,7 +262,7 @@ class BlendFoldIn(FoldIn):
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None, seen=None):
         parts = spec["parts"]
         if parts[-1]["columns"][1] != V.shape[1]:
             raise ValueError(f"blend fold_in parts cover {parts[-1]['columns'][1]} columns, "
@@ -272,7 +282,7 @@ class BlendFoldIn(FoldIn):
                 begin = [None if x is None else np.asarray(x, np.float64)[lo:hi] / scale
                          for x in starts]
             U = fold_in_method(part["method"]).user_factors(view, Vp, bp, mets, pairs, part,
-                                                            starts=begin)
+                                                            starts=begin, seen=seen)
             out.append(scale * np.asarray(U, np.float64).reshape(len(mets), hi - lo))
         return np.concatenate(out, axis=1)
 
@@ -308,7 +318,7 @@ class ItemItemFoldIn(FoldIn):
     def user_factor(self, st, V, b, met, pairs, spec):
         return self.user_factors(st, V, b, [met], [pairs], spec)[0]
 
-    def user_factors(self, st, V, b, mets, pairs, spec, starts=None):
+    def user_factors(self, st, V, b, mets, pairs, spec, starts=None, seen=None):
         items = spec.get("items")
         wide = V.shape[0] if items is None else len(items)
         if V.shape[1] != wide:

@@ -111,12 +111,7 @@ def window_tables(store: EventStore, kinds, window: dict, columns: dict, key: st
     ts_all = np.concatenate([t.column("ts").to_numpy() for t in tables.values()])
     n_stored = int(ts_all.size)
     keys_stored = _distinct(tables, key) if key else 0
-    start_ts = None
-    if ts_all.size and "last_days" in window:
-        start_ts = int(ts_all.max() - window["last_days"] * DAY_MS)
-    elif ts_all.size and "last_events" in window and ts_all.size > window["last_events"]:
-        start_ts = int(np.partition(ts_all, -int(window["last_events"]))
-                       [-int(window["last_events"])])
+    start_ts = window_start(ts_all, window)
     if start_ts is not None:
         tables = {k: t.filter(pc.greater_equal(t.column("ts"), start_ts))
                   for k, t in tables.items()}
@@ -127,6 +122,23 @@ def window_tables(store: EventStore, kinds, window: dict, columns: dict, key: st
                  int(ts_all.max()) if n else None, n_stored, plural(key), keys,
                  keys_stored)
     return tables, win
+
+
+def window_start(ts: np.ndarray, window: dict) -> int | None:
+    """The first time (ms) a window keeps of events at times ``ts`` (every kind's), or None
+    for all of them: ``last_days`` back from the newest, or the ``last_events``-th newest time
+    (ties at it kept). The refresher applies the same to a user's history.
+
+    >>> window_start(np.array([0, 5 * DAY_MS, 9 * DAY_MS]), {"last_days": 7})
+    172800000
+    >>> window_start(np.array([3, 1, 2]), {"last_events": 2}), window_start(np.array([3]), {})
+    (2, None)
+    """
+    if ts.size and "last_days" in window:
+        return int(ts.max() - window["last_days"] * DAY_MS)
+    if ts.size and "last_events" in window and ts.size > window["last_events"]:
+        return int(np.partition(ts, -int(window["last_events"]))[-int(window["last_events"])])
+    return None
 
 
 def plural(noun: str) -> str:

@@ -72,11 +72,13 @@ def test_a_blend_counts_events_as_its_first_part(spec, expected):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("spec", [{"min_rating": 4.0},
                                   {"min_rating": 3.0, "rating_range": [1, 5],
-                                   "comparisons": "mixed"}])
-def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec):
+                                   "comparisons": "mixed", "max_pairs_per_user": 3}])
+@pytest.mark.parametrize("window", [{}, {"last_days": 0}, {"last_events": 15}])
+def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec, window):
     """``UserHistory.inputs`` adds only the events since its last call: after any run of
-    adds, and after the store is read again, it equals :func:`fold_in_inputs` of the whole
-    history (the reference)."""
+    adds, after the store is read again, and as the window moves (times here are ms, so
+    ``last_days`` 0 keeps the newest time only), it equals :func:`fold_in_inputs` of the
+    whole history (the reference)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -108,8 +110,9 @@ def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec):
         offset += 10
         if step == 5:
             history.forget_stored(lambda src: 120)
+        start = history.window_start(window)
         for user in ("7", "8"):
-            want = fold_in_inputs(history.of(user), ITEMS.get, spec)
-            got = history.inputs(user, ITEMS.get, spec)
+            want = fold_in_inputs(history.of(user), ITEMS.get, spec, user, start)
+            got = history.inputs(user, ITEMS.get, spec, start=start)
             for name in ("seen", "winners", "pairs"):
                 assert getattr(got, name).tolist() == getattr(want, name).tolist(), name

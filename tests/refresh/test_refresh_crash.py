@@ -121,7 +121,7 @@ def expected_list(t, user) -> tuple[list, set]:
     history = UserHistory()
     history.load_store(open_store(t["settings"]), ["rating"])
     events = history.of(key_of(user)) + t["sent"].get(user, [])
-    factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in)
+    factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in, key_of(user))
     V, b = topk.lists.factors(st)
     scores = (np.asarray(V, np.float32) @ factor).astype(np.float32)
     if b is not None:

@@ -238,7 +238,8 @@ def test_a_blend_folds_in_each_part_on_its_columns(redis_client, topk):
     assert topk.similar("blended", met[0], k=3).source == "blend-als:on_demand"
     V = art.item_factors.astype(np.float64)     # float32 as published
     bias = art.item_bias.astype(np.float64)
-    u1 = pairwise_fold_in(V[:, :r1], bias / a, implicit_pairs(index, n_items, 3),   # 12 / 5
+    # ceil(12 / 5) = 3 each, the 12 of smallest hash kept (training's per_user)
+    u1 = pairwise_fold_in(V[:, :r1], bias / a, implicit_pairs(index, n_items, 3, cap=12),
                           reg=0.5, loss="squared_hinge")
     u2 = least_squares_fold_in(V[:, r1:], index, reg=2.0, alpha=10.0)
     u = np.concatenate([a * u1, b * u2]).astype(np.float32)

@@ -53,3 +53,14 @@ def test_the_batched_draw_is_the_one_by_one_draw():
         for n, got in enumerate(implicit_pairs_many(users, n_items, per)):
             want = implicit_pairs(users[n], n_items, per[n])
             assert (got == want).all() and got.shape[1] == 2
+        # with items met that do not win (never drawn) and caps (the smallest hashes kept)
+        seen = [np.concatenate([u, rng.choice(n_items, size=int(rng.integers(0, 9)))])
+                for u in users]
+        caps = [None if n % 3 == 0 else int(rng.integers(1, 30)) for n in range(len(users))]
+        got = implicit_pairs_many(users, n_items, per, seen=seen, caps=caps)
+        for n in range(len(users)):
+            want = implicit_pairs(users[n], n_items, per[n], seen=seen[n], cap=caps[n])
+            assert np.array_equal(got[n], want.reshape(-1, 2))
+            assert not np.isin(want[:, 1], seen[n]).any()
+            assert caps[n] is None or len(want) == min(caps[n], len(set(users[n])) * per[n]) \
+                or len(np.setdiff1d(np.arange(n_items), seen[n])) == 0

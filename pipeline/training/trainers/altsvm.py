@@ -6,7 +6,8 @@ VALIDATION or TEST), and the comparisons made from the training parts.
 
 Evaluation measures what is published: each held-out user's top-k over the items not met in
 training against their held-out positives (``topk_*``), beside the paper's NDCG over the rated
-held-out items; the trivial models (popularity, training's wins − losses) likewise, for the gate.
+held-out items; the trivial models (popularity, training's wins − losses) likewise, for the
+gate. Searches (:mod:`.altsvm_tuning`, challengers') run on ``tune.sample_users`` users.
 
 **Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
 user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
@@ -17,7 +18,6 @@ from the met rows when a fit needs them and handed over in memory, never stored.
 of the fit: 25 bytes per met row (the dataset) + about 130 per comparison (24 for the rows,
 up to 107 more inside the solver, 31 of them kept as its warm state; measured with
 tracemalloc at 2M comparisons, rank 20) + 8 · rank · (users + items) per copy of the factors.
-Searches (:mod:`.altsvm_tuning`, challengers') run on ``tune.sample_users`` users: a count.
 """
 
 from __future__ import annotations
@@ -34,12 +34,8 @@ from pipeline.training.trainers.altsvm_comparisons import (
     check_caps,
     training_comparisons,
 )
-from pipeline.training.trainers.altsvm_data import (
-    DERIVED,
-    collaborative,
-    parse_rating_range,
-    tuning_view,
-)
+from pipeline.training.trainers.altsvm_data import DERIVED, collaborative, tuning_view
+from pipeline.training.trainers.altsvm_data import parse_rating_range as parse_range
 from pipeline.training.trainers.altsvm_metrics import rated_metrics, relevance_of
 from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
 from pipeline.training.trainers.factors import content_key, csr_rows, factors_of, pair_scores
@@ -48,8 +44,7 @@ from pipeline.training.tuning import REUSE_GROWTH
 HOLDOUT_LISTS_KEPT = 16     # a run's candidates: model, ALS, EASE, blend, two baselines, ...
 
 
-def _number_or(value, word: str):
-    """A config value that is a number or the one word ``word``."""
+def _number_or(value, word: str):     # a config value that is a number or the one ``word``
     return value if value == word else float(value)
 
 
@@ -63,7 +58,7 @@ class AltSVMTrainer(Trainer):
 
     @classmethod
     def check_params(cls, params: dict) -> None:
-        parse_rating_range(params.get("rating_range"))
+        parse_range(params.get("rating_range"))
         check_caps(params)
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
@@ -101,8 +96,7 @@ class AltSVMTrainer(Trainer):
 
     def fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
         """:meth:`_fit_model`; a window that gives no training comparison is said as too
-        little data (not as the solver's empty input: two users' four ratings said
-        "comparisons is empty")."""
+        little data (not as the solver's "comparisons is empty")."""
         try:
             return self._fit_model(model, arrays, warm, cfg)
         except ValueError as err:
@@ -414,6 +408,9 @@ class AltSVMTrainer(Trainer):
             spec["per_user"] = int(param("implicit_per_user"))
             if cap > 0:
                 spec["max_per_positive"] = cap
+        if param("max_pairs_per_user"):         # each kind's cap; rating pairs by the seed
+            spec.update(max_pairs_per_user=int(param("max_pairs_per_user")),
+                        seed=int(cfg.evaluation["seed"]))
         return spec
 
     def factor_artifact(self, model, arrays: dict, **describe):

@@ -7,7 +7,11 @@ parameters and seed in any process.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
+
+from pipeline.serving.layout import key_of
 
 
 def check_caps(params: dict) -> None:
@@ -23,18 +27,23 @@ def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str =
                      implicit_per_item: int = 10, implicit_sampling: str = "uniform",
                      implicit_per_user: int = 0, implicit_min_rating: float = 0.0,
                      implicit_max_per_positive: int = 0, implicit_max_comparisons: int = 0,
-                     max_pairs_per_user: int | None = None, seed: int = 0
+                     max_pairs_per_user: int | None = None, user_ids=None, seed: int = 0
                      ) -> tuple[np.ndarray, dict]:
     """Comparisons (user, winner, loser) of met rows ``(u, i, r)`` (NaN rating: an
     interaction), as :func:`.altsvm_data.collaborative` describes, and how many each kind dropped
-    (``implicit_budget``: those :func:`within_budget` left out)."""
+    (``implicit_budget``: those :func:`within_budget` left out). ``user_ids[u]`` is user
+    ``u``'s id: a user's rating pairs past ``max_pairs_per_user`` are chosen by a hash of their
+    key (:func:`user_salts`), as the refresher chooses them."""
     from solvers.pairs import implicit_comparisons, pairs_from_ratings
 
     made, dropped = [], {}
     if comparisons in ("explicit", "mixed"):
         rated = np.isfinite(r)
+        salts = (user_salts(user_ids, u[rated])
+                 if max_pairs_per_user and user_ids is not None else None)
         pairs = pairs_from_ratings(u[rated], i[rated], r[rated],
-                                   max_pairs_per_user=max_pairs_per_user, random_state=seed)
+                                   max_pairs_per_user=max_pairs_per_user, random_state=seed,
+                                   user_salts=salts)
         dropped["explicit"] = _pairs_possible(u[rated], r[rated]) - len(pairs)
         made += [pairs] + ([explicit] if explicit is not None else [])
     if comparisons in ("implicit", "mixed"):
@@ -61,6 +70,17 @@ def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str =
     # int32 while the ids fit (the solver takes them as they are): 12 bytes a comparison, not 24
     fits = out.size == 0 or int(out.max()) < 2**31
     return (out.astype(np.int32) if fits else out), dropped
+
+
+def user_salts(user_ids, users: np.ndarray) -> np.ndarray:
+    """The salt of each of ``users`` (indices into ``user_ids``; 0 for the others) that the
+    stable choice of a user's rating pairs hashes: the CRC-32 of the user's key
+    (:func:`pipeline.serving.layout.key_of`), which the refresher knows without training's
+    numbering of users."""
+    salts = np.zeros(len(user_ids), np.uint64)
+    for n in np.unique(users):
+        salts[n] = zlib.crc32(key_of(user_ids[n]).encode())
+    return salts
 
 
 def implicit_asked(positives: np.ndarray, per_user: int, cap: int, per_item: int) -> int:
@@ -114,7 +134,8 @@ def training_comparisons(arrays: dict, param, parts, seed: int) -> np.ndarray:
         implicit_min_rating=float(min_rating),
         implicit_max_per_positive=int(param("implicit_max_per_positive")),
         implicit_max_comparisons=int(param("implicit_max_comparisons")),
-        max_pairs_per_user=param("max_pairs_per_user") or None, seed=seed)[0]
+        max_pairs_per_user=param("max_pairs_per_user") or None, user_ids=arrays["user_ids"],
+        seed=seed)[0]
 
 
 def budget_caps(arrays: dict, param, parts) -> tuple[int, int]:

@@ -208,7 +208,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         implicit_per_item=implicit_per_item, implicit_sampling=implicit_sampling,
         implicit_per_user=implicit_per_user, implicit_min_rating=implicit_min_rating,
         implicit_max_per_positive=implicit_max_per_positive, max_pairs_per_user=max_pairs_per_user,
-        implicit_max_comparisons=implicit_max_comparisons, seed=seed)
+        implicit_max_comparisons=implicit_max_comparisons, user_ids=users.ids, seed=seed)
     stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
