@@ -29,6 +29,12 @@ ALS runs ``ITERATIONS`` sweeps; a warm run starts from the last run's factors (u
 items keep their indices: id maps are extended, never renumbered) and runs
 ``WARM_ITERATIONS``, reusing the last choice until the data grew 25%.
 
+**Memory.** implicit's ALS runs in this process, on every user (:func:`fit_bytes`: about 40
+bytes per met row and 16 per factor of each user and item, the evaluated and the published
+fit's). The search keeps to the ``factors`` whose fits need at most half the memory available
+(the run summary says where that bound them); where even the fewest do not fit, ALS is skipped
+with one line and the gate goes on without it.
+
 The blend of the best pair of candidates, its weight and its factors: :mod:`.blends`.
 """
 
@@ -42,7 +48,7 @@ from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
 from pipeline.training.selection import NearBest, setting_key
 from pipeline.training.trainers import Challenger, blends, challenger_names
-from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search
+from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search, skipped
 
 ALS_AXES = {"input": ["met", "relevant"],
             "factors": [16, 32, 64, 128, 256],
@@ -117,6 +123,33 @@ def _grown(old: np.ndarray, n: int, rng) -> np.ndarray:
     return out
 
 
+def fit_bytes(n_rows: int, n_users: int, n_items: int, factors: int) -> int:
+    """About the bytes the ALS fits of a run hold at once: 40 per met row (the COO the matrix
+    is built from, its CSR and implicit's transpose) and 16 per factor of each user and item
+    (float32 U and V of the evaluated fit and of the published one).
+
+    >>> round(fit_bytes(10**6, 40_000, 40_000, 64) / 2**30, 3)    # synthetic-1m's size
+    0.114
+    """
+    return 40 * int(n_rows) + 16 * int(factors) * (int(n_users) + int(n_items))
+
+
+def fitting_factors(arrays: dict, available: int | None) -> tuple[list[int], str | None]:
+    """``(the factors on ALS_AXES whose fits take at most half of ``available`` bytes (None:
+    unknown, every one), why the others are left out or None)``."""
+    grid = ALS_AXES["factors"]
+    if available is None:
+        return list(grid), None
+    sizes = (len(arrays["met_user"]), len(arrays["user_ids"]), len(arrays["item_ids"]))
+    fits = [f for f in grid if fit_bytes(*sizes, f) <= available // 2]
+    if len(fits) == len(grid):
+        return fits, None
+    left = min(f for f in grid if f not in fits)
+    return fits, (f"{sizes[0]:,} met rows of {sizes[1]:,} users and {sizes[2]:,} items need "
+                  f"{fit_bytes(*sizes, left) / 2**30:.1f} GiB for ALS with {left} factors, over "
+                  f"half of the {available / 2**30:.1f} GiB of memory available")
+
+
 def challenger(trainer, validated, final, published, arrays: dict, cfg,
                warm: dict | None, fold_in: dict | None = None) -> Challenger:
     """Every challenger ``gate.challenger`` names (ALS, EASE), tuned, fitted and scored, and
@@ -170,13 +203,22 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
 def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
     """Tune (see the module), fit and score ALS; ``warm``: its arrays of the last run."""
     from pipeline.training.trainers.altsvm_data import tuning_view
+    from pipeline.training.trainers.ease import available_memory
 
     started = time.perf_counter()
+    factors, bound = fitting_factors(arrays, available_memory())
+    if not factors:
+        reason = f"ALS skipped: {bound}"
+        return Challenger(name="als", metrics={}, artifact=None, skipped=reason,
+                          tried=[skipped({"factors": min(ALS_AXES["factors"])}, reason)])
     seed = int(cfg.evaluation["seed"])
     relevant = trainer._relevant(arrays, cfg)
     metric = cfg.metric
     n_rows = int((arrays["met_part"] != TEST).sum())
     last = _last(warm)
+    if last is not None and last["choice"]["factors"] not in factors:
+        last = None                      # a choice that no longer fits: tune afresh
+    axes = {**ALS_AXES, "factors": factors}
     tolerance = float(cfg.tune.get("tolerance", 0.0))
     higher = trainer.family.higher_is_better(metric)
     tried, trained, warning, value = [], NearBest(tolerance, higher), None, None
@@ -194,12 +236,17 @@ def als_challenger(trainer, arrays: dict, cfg, warm: dict) -> Challenger:
             trained.offer(setting_key(params), value, (U, V))
             return value
 
+        start = last["choice"] if last else {
+            **ALS_START, "factors": min(max(factors), ALS_START["factors"])}
         best, tried, warning = pattern_search(
-            ALS_AXES, last["choice"] if last else ALS_START, score,
-            higher_is_better=higher, cost=lambda p: p["factors"], ridges=ALS_RIDGES,
-            first_step=1 if last else 2, tolerance=tolerance,
-            design=() if last else ALS_DESIGN, **caps(cfg, n_rows))
+            axes, start, score, higher_is_better=higher, cost=lambda p: p["factors"],
+            ridges=ALS_RIDGES, first_step=1 if last else 2, tolerance=tolerance,
+            design=() if last else tuple(d for d in ALS_DESIGN if d["factors"] in factors),
+            **caps(cfg, n_rows))
         choice, source, value = best["params"], "tuned", best["validation"]
+        if bound is not None:     # said with the search's own warning
+            warning = "; ".join(filter(None, [warning, f"factors kept to {max(factors)} or "
+                                              f"fewer: {bound}"]))
     # the last factors, when they have the chosen width: the evaluated fit continues the last
     # evaluated one, which never saw a holdout row (the split is stable; the last published
     # fit saw them all, and starting from it lifted the holdout metric 3% over a cold fit),
