@@ -156,19 +156,20 @@ def fill_implicit(starts, user, item, seen_items, seen_lo, seen_hi, per, offsets
 
 
 @njit(cache=True, parallel=True)
-def keep_smallest_per_group(starts, h, cap, keep):
-    """``keep[r]`` for the rows ``starts[g]:starts[g+1]`` of group g: whether ``h[r]`` is among
-    the group's ``cap`` smallest (ties by position: a stable order, as ``np.lexsort((h, g))``)."""
+def keep_smallest_rows(starts, rows, seed, cap, keep):
+    """``keep[r]`` for the rows ``starts[g]:starts[g+1]`` of group g: whether the hash of row
+    ``r`` (:func:`hash4` of ``seed`` and its three columns) is among the group's ``cap``
+    smallest (ties by position: a stable order, as ``np.lexsort((h, g))``). Only a group
+    past ``cap`` hashes its rows."""
     for g in prange(starts.shape[0] - 1):
-        _keep_smallest(starts[g], starts[g + 1], h, cap, keep)
-
-
-@njit(cache=True)
-def _keep_smallest(lo, hi, h, cap, keep):
-    if hi - lo <= cap:
-        keep[lo:hi] = True
-        return
-    keep[lo:hi] = False
-    order = np.argsort(h[lo:hi], kind="mergesort")
-    for t in range(cap):
-        keep[lo + order[t]] = True
+        lo, hi = starts[g], starts[g + 1]
+        if hi - lo <= cap:
+            keep[lo:hi] = True
+            continue
+        h = np.empty(hi - lo, np.uint64)
+        for r in range(lo, hi):
+            h[r - lo] = hash4(seed, rows[r, 0], rows[r, 1], rows[r, 2])
+        keep[lo:hi] = False
+        order = np.argsort(h, kind="mergesort")
+        for t in range(cap):
+            keep[lo + order[t]] = True

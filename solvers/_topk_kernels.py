@@ -144,6 +144,31 @@ def block_topk(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, c
 
 
 @nb.njit(cache=True, nogil=True)
+def mixed_block_topk(first, second, weights, seen_indptr, seen_indices, row_offset, k, out_i,
+                     out_s, counts):
+    """:func:`block_topk` of ``w · first + (1 − w) · second`` (B x n float32 each, kept) for
+    every ``w`` of ``weights`` (float32): ``out_i``/``out_s`` are W x B x k, ``counts`` W x B.
+    Each row of the mix is made in a buffer the size of one row and ranked there, so a row of
+    the two is read from memory once for all the weights (one mixed matrix per weight was four
+    passes over memory per weight). The mix rounds as numpy's ``w·a`` then ``+= (1−w)·b`` does.
+    """
+    n_rows, n = first.shape
+    keys = np.empty(max(8 * k, 16), dtype=np.uint64)
+    sample = np.empty(max(2 * k, 16), dtype=np.float32)
+    row = np.empty(n, dtype=np.float32)
+    for r in range(n_rows):
+        a, b, u = first[r], second[r], row_offset + r
+        for x in range(weights.shape[0]):
+            w = weights[x]
+            v = np.float32(1.0) - w
+            for j in range(n):
+                row[j] = w * a[j] + v * b[j]
+            for p in range(seen_indptr[u], seen_indptr[u + 1]):
+                row[seen_indices[p]] = -np.inf
+            counts[x, r] = row_topk(row, k, out_i[x, r], out_s[x, r], keys, sample)
+
+
+@nb.njit(cache=True, nogil=True)
 def _ranked(scores, cols, take, out_i, out_s, r, m):
     """Write the best ``take`` of (score, column) pairs into row ``r`` of the outputs from
     position ``m``, ranked as :func:`_key` ranks (score descending, then the lower column);

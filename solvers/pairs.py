@@ -236,7 +236,7 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
                              f"expected booleans of shape {users.shape}")
     if users.size == 0:
         return np.empty((0, 3), dtype=np.int64)
-    from solvers._pairs_kernels import fill_implicit, keep_smallest_per_group
+    from solvers._pairs_kernels import fill_implicit, keep_smallest_rows
 
     # distinct (user, item) pairs by user, then item, as one int64 key (items < n_items);
     # sort + mask: np.unique of rows, or numpy 2.4's hashing np.unique, take 10-15x longer
@@ -277,28 +277,9 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     caps = [c for c in (per_user, max_per_user) if c is not None]
     if caps:   # the rows are grouped by user: keep each user's smallest hashes
         keep = np.empty(len(out), np.bool_)
-        keep_smallest_per_group(_run_bounds(out[:, 0]), _row_hashes(out, seed ^ 1),
-                                int(min(caps)), keep)
+        keep_smallest_rows(_run_bounds(out[:, 0]), out, seed ^ 1, int(min(caps)), keep)
         out = out[keep]
     return out
-
-
-def _row_hashes(rows: np.ndarray, seed: int) -> np.ndarray:
-    """A stable 64-bit hash per (user, winner, loser) row (numpy splitmix64)."""
-    with np.errstate(over="ignore"):
-        h = np.uint64(seed) ^ rows[:, 0].astype(np.uint64)
-        for col in (1, 2):
-            h = _splitmix(h) ^ rows[:, col].astype(np.uint64)
-        return _splitmix(h)
-
-
-def _splitmix(z: np.ndarray) -> np.ndarray:
-    from solvers._random import GOLDEN, MIX1, MIX2
-
-    z = z + GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * MIX1
-    z = (z ^ (z >> np.uint64(27))) * MIX2
-    return z ^ (z >> np.uint64(31))
 
 
 def split_ratings_per_user(users, n_train, min_test=10, random_state=None):

@@ -399,20 +399,25 @@ def test_the_blend_pair_is_chosen_on_validation_and_holdout_together(monkeypatch
     assert {t["pair"] for t in tried if "holdout" in t} == {"als", "als+ease"}
 
 
-@pytest.mark.parametrize("with_bias,block_bytes", [(False, 64 << 20), (True, 64 << 20),
-                                                   (True, 4 * 90 * 4 * 7)])
-def test_blend_curves_are_the_blends_own_lists(with_bias, block_bytes, monkeypatch):
+@pytest.mark.parametrize("with_bias,block_bytes,jit", [
+    (False, 64 << 20, False), (True, 64 << 20, False), (True, 4 * 90 * 3 * 7, False),
+    (False, 64 << 20, True), (True, 4 * 90 * 3 * 7, True)])
+def test_blend_curves_are_the_blends_own_lists(with_bias, block_bytes, jit, monkeypatch):
     """Every weight of every pair scored in one pass (each candidate's scores once per block
-    of users, mixed per weight) gives the metric of :func:`blends.blend`'s factors scored by
+    of users, mixed per weight: in numpy for a tiny run, else each row of the mix made and
+    ranked by the jitted kernel) gives the metric of :func:`blends.blend`'s factors scored by
     the trainer's own top-K, for every split, over several blocks of users (of 256, and of 7
-    where the memory bound asks for it: 90 items, three candidates and their mix)."""
+    where the memory bound asks for it: 90 items, three candidates)."""
     from types import SimpleNamespace
 
+    import solvers.topk
     from pipeline.training.datasets import TEST, TRAIN, VALIDATION
     from pipeline.training.trainers import blends
     from pipeline.training.trainers.altsvm import AltSVMTrainer
 
     monkeypatch.setattr(blends, "BLOCK_BYTES", block_bytes)
+    if jit:
+        monkeypatch.setattr(solvers.topk, "SMALL", 0)
     rng = np.random.default_rng(5)
     n_users, n_items, n_rows = 700, 90, 9000
     arrays = {"met_user": rng.integers(0, n_users, n_rows), "met_item": rng.integers(

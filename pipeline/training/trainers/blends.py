@@ -34,7 +34,7 @@ BLEND_WEIGHTS = (0.1, 0.25, 0.5, 0.75, 0.9)
 # blend of the two weakest would also have to beat the best candidate to serve)
 BLEND_CANDIDATES = 3
 MAX_BLOCK = 256             # users per block of score rows (fewer when the catalogue is large)
-BLOCK_BYTES = 64 << 20      # a worker's score rows: every candidate's and their mix
+BLOCK_BYTES = 64 << 20      # a worker's score rows: every candidate's (each mix is a row at a time)
 
 
 def spread(factors: tuple, seed: int, users=None) -> float:
@@ -143,6 +143,21 @@ def choose(trainer, candidates: dict, arrays, cfg) -> tuple[tuple | None, float 
     return best[1], best[2], best[3], tried
 
 
+def _mixed_topk(first, second, weights, indptr, indices, start, k, idx, top, counts, small):
+    """Each weight's top-K of the mix of two blocks of score rows
+    (:func:`solvers._topk_kernels.mixed_block_topk`); a tiny run mixes in numpy instead."""
+    from solvers import topk as T
+    from solvers._topk_kernels import mixed_block_topk
+
+    if not small:
+        mixed_block_topk(first, second, weights, indptr, indices, start, k, idx, top, counts)
+        return
+    for x, w in enumerate(weights):
+        mixed = first * w
+        mixed += (np.float32(1.0) - w) * second
+        T._block_topk_numpy(mixed, indptr, indices, start, k, idx[x], top[x], counts[x])
+
+
 def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
            weights=BLEND_WEIGHTS) -> dict:
     """``{(pair, weight): cfg.metric on part}`` of the blend of each pair of ``fits`` (name ->
@@ -155,7 +170,6 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     from concurrent.futures import ThreadPoolExecutor
 
     from solvers import topk as T
-    from solvers._topk_kernels import block_topk
 
     keys = [(pair, w) for pair in pairs for w in weights]
     rows = trainer.split_rows(arrays, cfg, part)
@@ -169,8 +183,9 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
     scales = {n: 1.0 / spread(fits[n], seed, searched) for n in names}
     n_items = len(arrays["item_ids"])
     k = min(k, n_items)
-    block = int(max(1, min(MAX_BLOCK, BLOCK_BYTES // (4 * n_items * (len(names) + 1)))))
-    select = T._block_topk_numpy if len(users) * n_items <= T.SMALL else block_topk
+    block = int(max(1, min(MAX_BLOCK, BLOCK_BYTES // (4 * n_items * len(names)))))
+    small = len(users) * n_items <= T.SMALL     # no jitted kernel to load for a tiny run
+    mix_weights = np.asarray(weights, np.float32)
     rows_of = {}        # each candidate's factors of the scored users, sparse where it pays
     for n in names:
         U, V, b = (T.as_factors(f) if f is not None else None for f in fits[n])
@@ -182,22 +197,25 @@ def curves(trainer, fits: dict, pairs: list, arrays, cfg, part, seed: int,
         ``split_rows`` has a positive, so the mean over users is the sum over n_users)."""
         stop = min(start + block, len(users))
         scores = {}
-        for n in names:
-            pairs, b = rows_of[n]
-            s = T.pairs_scores(pairs, slice(start, stop),
+        for n in names:       # in place: (U Vᵀ + b) · scale
+            products, b = rows_of[n]
+            s = T.pairs_scores(products, slice(start, stop),
                                np.empty((stop - start, n_items), np.float32))
-            scores[n] = (s if b is None else s + b) * np.float32(scales[n])
-        mixed = np.empty((stop - start, n_items), np.float32)
-        idx, top = (np.empty((stop - start, k), t) for t in (np.int32, np.float32))
-        counts = np.empty(stop - start, np.int32)
+            if b is not None:
+                s += b
+            s *= np.float32(scales[n])
+            scores[n] = s
+        idx, top = (np.empty((len(weights), stop - start, k), t)
+                    for t in (np.int32, np.float32))
+        counts = np.empty((len(weights), stop - start), np.int32)
         sums = []
-        for (first, second), w in keys:
-            np.multiply(scores[first], np.float32(w), out=mixed)
-            mixed += np.float32(1.0 - w) * scores[second]
-            select(mixed, indptr, indices, start, k, idx, top, counts)
-            ranked = np.where(np.arange(k) < counts[:, None], idx, -1)
-            value = trainer.hit_metrics(ranked, positives[start:stop], k).get(cfg.metric)
-            sums.append(None if value is None else value * (stop - start))
+        for first, second in pairs:
+            _mixed_topk(scores[first], scores[second], mix_weights, indptr, indices, start, k,
+                        idx, top, counts, small)
+            for x in range(len(weights)):
+                ranked = np.where(np.arange(k) < counts[x][:, None], idx[x], -1)
+                value = trainer.hit_metrics(ranked, positives[start:stop], k).get(cfg.metric)
+                sums.append(None if value is None else value * (stop - start))
         return sums
 
     starts = range(0, len(users), block)
