@@ -83,6 +83,8 @@ class UserHistory:
         self.digests: dict[str, Digest] = {}     # user -> digest of their first events
         self.stored_ts = np.zeros(0, np.int64)   # every stored event's time, for the window
         self.streamed_ts: list[int] = []
+        self.newest: int | None = None           # the newest time held
+        self.last_start: tuple | None = None     # (last_events' start, events arrived since)
 
     def load_store(self, store, kinds) -> int:
         """Read the model's kinds from the event store (all of it); the number of events."""
@@ -95,27 +97,41 @@ class UserHistory:
                 self.stored[user].append(event)
         self.stored_ts = np.array([e.ts for events in self.stored.values() for e in events],
                                   np.int64)
+        times = [int(a.max()) for a in (self.stored_ts, np.array(self.streamed_ts)) if a.size]
+        self.newest, self.last_start = (max(times) if times else None), None
         return len(self.stored_ts)
 
     def window_start(self, window: dict) -> int | None:
         """The model's window over every event held (:func:`window_start`, training's rule):
-        the first time a user's inputs keep, or None."""
+        the first time a user's inputs keep, or None. ``last_days`` counts back from the
+        newest time held; ``last_events`` is found again over every time held once 1% of the
+        window has arrived since (its start moves by at most the arrivals: a pass over the
+        times per 1% of the window, not per batch, for a window at most 1% too long)."""
         if not window:
             return None
-        streamed = np.array(self.streamed_ts, np.int64)
-        if "last_days" in window:      # only the newest time counts
-            newest = [a.max() for a in (self.stored_ts, streamed) if a.size]
-            return window_start(np.array(newest, np.int64), window)
-        return window_start(np.concatenate([self.stored_ts, streamed]), window)
+        if "last_days" in window:
+            return None if self.newest is None else window_start(
+                np.array([self.newest], np.int64), window)
+        if self.last_start is None or self.last_start[1] >= max(1, window["last_events"] // 100):
+            start = window_start(np.concatenate(
+                [self.stored_ts, np.array(self.streamed_ts, np.int64)]), window)
+            self.last_start = (start, 0)
+        return self.last_start[0]
 
     def add(self, kind: str, table: pa.Table, source=None) -> set[str]:
         """Add streamed events (``source``: the Kafka (topic, partition) they came from, or
         None); the users they touched."""
         touched = set()
-        for user, event in events_of(kind, table):
+        events = events_of(kind, table)
+        for user, event in events:
             self.streamed[user].append((source, event))
             self.streamed_ts.append(event.ts)
             touched.add(user)
+        if events:
+            newest = max(e.ts for _, e in events)
+            self.newest = newest if self.newest is None else max(self.newest, newest)
+            if self.last_start is not None:
+                self.last_start = (self.last_start[0], self.last_start[1] + len(events))
         return touched
 
     def forget_stored(self, stored_until) -> None:
@@ -123,7 +139,7 @@ class UserHistory:
         next offset of that Kafka topic partition, or None); they were read again by
         :meth:`load_store`."""
         self.digests = {}       # a user's events are in another order now: digest anew
-        self.streamed_ts = []
+        self.streamed_ts, self.last_start = [], None
         for user in list(self.streamed):
             kept = [(src, e) for src, e in self.streamed[user]
                     if src is None or e.offset >= (stored_until(src) or 0)]

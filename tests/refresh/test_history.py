@@ -116,3 +116,31 @@ def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec, window)
             got = history.inputs(user, ITEMS.get, spec, start=start)
             for name in ("seen", "winners", "pairs"):
                 assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+
+
+def test_a_count_window_is_found_again_once_one_percent_of_it_arrived():
+    """``last_events``: the start over every time held is found again once 1% of the window
+    arrived since (a pass over the times per 1%, not per batch), and is then exact; the start
+    of ``last_days`` follows the newest time at once."""
+    import numpy as np
+
+    from pipeline.training.datasets import DAY_MS, window_start
+
+    def ratings(ts, first_offset):
+        return pa.table({"user": ["7"] * len(ts), "item": ["a"] * len(ts),
+                         "rating": [5.0] * len(ts), "ts": list(ts),
+                         "offset": list(range(first_offset, first_offset + len(ts)))})
+
+    class Store:
+        def read(self, kind, columns):
+            return ratings(range(0, 2000), 0) if kind == "rating" else ratings([], 0)
+
+    history, window = UserHistory(), {"last_events": 1000}
+    history.load_store(Store(), ["rating"])
+    assert history.window_start(window) == 1000
+    history.add("rating", ratings(range(5000, 5009), 9000))      # 9 of the 10 that move it
+    assert history.window_start(window) == 1000
+    history.add("rating", ratings([5009], 9009))
+    every = np.concatenate([np.arange(2000), np.arange(5000, 5010)])
+    assert history.window_start(window) == window_start(every, window) == 1010
+    assert history.window_start({"last_days": 1}) == 5009 - DAY_MS
