@@ -20,7 +20,7 @@ runs, all at once:
 * a **refresher child** (``rankstream refresh movies``: its own consumer group) SIGKILLed a
   random 5-15 s after it first writes its stats and restarted at once; it rewrites each touched
   user's list with the served version's fold-in from their whole history, heals a model whose
-  ``current`` vanished, and writes its stats (``HOME/refresh/movies.json``), which a **lag
+  ``current`` vanished, and writes its stats (``HOME/refresh/movies@*.json``), which a **lag
   watcher** thread reads;
 * **lookup threads** calling ``TopK.recommend`` (and ``recommend_many`` for 8 users)
   continuously, for known users and unknown ones;
@@ -579,10 +579,10 @@ class RefreshLoop(ChildLoop):
         while not self.stop.is_set():
             started = time.time()
             child = self.start_child()
-            stats = self.hosts[(self.turns - 1) % len(self.hosts)].home / "refresh" / \
-                f"{MODEL}.json"
+            folder = self.hosts[(self.turns - 1) % len(self.hosts)].home / "refresh"
             while (child.poll() is None and not self.stop.is_set()
-                   and time.time() - started < 60 and not _written_since(stats, started)):
+                   and time.time() - started < 60
+                   and not any(_written_since(p, started) for p in _stats_files(folder))):
                 self.stop.wait(0.2)
             self.stop.wait(self.rng.uniform(5.0, 15.0))
             if child.poll() is not None:
@@ -594,6 +594,12 @@ class RefreshLoop(ChildLoop):
             self.kill_times.append(time.time())
             self.children.kill(child)
             self.kills += 1
+
+
+def _stats_files(folder: Path) -> list[Path]:
+    """The refresher stats files of MODEL in a home's ``refresh`` folder: one per refresher
+    (``movies@<member>.json``), or ``movies.json`` from one outside a group."""
+    return sorted([*folder.glob(f"{MODEL}@*.json"), *folder.glob(f"{MODEL}.json")])
 
 
 def _written_since(path: Path, t: float) -> bool:
@@ -609,7 +615,7 @@ class LagWatcher(threading.Thread):
 
     def __init__(self, homes: list[Path], stop: threading.Event):
         super().__init__(name="lag-watcher", daemon=True)
-        self.paths = [h / "refresh" / f"{MODEL}.json" for h in homes]
+        self.folders = [h / "refresh" for h in homes]
         self.stop = stop
         self.intervals: list[tuple[float, float, int, int]] = []  # start, end, n, n over 2 s
         self.last: dict = {}
@@ -618,7 +624,7 @@ class LagWatcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
-            for path in self.paths:
+            for path in [p for folder in self.folders for p in _stats_files(folder)]:
                 try:
                     now = json.loads(path.read_text())
                 except (OSError, ValueError):

@@ -22,8 +22,8 @@ refresher's lists are worth between retrains (issue 35, item 5).
 
    Prints the freshness latency p50/p99/max (targets p50 <= 0.5 s, p99 <= 2 s), the event rate
    produced and consumed, the refresher's own lag histogram over the load (the difference of
-   ``HOME/refresh/movies.json`` before and after), and the lookups' p50 vs the raw GET's
-   (target <= 1.2x).
+   ``HOME/refresh/movies@*.json``, read as one, before and after), and the lookups' p50 vs the
+   raw GET's (target <= 1.2x).
 
 2. **Quality** (``--part quality``), MovieLens 100K and Last.fm 2K, read and split by
    ``bench/recommend_datasets.py``'s own functions (imported): its outer split holds out a stable

@@ -54,8 +54,9 @@ ORPHAN_MAX_SECONDS = 600.0
 
 
 class StalledRebalance(RuntimeError):
-    """A rebalance that did not finish within :data:`REJOIN_SECONDS`, or a member that held no
-    partition for :data:`ORPHAN_SECONDS` or more: the consumer joins again."""
+    """A rebalance that did not finish within :data:`REJOIN_SECONDS`, a member that held no
+    partition for :data:`ORPHAN_SECONDS` or more, or a topic deleted and created again under
+    it: the consumer joins again."""
 
 
 def group_of(model: str) -> str:
@@ -85,6 +86,7 @@ class KafkaRefresh:
         self.events_said = 0            # the refresher's event count at the last batch line
         self.empty_since: float | None = None   # holding no partition since
         self.orphan_wait = ORPHAN_SECONDS
+        self.topic_ids: dict = {}       # topic -> its Kafka topic id when first seen
 
     def _consumer(self, member: str):
         from kafka import ConsumerRebalanceListener, KafkaConsumer
@@ -110,7 +112,10 @@ class KafkaRefresh:
             group_id=self.group,
             client_id=f"rankstream-refresh-{os.getpid()}", enable_auto_commit=False,
             auto_offset_reset="earliest", group_instance_id=member, **GROUP_CONFIG,
-            **self.settings.kafka_security)
+            # a reader never creates what it reads: a topic deleted to be made again (with
+            # more partitions, say) was made again at once by this consumer's metadata
+            # requests, with the broker's default partitions, where it auto-creates topics
+            allow_auto_create_topics=False, **self.settings.kafka_security)
         # the group leader's first assignment covers only the topics its metadata knows: fetch
         # them first, or they are assigned in a second rebalance, which kafka-python was seen
         # not to finish (a refresher with no partitions, ever; twice in the Kafka tests)
@@ -219,6 +224,7 @@ class KafkaRefresh:
 
     def _run(self, member: str) -> None:
         refresher = self.refresher
+        refresher.stats.member = member      # its own stats file: several refreshers per host
         self.consumer, self.revoked_at, self.empty_since = self._consumer(member), None, None
         last_flush = last_commit = last_watch = last_stats = time.monotonic()
         while not self.stop.is_set():
@@ -235,6 +241,12 @@ class KafkaRefresh:
             if now - last_watch >= WATCH_SECONDS:
                 refresher.watch()
                 last_watch = now
+                recreated = self._recreated()
+                if recreated:
+                    refresher.stats.rejoins += 1
+                    raise StalledRebalance(
+                        f"{', '.join(recreated)} was deleted and created again (a new topic id); "
+                        f"joining group {self.group} again to read it from its start")
                 if self._orphaned(now):
                     refresher.stats.rejoins += 1
                     waited, self.orphan_wait = self.orphan_wait, min(2 * self.orphan_wait,
@@ -260,6 +272,22 @@ class KafkaRefresh:
         self._commit()
         refresher.stats.write(self.settings.home)
         self._close()
+
+    def _recreated(self) -> list[str]:
+        """The topics whose Kafka topic id changed since this member first saw them: deleted
+        and created again. Its offsets start at 0 again, and a consumer that kept its
+        partitions through it would read on from the old topic's end, past events of the new
+        one (kafka-python keeps the ids in its metadata, refreshed every few seconds)."""
+        cluster = self.consumer._client.cluster
+        changed = []
+        for topic in sorted(self.kinds):
+            now = cluster.topic_id(topic)
+            if now is None:
+                continue
+            if self.topic_ids.setdefault(topic, now) != now:
+                changed.append(topic)
+                self.topic_ids[topic] = now
+        return changed
 
     def _orphaned(self, now: float) -> bool:
         """Whether this member has held no partition for :attr:`orphan_wait` seconds, outside

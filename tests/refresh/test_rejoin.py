@@ -27,6 +27,8 @@ class _Consumer:
         self.loop, self.polls, self.finish_after = loop, 0, finish_after
         self.held, self.partitions, self.rebalance = set(held), set(partitions), rebalance
         self.closed = False
+        self.ids = {"t": "id-1"}                 # topic -> its topic id, as the metadata says
+        self._client = SimpleNamespace(cluster=SimpleNamespace(topic_id=self.ids.get))
 
     def assignment(self):
         return self.held
@@ -90,6 +92,22 @@ def test_a_member_left_without_partitions_joins_again_and_waits_longer_each_time
     with pytest.raises(StalledRebalance, match="for 0.6 s"):
         loop._run("member-0")
     assert loop.refresher.stats.rejoins == 2 and loop.orphan_wait == 1.2
+
+
+def test_a_topic_created_again_under_a_member_is_read_again_from_its_start(monkeypatch):
+    """Its partitions were kept through the deletion (no rebalance): the member would read on
+    from the old topic's end, past the new topic's first events. A new topic id says it."""
+    loop, consumer = _loop(monkeypatch, rebalance=False)
+    threading.Timer(0.5, lambda: consumer.ids.update(t="id-2")).start()
+    started = time.monotonic()
+    with pytest.raises(StalledRebalance, match=r"^t was deleted and created again \(a new "
+                                               r"topic id\); joining group g again"):
+        loop._run("member-0")
+    assert 0.5 <= time.monotonic() - started < 5.0 and loop.refresher.stats.rejoins == 1
+    consumer.polls = 0
+    threading.Timer(1.0, loop.stop.set).start()
+    loop._run("member-0")                  # the same id again: it stays
+    assert loop.refresher.stats.rejoins == 1
 
 
 @pytest.mark.parametrize("held,partitions", [(("t-0",), (0,)), ((), ())],
