@@ -82,7 +82,6 @@ class UserHistory:
         self.streamed: dict[str, list[tuple]] = defaultdict(list)   # (source, Event)
         self.digests: dict[str, Digest] = {}     # user -> digest of their first events
         self.stored_ts = np.zeros(0, np.int64)   # every stored event's time, for the window
-        self.streamed_ts: list[int] = []
         self.newest: int | None = None           # the newest time held
         self.last_start: tuple | None = None     # (last_events' start, events arrived since)
 
@@ -97,7 +96,8 @@ class UserHistory:
                 self.stored[user].append(event)
         self.stored_ts = np.array([e.ts for events in self.stored.values() for e in events],
                                   np.int64)
-        times = [int(a.max()) for a in (self.stored_ts, np.array(self.streamed_ts)) if a.size]
+        times = self._streamed_ts()
+        times = [int(a.max()) for a in (self.stored_ts, times) if a.size]
         self.newest, self.last_start = (max(times) if times else None), None
         return len(self.stored_ts)
 
@@ -113,10 +113,13 @@ class UserHistory:
             return None if self.newest is None else window_start(
                 np.array([self.newest], np.int64), window)
         if self.last_start is None or self.last_start[1] >= max(1, window["last_events"] // 100):
-            start = window_start(np.concatenate(
-                [self.stored_ts, np.array(self.streamed_ts, np.int64)]), window)
+            start = window_start(np.concatenate([self.stored_ts, self._streamed_ts()]), window)
             self.last_start = (start, 0)
         return self.last_start[0]
+
+    def _streamed_ts(self) -> np.ndarray:
+        return np.array([e.ts for events in self.streamed.values() for _, e in events],
+                        np.int64)
 
     def add(self, kind: str, table: pa.Table, source=None) -> set[str]:
         """Add streamed events (``source``: the Kafka (topic, partition) they came from, or
@@ -125,7 +128,6 @@ class UserHistory:
         events = events_of(kind, table)
         for user, event in events:
             self.streamed[user].append((source, event))
-            self.streamed_ts.append(event.ts)
             touched.add(user)
         if events:
             newest = max(e.ts for _, e in events)
@@ -139,13 +141,11 @@ class UserHistory:
         next offset of that Kafka topic partition, or None); they were read again by
         :meth:`load_store`."""
         self.digests = {}       # a user's events are in another order now: digest anew
-        self.streamed_ts, self.last_start = [], None
         for user in list(self.streamed):
             kept = [(src, e) for src, e in self.streamed[user]
                     if src is None or e.offset >= (stored_until(src) or 0)]
             if kept:
                 self.streamed[user] = kept
-                self.streamed_ts += [e.ts for _, e in kept]
             else:
                 del self.streamed[user]
 

@@ -54,6 +54,7 @@ def merge_stats(parts: list[dict]) -> dict:
     """
     parts = sorted(parts, key=lambda s: s.get("updated_at", 0.0))
     out = {**parts[-1], "members": len(parts), "backlog": {}}
+    out.pop("member", None)       # one of several
     for key in COUNTS:
         out[key] = sum(s.get(key, 0) for s in parts)
     counts = [s["lag_counts"] for s in parts if s.get("lag_counts")]
