@@ -143,6 +143,15 @@ def loss_slope(loss, z):
     return -_sigmoid(-z)
 
 
+@njit(cache=True, parallel=True)
+def pair_slopes(b, winner, loser, loss, out):
+    """``out[c] = −L'(b[winner[c]] − b[loser[c]])`` (≥ 0) for every comparison c: the slopes
+    at a bias-only fit, in one parallel pass (numpy's gathers and temporaries over 8.6M
+    comparisons took 0.3 s a call)."""
+    for c in prange(winner.shape[0]):
+        out[c] = -loss_slope(loss, b[winner[c]] - b[loser[c]])
+
+
 @njit(cache=True, fastmath=_FAST)
 def bias_objective(b, winner, loser, count, loss, reg, grad):
     """Σ_p count_p L(b_w − b_l) + reg/2 ‖b‖² over distinct (winner, loser) pairs p; its

@@ -663,15 +663,21 @@ class Threshold:
 
         b = minimize(objective, np.zeros(n_items) if start is None else start, jac=True,
                      method="L-BFGS-B", options={"maxiter": 1000, "gtol": 1e-9}).x
-        return -loss_slope(loss, b[lay["cw"]] - b[lay["cl"]]), b
+        slopes = np.empty(lay["cw"].shape[0])
+        K.pair_slopes(b, lay["cw"], lay["cl"], code, slopes)
+        return slopes, b
 
-    def zero_is_optimal(self, reg: float, item_bias: bool) -> bool:
+    def zero_is_optimal(self, reg: float, item_bias: bool, bias=None) -> bool:
         """Whether U = V = 0 (with the bias-only optimum b*(λ)) is optimal at λ = ``reg``:
         σ_max(G_a) <= λ for the slopes a there, the condition whose root in λ is reg_max,
         tested at one λ (one bias-only fit and one σ_max instead of the secant's several;
-        on 7M comparisons 2-3 s instead of 17)."""
+        on 7M comparisons 2-3 s instead of 17). ``bias``: a fit's item bias, where the
+        bias-only fit of a smooth loss starts (near it when the factors are small: on 7.6M
+        comparisons 26 L-BFGS iterations instead of 50)."""
         if item_bias:
-            slopes, _ = self.bias_slopes(reg, None)
+            start = None if bias is None or self.loss == "hinge" else \
+                np.asarray(bias, np.float64)
+            slopes, _ = self.bias_slopes(reg, start)
         else:
             slopes = np.full(self.lay["cu"].shape[0], -loss_slope(self.loss, np.zeros(1))[0])
         return self.sigma(slopes) <= reg * (1.0 + REG_MAX_TOL)

@@ -8,14 +8,16 @@ excluded column.
 
 Method (per row of n scores):
 
-1. A strided sample (every ``n/16k``-th entry) gives a threshold whose expected rank in the
-   row is about ``2k`` (two standard deviations above ``k``).
-2. One branch-predictable pass collects the columns scoring at or above it (about 2k).
+1. One pass takes the maximum of every chunk of ``CHUNK`` entries (a branch-free reduction);
+   the k-th largest of those maxima is a threshold at least k entries reach (one in each of
+   those chunks), so every entry of the top k reaches it too.
+2. Only the chunks whose maximum reaches it are read again, for the columns that do (on
+   random rows about k chunks of the row's n / CHUNK, and about 1.3k columns).
 3. Those candidates are ranked exactly by sortable 64-bit keys (score bits << 32 | ~index).
 
-If fewer than ``k`` (about 2% of random rows) or more than ``8k`` entries pass the sampled
-threshold, the row is redone exactly by a buffered selection over all entries. The result is exact
-in every case; the sample only decides how much work is done.
+If more than ``8k`` entries reach the threshold (ties), or fewer than k chunks hold a score,
+the row is redone exactly by a buffered selection over all entries. The result is exact in
+every case; the threshold only decides how much work is done.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ import numpy as np
 _LOW = np.uint64(0xFFFFFFFF)
 _SIGN = np.uint32(0x80000000)
 _SHIFT = np.uint64(32)
+CHUNK = 32      # entries per chunk of a row (step 1 of the method)
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def chunks(n):
+    """The chunks of a row of ``n`` entries: the length of a row's ``maxima`` scratch."""
+    return (n + CHUNK - 1) // CHUNK
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -41,31 +50,33 @@ def _index(key):
 
 
 @nb.njit(cache=True, nogil=True)
-def _sample_threshold(scores, k, best):
-    """A score whose expected rank in the row is about 2k, from every ``n/16k``-th entry
-    (-inf when the row is too short for a useful sample). ``best``: float32 scratch, >= 2k."""
+def _chunk_threshold(scores, k, maxima):
+    """The k-th largest of the row's chunk maxima, which fill ``maxima`` (float32 scratch of
+    at least ``chunks(n)``); -inf when the row is short or fewer than k chunks hold a score
+    above -inf. NaN never counts."""
     n = scores.shape[0]
     if n <= 8 * k:
         return -np.inf
-    stride = max(2, n // (16 * k))
-    q = (2 * k + stride - 1) // stride  # the q-th largest of the sample ranks ~2k in the row
-    best[:q] = -np.inf  # the q largest sample values so far, descending
-    low = best[q - 1]
-    m = 0
-    for t in range(0, n, stride):
-        s = scores[t]
-        if s > -np.inf:
-            m += 1
-            if s > low:  # insert into the sorted prefix (NaN never passes)
-                p = q - 1
-                while p > 0 and best[p - 1] < s:
-                    best[p] = best[p - 1]
-                    p -= 1
-                best[p] = s
-                low = best[q - 1]
-    if m < 2 * q:
+    full = n // CHUNK
+    live = 0
+    for c in range(full):
+        m = np.float32(-np.inf)
+        for t in range(c * CHUNK, c * CHUNK + CHUNK):
+            s = scores[t]
+            m = s if s > m else m
+        maxima[c] = m
+        live += m > -np.inf
+    nc = chunks(n)
+    if nc > full:
+        m = np.float32(-np.inf)
+        for t in range(full * CHUNK, n):
+            s = scores[t]
+            m = s if s > m else m
+        maxima[full] = m
+        live += m > -np.inf
+    if live < k:
         return -np.inf
-    return low
+    return np.partition(maxima[:nc], nc - k)[nc - k]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -94,23 +105,27 @@ def _select_all(scores, bits, k, keys):
 
 
 @nb.njit(cache=True, nogil=True)
-def row_topk(scores, k, out_i, out_s, keys, sample):
+def row_topk(scores, k, out_i, out_s, keys, maxima):
     """Top ``k`` of one float32 row into ``out_i``/``out_s``; returns the count found.
 
-    ``keys`` (uint64, length >= 8k) and ``sample`` (float32, length >= 2k) are scratch.
+    ``keys`` (uint64, length >= 8k) and ``maxima`` (float32, length >= ``chunks(n)``) are
+    scratch.
     """
     if k == 0:
         return 0
     bits = scores.view(np.uint32)
-    thr = _sample_threshold(scores, k, sample)
+    thr = _chunk_threshold(scores, k, maxima)
     cnt = 0
     cap = keys.shape[0]
     if thr > -np.inf:
-        for t in range(scores.shape[0]):  # mostly not taken: cheap and well predicted
-            if scores[t] >= thr:
-                if cnt < cap:
-                    keys[cnt] = _key(bits, t)
-                cnt += 1
+        n = scores.shape[0]
+        for c in range(chunks(n)):
+            if maxima[c] >= thr:
+                for t in range(c * CHUNK, min(n, c * CHUNK + CHUNK)):
+                    if scores[t] >= thr:
+                        if cnt < cap:
+                            keys[cnt] = _key(bits, t)
+                        cnt += 1
     if cnt < k or cnt > cap:
         cnt = _select_all(scores, bits, k, keys)
     m = min(cnt, k)
@@ -134,13 +149,13 @@ def block_topk(scores, seen_indptr, seen_indices, row_offset, k, out_i, out_s, c
     """
     n_rows = scores.shape[0]
     keys = np.empty(max(8 * k, 16), dtype=np.uint64)
-    sample = np.empty(max(2 * k, 16), dtype=np.float32)
+    maxima = np.empty(chunks(scores.shape[1]), dtype=np.float32)
     for r in range(n_rows):
         row = scores[r]
         u = row_offset + r
         for p in range(seen_indptr[u], seen_indptr[u + 1]):
             row[seen_indices[p]] = -np.inf
-        counts[r] = row_topk(row, k, out_i[r], out_s[r], keys, sample)
+        counts[r] = row_topk(row, k, out_i[r], out_s[r], keys, maxima)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -154,7 +169,7 @@ def mixed_block_topk(first, second, weights, seen_indptr, seen_indices, row_offs
     """
     n_rows, n = first.shape
     keys = np.empty(max(8 * k, 16), dtype=np.uint64)
-    sample = np.empty(max(2 * k, 16), dtype=np.float32)
+    maxima = np.empty(chunks(n), dtype=np.float32)
     row = np.empty(n, dtype=np.float32)
     for r in range(n_rows):
         a, b, u = first[r], second[r], row_offset + r
@@ -165,7 +180,7 @@ def mixed_block_topk(first, second, weights, seen_indptr, seen_indices, row_offs
                 row[j] = w * a[j] + v * b[j]
             for p in range(seen_indptr[u], seen_indptr[u + 1]):
                 row[seen_indices[p]] = -np.inf
-            counts[x, r] = row_topk(row, k, out_i[x, r], out_s[x, r], keys, sample)
+            counts[x, r] = row_topk(row, k, out_i[x, r], out_s[x, r], keys, maxima)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -190,61 +205,96 @@ def _ranked(scores, cols, take, out_i, out_s, r, m):
 
 
 @nb.njit(cache=True, nogil=True)
-def sparse_block_topk(indptr, indices, data, n_items, seen_indptr, seen_indices, row_offset,
-                      k, out_i, out_s, counts, mark):
-    """:func:`block_topk` of a CSR block of scores whose absent entries score 0 (an
-    item-kNN's ``X Vᵀ``), without making its rows dense: per row the positive entries, then
-    zeros in column order (absent entries and stored zeros), then the negative entries, each
-    group ranked as the dense order ranks it; seen columns and NaN never rank. ``mark``: int8
-    scratch of ``n_items`` zeros, left zero. The same lists and scores as the dense rows."""
-    for r in range(indptr.shape[0] - 1):
-        u = row_offset + r
-        for j in range(seen_indptr[u], seen_indptr[u + 1]):
-            mark[seen_indices[j]] = 1
-        lo, hi = indptr[r], indptr[r + 1]
-        n_pos = 0
-        n_neg = 0
-        for j in range(lo, hi):
-            c = indices[j]
-            s = data[j]
-            if mark[c] == 1 or s != s or s == 0.0:
-                continue
-            mark[c] = 2          # a nonzero entry: not among the zeros
-            if s > 0.0:
-                n_pos += 1
+def _sparse_row_topk(cols, vals, n_items, seen, k, out_i, out_s, r, mark):
+    """Row ``r`` of the outputs: the top ``k`` of a score row whose entries are ``vals`` at
+    ``cols`` (distinct columns, any order) and 0 elsewhere: the positive entries, then zeros in
+    column order (absent entries and stored zeros), then the negative entries, each group
+    ranked as the dense order ranks it; ``seen`` columns and NaN never rank. ``mark``: int8
+    scratch of ``n_items`` zeros, left zero. Returns the count."""
+    for j in range(seen.shape[0]):
+        mark[seen[j]] = 1
+    n_pos = 0
+    n_neg = 0
+    for j in range(cols.shape[0]):
+        c = cols[j]
+        s = vals[j]
+        if mark[c] == 1 or s == 0.0:
+            continue
+        if s != s:
+            mark[c] = 1      # NaN: never ranks, not even among the zeros
+            continue
+        mark[c] = 2          # a nonzero entry: not among the zeros
+        if s > 0.0:
+            n_pos += 1
+        else:
+            n_neg += 1
+    pos_s = np.empty(n_pos, np.float32)
+    pos_c = np.empty(n_pos, np.int64)
+    neg_s = np.empty(n_neg, np.float32)
+    neg_c = np.empty(n_neg, np.int64)
+    p = 0
+    q = 0
+    for j in range(cols.shape[0]):
+        c = cols[j]
+        if mark[c] == 2:
+            if vals[j] > 0.0:
+                pos_s[p] = vals[j]
+                pos_c[p] = c
+                p += 1
             else:
-                n_neg += 1
-        pos_s = np.empty(n_pos, np.float32)
-        pos_c = np.empty(n_pos, np.int64)
-        neg_s = np.empty(n_neg, np.float32)
-        neg_c = np.empty(n_neg, np.int64)
-        p = 0
-        q = 0
-        for j in range(lo, hi):
-            c = indices[j]
-            if mark[c] == 2:
-                if data[j] > 0.0:
-                    pos_s[p] = data[j]
-                    pos_c[p] = c
-                    p += 1
-                else:
-                    neg_s[q] = data[j]
-                    neg_c[q] = c
-                    q += 1
-        m = _ranked(pos_s, pos_c, min(k, n_pos), out_i, out_s, r, 0)
-        t = 0
-        while m < k and t < n_items:
-            if mark[t] == 0:
-                out_i[r, m] = t
-                out_s[r, m] = 0.0
-                m += 1
-            t += 1
-        m = _ranked(neg_s[neg_s > -np.inf], neg_c[neg_s > -np.inf], k - m, out_i, out_s, r, m)
-        counts[r] = m
-        for j in range(seen_indptr[u], seen_indptr[u + 1]):
-            mark[seen_indices[j]] = 0
-        for j in range(lo, hi):
-            mark[indices[j]] = 0
+                neg_s[q] = vals[j]
+                neg_c[q] = c
+                q += 1
+    m = _ranked(pos_s, pos_c, min(k, n_pos), out_i, out_s, r, 0)
+    t = 0
+    while m < k and t < n_items:
+        if mark[t] == 0:
+            out_i[r, m] = t
+            out_s[r, m] = 0.0
+            m += 1
+        t += 1
+    m = _ranked(neg_s[neg_s > -np.inf], neg_c[neg_s > -np.inf], k - m, out_i, out_s, r, m)
+    for j in range(seen.shape[0]):
+        mark[seen[j]] = 0
+    for j in range(cols.shape[0]):
+        mark[cols[j]] = 0
+    return m
+
+
+@nb.njit(cache=True, nogil=True)
+def sparse_product_topk(indptr, indices, data, b_indptr, b_indices, b_data, row_start,
+                        n_items, seen_indptr, seen_indices, k, out_i, out_s, counts, mark):
+    """:func:`block_topk` of the rows ``row_start:row_start + len(counts)`` of the product of
+    two CSR matrices (an item-kNN's ``X Vᵀ``) without making its rows dense: each row summed
+    as :func:`sparse_product_add` sums it (scipy's float32 sums, bit for bit) into a scratch
+    row and ranked from the columns it touched (:func:`_sparse_row_topk`). No CSR product is
+    built, and the GIL is free (scipy's product holds it, so the threads of an item-kNN's
+    lists took turns). ``mark``: int8 scratch of ``n_items`` zeros, left zero. The same
+    lists and scores as the dense rows."""
+    sums = np.zeros(n_items, np.float32)
+    touched = np.empty(n_items, np.int64)
+    vals = np.empty(n_items, np.float32)
+    for r in range(counts.shape[0]):
+        u = row_start + r
+        m = 0
+        for p in range(indptr[u], indptr[u + 1]):
+            i = indices[p]
+            x = data[p]
+            for q in range(b_indptr[i], b_indptr[i + 1]):
+                c = b_indices[q]
+                if mark[c] == 0:
+                    mark[c] = 3
+                    touched[m] = c
+                    m += 1
+                sums[c] += x * b_data[q]
+        for j in range(m):
+            c = touched[j]
+            vals[j] = sums[c]
+            sums[c] = 0
+            mark[c] = 0
+        counts[r] = _sparse_row_topk(touched[:m], vals[:m], n_items,
+                                     seen_indices[seen_indptr[u]:seen_indptr[u + 1]], k,
+                                     out_i, out_s, r, mark)
 
 
 @nb.njit(cache=True, nogil=True)
@@ -262,6 +312,27 @@ def sparse_product_add(indptr, indices, data, b_indptr, b_indices, b_data, row_s
             x = data[p]
             for q in range(b_indptr[i], b_indptr[i + 1]):
                 scratch[b_indices[q]] += x * b_data[q]
+        row = out[r]
+        for j in range(row.shape[0]):
+            row[j] += scratch[j]
+            scratch[j] = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def sparse_dense_add(indptr, indices, data, VT, row_start, out):
+    """``out[r] += `` row ``row_start + r`` of the product of the CSR matrix (``indptr``,
+    ``indices``, ``data``) and the dense float32 ``VT``: each row summed in float32 in scipy's
+    order (the row's entries in turn, each times its row of ``VT``), so the sums are scipy's bit
+    for bit, with the GIL free (scipy's product holds it: the threads ranking EASE's or a
+    blend's lists took turns)."""
+    scratch = np.zeros(out.shape[1], np.float32)
+    for r in range(out.shape[0]):
+        u = row_start + r
+        for p in range(indptr[u], indptr[u + 1]):
+            x = data[p]
+            v = VT[indices[p]]
+            for j in range(scratch.shape[0]):
+                scratch[j] += x * v[j]
         row = out[r]
         for j in range(row.shape[0]):
             row[j] += scratch[j]

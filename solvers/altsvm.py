@@ -405,7 +405,7 @@ class AltSVM(Estimator):
         with numba_threads(check_threads(self.n_threads)):
             return S.Threshold(tuple(self._comparisons), self.user_factors_.shape[0],
                                self.item_factors_.shape[0], self.loss,
-                               lay=lay).zero_is_optimal(reg, self.item_bias)
+                               lay=lay).zero_is_optimal(reg, self.item_bias, self.item_bias_)
 
     def _threshold(self, c, n_users, n_items) -> float:
         """reg_max of comparisons ``c`` as :func:`_altsvm_solver.layout` takes them."""

@@ -273,13 +273,20 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     seed = _seed(random_state)
     fill_implicit(starts, wu, wi, i, met_starts[group], met_starts[group + 1], per, offsets,
                   n_items, cdf, seed, out, ok)
-    out = out[ok]
+    out = _kept(out, ok)
     caps = [c for c in (per_user, max_per_user) if c is not None]
     if caps:   # the rows are grouped by user: keep each user's smallest hashes
         keep = np.empty(len(out), np.bool_)
         keep_smallest_rows(_run_bounds(out[:, 0]), out, seed ^ 1, int(min(caps)), keep)
-        out = out[keep]
+        out = _kept(out, keep)
     return out
+
+
+def _kept(rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``rows[keep]``, or ``rows`` itself when every row is kept: most draws find a loser and
+    most users stay under their caps, and a copy of 7.6M comparisons is 180 MB of fresh pages
+    (0.2-1.7 s here, most of making them)."""
+    return rows if keep.all() else rows[keep]
 
 
 def split_ratings_per_user(users, n_train, min_test=10, random_state=None):

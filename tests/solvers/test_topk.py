@@ -54,6 +54,39 @@ def test_block_topk_matches_argsort(impl):
             assert np.array_equal(out_s[r, :counts[r]], row[expected]), trial
 
 
+def test_long_rows_with_small_k_match_argsort():
+    """The chunk-maxima threshold (rows past 8k entries): catalogue-long rows, small k, the
+    top entries in the ragged last chunk, whole chunks of NaN or -inf, few live entries,
+    ties at the threshold."""
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        n, k = int(rng.integers(8_000, 40_000)), int(rng.integers(1, 25))
+        row = rng.standard_normal(n).astype(np.float32)
+        if trial % 4 == 1:
+            row = rng.integers(0, 4, n).astype(np.float32)          # ties everywhere
+        if trial % 5 == 2:
+            row[n - n % 32:] = 100.0 + np.arange(n % 32)            # best in the last chunk
+        if trial % 6 == 3:
+            row[: n // 2] = np.nan                                   # whole chunks of NaN
+            row[n // 2: n // 2 + 320] = -np.inf
+        if trial % 7 == 4:
+            live = rng.choice(n, int(rng.integers(0, 2 * k + 1)), replace=False)
+            dead = np.full(n, -np.inf, np.float32)
+            dead[live] = row[live]
+            row = dead                                               # fewer live than k
+        scores = row[None, :].copy()
+        out_i = np.full((1, k), -1, np.int32)
+        out_s = np.zeros((1, k), np.float32)
+        counts = np.zeros(1, np.int32)
+        block_topk(scores, np.zeros(2, np.int64), np.zeros(0, np.int32), 0, k, out_i, out_s,
+                   counts)
+        clean = np.where(np.isnan(row), -np.inf, row)
+        expected = _reference(clean, k)
+        assert counts[0] == len(expected), trial
+        assert np.array_equal(out_i[0, :counts[0]], expected), trial
+        assert np.array_equal(out_s[0, :counts[0]], clean[expected]), trial
+
+
 def test_user_blocks_numba_and_numpy_paths_agree(monkeypatch):
     rng = np.random.default_rng(1)
     U = rng.standard_normal((700, 16)).astype(np.float32)
@@ -196,31 +229,40 @@ def test_one_list_for_everyone_ranks_as_the_per_user_scores():
     assert (items[0] >= 0).sum() == 5
 
 
-def test_sparse_rows_are_ranked_as_their_dense_rows():
-    """The sparse kernel (an item-kNN's score rows, never made dense) against the dense
-    selection: positive entries, zeros in column order (absent or stored), negative entries;
-    ties by the lower column; seen columns out; the scratch left clean."""
+def test_sparse_products_are_ranked_as_their_dense_rows():
+    """The sparse kernel (an item-kNN's score rows ``X Vᵀ``, summed and ranked without a
+    dense row) against the dense selection of scipy's product: positive entries, zeros in
+    column order (absent, stored, or sums that cancel), negative entries; ties by the lower
+    column; NaN and seen columns out; rows from an offset; the scratch left clean."""
     import scipy.sparse as sp
 
-    from solvers._topk_kernels import sparse_block_topk
+    from solvers._topk_kernels import sparse_product_topk
     from solvers.topk import _block_topk_numpy
 
     rng = np.random.default_rng(0)
     for trial in range(40):
-        n_users, n_items, k = 20, int(rng.integers(5, 60)), int(rng.integers(1, 15))
-        S = sp.random(n_users, n_items, density=rng.random() * 0.5, random_state=trial,
-                      format="csr", dtype=np.float32)
-        S.data = np.round((rng.random(S.nnz) - 0.3) * 4).astype(np.float32)  # ties, 0, < 0
+        n_users, inner, n_items = 24, int(rng.integers(1, 30)), int(rng.integers(5, 60))
+        k, start = int(rng.integers(1, 15)), int(rng.integers(0, 8))
+        A, B = (sp.random(*shape, density=rng.random() * 0.5, random_state=trial + 50 * j,
+                          format="csr", dtype=np.float32)
+                for j, shape in enumerate([(n_users, inner), (inner, n_items)]))
+        A.data = np.round((rng.random(A.nnz) - 0.3) * 4).astype(np.float32)  # ties, 0, < 0
+        B.data = np.round((rng.random(B.nnz) - 0.5) * 4).astype(np.float32)  # sums cancel
+        if trial % 5 == 0 and B.nnz:
+            B.data[0] = np.nan
         seen = sp.random(n_users, n_items, density=0.2, random_state=100 + trial, format="csr")
         ip, ix = seen.indptr.astype(np.int64), seen.indices.astype(np.int32)
-        got = (np.empty((n_users, k), np.int32), np.empty((n_users, k), np.float32),
-               np.empty(n_users, np.int32))
+        rows = n_users - start
+        got = (np.empty((rows, k), np.int32), np.empty((rows, k), np.float32),
+               np.empty(rows, np.int32))
         mark = np.zeros(n_items, np.int8)
-        sparse_block_topk(S.indptr.astype(np.int64), S.indices.astype(np.int32), S.data,
-                          n_items, ip, ix, 0, k, *got, mark)
-        want = (np.empty((n_users, k), np.int32), np.empty((n_users, k), np.float32),
-                np.empty(n_users, np.int32))
-        _block_topk_numpy(S.toarray(), ip, ix, 0, k, *want)
+        sparse_product_topk(A.indptr.astype(np.int64), A.indices, A.data,
+                            B.indptr.astype(np.int64), B.indices, B.data, start, n_items,
+                            ip, ix, k, *got, mark)
+        want = (np.empty((rows, k), np.int32), np.empty((rows, k), np.float32),
+                np.empty(rows, np.int32))
+        dense = (A @ B).toarray()[start:]
+        _block_topk_numpy(np.where(np.isnan(dense), -np.inf, dense), ip, ix, start, k, *want)
         np.testing.assert_array_equal(got[2], want[2])
         for r, n in enumerate(want[2].tolist()):
             np.testing.assert_array_equal(got[0][r, :n], want[0][r, :n])
@@ -246,3 +288,8 @@ def test_sparse_products_summed_by_the_kernel_are_scipys_bits(monkeypatch):
     out = np.full((22, 500), np.nan, np.float32)
     T.factor_scores(U, rows, VT, out)
     assert np.array_equal(out, (U[rows] @ VT).toarray())
+    VT_dense = rng.standard_normal((300, 500)).astype(np.float32)   # EASE's, a blend's part
+    want = dense[rows] + U[rows] @ VT_dense
+    got = dense[rows].copy()
+    T._add_product(U, rows, VT_dense, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
