@@ -789,7 +789,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="product runs per data set")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
     ap.add_argument("--warm", action="store_true",
-                    help=f"hold back the newest {WARM_SHARE:.0%} of the events, ingest them "
+                    help=f"hold back the newest {WARM_SHARE * 100:g}%% of the events, ingest them "
                          "after the first train and train again (warm)")
     ap.add_argument("--skip-peers", action="store_true", help="popularity only, no ALS/kNN/EASE")
     ap.add_argument("--max-users", type=int, help="a random subsample of users (smoke runs)")
