@@ -4,7 +4,8 @@ refresher's lists are worth between retrains (issue 35, item 5).
 1. **Latency under load** (``--part latency``): a Kafka broker (``infra/kafka/start.sh``) and a
    redis-server (``infra/redis/start.sh``) on free loopback ports, stopped by pid at the end;
    MovieLens 100K (``../shared/data/movielens-100k/u.data``; synthetic ratings of the same
-   shape when absent, said so) ingested and the shipped ``movies`` config of
+   shape when absent, said so; ``--items N``: synthetic ratings of that shape over a catalogue
+   of N items) ingested and the shipped ``movies`` config of
    ``dags/models.toml``, unedited, trained and published; ``rankstream refresh movies`` runs as
    a subprocess (``RANKSTREAM_*`` environment), as users run it. Then, for ``--seconds``:
 
@@ -46,6 +47,7 @@ refresher's lists are worth between retrains (issue 35, item 5).
 
     .venv/bin/python bench/freshness.py                         # both parts
     .venv/bin/python bench/freshness.py --part latency --seconds 60 --rate 2000
+    .venv/bin/python bench/freshness.py --part latency --items 40000     # a large catalogue
     .venv/bin/python bench/freshness.py --part quality --data movielens,lastfm
 """
 
@@ -230,28 +232,39 @@ def quality(args) -> list[dict]:
 
 # ================================================================ part 1: latency under load
 
-def training_rows() -> tuple[list[dict], str]:
+def training_rows(items: int | None = None) -> tuple[list[dict], str]:
+    """MovieLens 100K's ratings, or synthetic ones of its shape (943 users x 106 ratings) over
+    ``items`` items with Zipf-like popularity (``--items``: a large catalogue, whose top-K
+    per refreshed user reads every item's score)."""
     sys.path.insert(0, str(REPO / "bench"))
     import recommend_datasets as rd
 
+    from pipeline.ingest.synthetic import rating_events
+
+    def synthetic(n_items: int) -> list[dict]:
+        return [{**r, "kind": "rating"}
+                for r in rating_events(n_users=943, n_items=n_items, per_user=106, seed=0)]
+
+    if items:
+        return synthetic(items), (f"synthetic ratings (943 users x {items:,} items, 106 each, "
+                                  "popularity 1/rank^0.8): --items")
     if (rd.DATA / "movielens-100k" / "u.data").is_file():
         rows = rd.movielens()
         for n, r in enumerate(rows):
             r["event_id"] = f"ml:{n}"
         return rows, "MovieLens 100K (u.data)"
-    from pipeline.ingest.synthetic import rating_events
-
-    return (rating_events(n_users=943, n_items=1682, per_user=106, seed=0),
-            "synthetic ratings (943 users x 1682 items, 106 each): MovieLens 100K is absent")
+    return synthetic(1682), ("synthetic ratings (943 users x 1682 items, 106 each): MovieLens "
+                             "100K is absent")
 
 
-def train_and_publish(settings, url: str) -> tuple[dict, list, list, str, float]:
+def train_and_publish(settings, url: str, n_items: int | None = None
+                      ) -> tuple[dict, list, list, str, float]:
     from pipeline.ingest.files import ingest_files
     from pipeline.ingest.synthetic import write_jsonl
     from pipeline.training import retrain
     from pipeline.training.config import load_models
 
-    rows, what = training_rows()
+    rows, what = training_rows(n_items)
     ingest_files([write_jsonl(rows, Path(settings.home) / "train.jsonl")], settings=settings,
                  progress=False)
     t = time.perf_counter()
@@ -519,7 +532,7 @@ def latency(args) -> dict:
         children: list = []
         try:
             print(f"redis: {redis_how}; training the shipped `movies` config ...", flush=True)
-            run, users, items, what, train_s = train_and_publish(settings, url)
+            run, users, items, what, train_s = train_and_publish(settings, url, args.items)
             create_topics(bootstrap)
             log_path = home / "refresh.log"
             refresher = start_refresher(settings, log_path)
@@ -623,6 +636,8 @@ def main(argv=None) -> int:
     ap.add_argument("--probes", type=float, default=5.0, help="probe events/s")
     ap.add_argument("--lookup-rate", type=float, default=2000.0,
                     help="lookups/s of the lookup process (0: as fast as it goes)")
+    ap.add_argument("--items", type=int, help="latency on a synthetic catalogue of this many "
+                    "items (popularity 1/rank^0.8) instead of MovieLens 100K's 1,682")
     ap.add_argument("--data", default="movielens,lastfm", help="quality data sets")
     ap.add_argument("--bootstrap", default=os.environ.get("RANKSTREAM_KAFKA_BOOTSTRAP"))
     ap.add_argument("--json", help="write the results here")
