@@ -667,6 +667,11 @@ class Threshold:
         K.pair_slopes(b, lay["cw"], lay["cl"], code, slopes)
         return slopes, b
 
+    def _bias_start(self, bias) -> np.ndarray | None:
+        """Where a smooth loss's bias-only fit starts: a fit's item bias (near the bias-only
+        optimum when the factors are small), else zero; the hinge's starts from its duals."""
+        return None if bias is None or self.loss == "hinge" else np.asarray(bias, np.float64)
+
     def zero_is_optimal(self, reg: float, item_bias: bool, bias=None) -> bool:
         """Whether U = V = 0 (with the bias-only optimum b*(λ)) is optimal at λ = ``reg``:
         σ_max(G_a) <= λ for the slopes a there, the condition whose root in λ is reg_max,
@@ -675,19 +680,20 @@ class Threshold:
         bias-only fit of a smooth loss starts (near it when the factors are small: on 7.6M
         comparisons 26 L-BFGS iterations instead of 50)."""
         if item_bias:
-            start = None if bias is None or self.loss == "hinge" else \
-                np.asarray(bias, np.float64)
-            slopes, _ = self.bias_slopes(reg, start)
+            slopes, _ = self.bias_slopes(reg, self._bias_start(bias))
         else:
             slopes = np.full(self.lay["cu"].shape[0], -loss_slope(self.loss, np.zeros(1))[0])
         return self.sigma(slopes) <= reg * (1.0 + REG_MAX_TOL)
 
-    def reg_max(self, item_bias: bool) -> float:
+    def reg_max(self, item_bias: bool, bias=None) -> float:
+        """The λ where U = V = 0 becomes optimal: the root of σ_max(G_a*(λ)) = λ by a secant
+        over bias-only fits (``bias``: a warm start's item bias, where the first starts, as in
+        :meth:`zero_is_optimal`)."""
         n = self.lay["cu"].shape[0]
         reg = self.sigma(np.full(n, -loss_slope(self.loss, np.zeros(1))[0]))
         if not item_bias or reg == 0.0:
             return reg
-        slopes, state = self.bias_slopes(reg, None)
+        slopes, state = self.bias_slopes(reg, self._bias_start(bias))
         previous, gap_prev = reg, self.sigma(slopes) - reg
         reg = reg + gap_prev                       # a plain fixed-point step first
         for _ in range(20):

@@ -168,6 +168,9 @@ class AltSVM(Estimator):
     collapsed_ : bool
         The fit ended with factors at round-off level (λ ≥ reg_max): the scores are the item
         bias alone (or all zero). Always comes with a :class:`CollapseWarning`.
+    past_reg_max_ : bool
+        λ ≥ reg_max: collapsed, or (a given ``reg``) small factors on their way to zero, each
+        said by a :class:`CollapseWarning`.
     path_ : list of dict
         After :meth:`fit_path`: per point of the path its ratio, reg, score, iterations and
         seconds.
@@ -271,9 +274,13 @@ class AltSVM(Estimator):
             del c
             self._reg_max = reg_max
             if self.reg is None:
-                if self._reg_max is None:
+                if self._reg_max is None:       # a warm start's bias seeds its bias-only fits
+                    bias = None
+                    if state is not None:           # new items start at 0
+                        bias = np.zeros(n_items)
+                        bias[:len(state["b"])] = state["b"]
                     self._reg_max = S.Threshold(tuple(cols), n_users, n_items, self.loss,
-                                                lay=lay).reg_max(self.item_bias)
+                                                lay=lay).reg_max(self.item_bias, bias)
                 reg = float(self.reg_ratio) * self._reg_max
                 if self.reg_ratio >= 1.0:
                     warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
@@ -314,7 +321,7 @@ class AltSVM(Estimator):
             self._warn_not_converged(f"last decrease / (P(0) - P) {res.last_ratio:.2e} > "
                                      f"tol={self.tol:g}")
         bound = self._factor_bound()
-        self.collapsed_ = bound < 1e-7
+        self.collapsed_ = self.past_reg_max_ = bound < 1e-7
         model = "the item bias alone (a global ranking)" if self.item_bias else "no model"
         if self.collapsed_:
             warnings.warn(f"AltSVM's factors ended at round-off level: λ = {reg:.4g} is at or "
@@ -323,8 +330,10 @@ class AltSVM(Estimator):
                           "reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
         elif self.reg is not None and bound < 0.1 and self._zero_is_optimal(reg, lay):
             # small factors from a given reg: is U = V = 0 the optimum at this λ? (one σ_max;
-            # reg_max itself, a secant of several, only for the message)
-            warnings.warn(f"λ = {reg:.4g} is at or above reg_max = {self.reg_max_:.4g}, where "
+            # reg_max itself, a secant of several, is not computed for the message: on 8.6M
+            # comparisons it was 11 s of a warning)
+            self.past_reg_max_ = True
+            warnings.warn(f"λ = {reg:.4g} is at or above reg_max (reg_max_ has its value), where "
                           f"U = V = 0 is the optimum: the factors (every |u·v| ≤ {bound:.2g}) "
                           f"are on their way to zero, and the scores to {model}. Lower reg (or "
                           "use reg_ratio < 1, or fit_path)", CollapseWarning, stacklevel=2)
@@ -730,6 +739,7 @@ class AltSVM(Estimator):
         self.objective_ = arrays["objective"]
         self.n_iter_, self.converged_ = int(arrays["n_iter"]), bool(arrays["converged"])
         self.reg_, self.collapsed_ = float(arrays["reg"]), bool(arrays["collapsed"])
+        self.past_reg_max_ = self.collapsed_
 
     # ---------------------------------------------------------------- warm-up
 

@@ -59,10 +59,11 @@ def test_a_fit_just_above_reg_max_ends_at_zero_and_just_below_does_not(loss, ite
     assert np.abs(below.user_factors_ @ below.item_factors_.T).max() > 0.05
     assert below.reg_max_ == pytest.approx(reg_max, rel=5e-3)  # bias: a fixed point, to 1e-3
     # a short fit above reg_max (factors small, not yet at round-off) warns too
-    with pytest.warns(CollapseWarning, match=r"is at or above reg_max = [\d.]+.*on their way"):
+    with pytest.warns(CollapseWarning, match=r"is at or above reg_max .*on their way"):
         short = AltSVM(reg=1.05 * reg_max, n_threads=1, random_state=0, **params,
                        ).set_params(max_iter=20).fit(c)
-    assert not short.collapsed_
+    assert not short.collapsed_ and short.past_reg_max_
+    assert not below.past_reg_max_
 
 
 @pytest.mark.parametrize("item_bias", [False, True])

@@ -55,6 +55,34 @@ def test_the_checkpoint_keeps_the_evaluated_fit_not_the_one_that_learned_the_hol
         fitted.served.warm_state()
 
 
+def test_a_refit_past_reg_max_keeps_the_tuned_ratio_instead(built):
+    """The refit keeps λ per comparison; where that λ is past reg_max of every row (seen on a
+    warm synthetic-1m run: the served AltSVM was the bias alone), it keeps the tuned ratio to
+    reg_max instead, and the first fit's CollapseWarning is not said of what is served."""
+    from solvers.altsvm import CollapseWarning
+
+    trainer, cfg, arrays = built
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted, _ = trainer.fit(arrays, cfg, None)
+    tuning = fitted.learned["tuning"]
+    for per_comparison, replaced in ((tuning["reg_per_comparison"], False),
+                                     (tuning["reg_per_comparison"] * 1e4, True)):
+        tuning["reg_per_comparison"] = per_comparison
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            info = trainer.refit(fitted, arrays, cfg)
+        served = fitted.served
+        assert not served.past_reg_max_ and not served.collapsed_
+        assert np.abs(served.user_factors_).max() > 1e-3
+        if replaced:
+            assert served.reg is None and served.reg_ratio == pytest.approx(tuning["reg_ratio"])
+            assert served.reg_ == pytest.approx(tuning["reg_ratio"] * served.reg_max_)
+        else:
+            assert served.reg == pytest.approx(per_comparison * info["refit_comparisons"])
+        assert not any(issubclass(w.category, CollapseWarning) for w in said)
+
+
 def test_als_continues_its_evaluated_fit_from_the_last_evaluated_one(built, monkeypatch):
     trainer, cfg, arrays = built
     first = als.als_challenger(trainer, arrays, cfg, {})

@@ -180,8 +180,8 @@ class AltSVMTrainer(Trainer):
 
     def refit(self, fitted: Fitted, arrays: dict, cfg) -> dict:
         """With tuned settings and implicit comparisons: those settings refitted on the
-        comparisons of every met row (the holdout too), λ per comparison kept, warm-started
-        from the evaluated fit (a few iterations)."""
+        comparisons of every met row (the holdout too), warm-started from the evaluated fit (a
+        few iterations), λ as :func:`~.altsvm_tuning.refit` keeps it."""
         tuning, model = fitted.learned.get("tuning") or {}, fitted.model
         self.tuned = dict(tuning.get("choice") or {})   # what the fold-in spec says it used
         if "choice" not in tuning or \
@@ -194,10 +194,8 @@ class AltSVMTrainer(Trainer):
             arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
         arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
-        refitted = type(model)(**{**model.get_params(),
-                                  "reg": tuning["reg_per_comparison"] * len(everything)})
-        refitted.fit(everything, warm_start=model.warm_view(),
-                     n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
+        refitted = altsvm_tuning.refit(model, everything, tuning, n_users=len(
+            arrays["user_ids"]), n_items=len(arrays["item_ids"]))
         fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
                 "refit_iterations": int(refitted.n_iter_),
