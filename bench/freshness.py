@@ -644,6 +644,8 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", choices=("load", "lookup"), help=argparse.SUPPRESS)
     ap.add_argument("--spec", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.items is not None and args.items < 2:
+        ap.error(f"--items {args.items}: expected a catalogue of at least 2 items")
     if args.worker:
         spec = json.loads(Path(args.spec).read_text())
         run = load_worker if args.worker == "load" else lookup_worker

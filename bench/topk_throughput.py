@@ -56,6 +56,11 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
+    sizes = [x for x in args.items.split(",") if x]
+    if not all(x.isdigit() and int(x) >= 1 for x in sizes) or not sizes:
+        ap.error(f"--items {args.items!r}: expected catalogue sizes >= 1, e.g. 1682,39000")
+    if min(args.users, args.rank, args.k, args.repeats) < 1:
+        ap.error("--users, --rank, --k and --repeats must be at least 1")
     from solvers.topk import user_topk, warm_up
 
     warm_up()
@@ -64,14 +69,15 @@ def main(argv=None) -> int:
     print(f"{os.cpu_count()} cores; {args.users:,} users, rank {args.rank}, k {args.k}; "
           f"median of {args.repeats}")
     print(f"{'items':>8} {'ours s':>8} {'numpy s':>8} {'numpy/ours':>10}")
-    for n_items in (int(x) for x in args.items.split(",") if x):
+    for n_items in map(int, sizes):
         V = rng.standard_normal((n_items, args.rank), dtype=np.float32)
-        ours = user_topk(U[:256], V, args.k)[0]
-        if not np.array_equal(ours, numpy_topk(U[:256], V, args.k)):
+        k = min(args.k, n_items)          # a catalogue shorter than k: every item
+        ours = user_topk(U[:256], V, k)[0]
+        if not np.array_equal(ours, numpy_topk(U[:256], V, k)):
             print(f"{n_items:>8} lists differ from numpy's: a defect")
             return 1
-        t_ours = median_seconds(lambda: user_topk(U, V, args.k), args.repeats)
-        t_np = median_seconds(lambda: numpy_topk(U, V, args.k), args.repeats)
+        t_ours = median_seconds(lambda: user_topk(U, V, k), args.repeats)
+        t_np = median_seconds(lambda: numpy_topk(U, V, k), args.repeats)
         print(f"{n_items:>8,} {t_ours:>8.3f} {t_np:>8.3f} {t_np / t_ours:>10.2f}")
     return 0
 
