@@ -1,14 +1,14 @@
 """Item-kNN neighbours (:mod:`solvers.neighbours`) against a dense float64 reference: the
-similarities, the k kept per item and their order (ties by lower index), the same whatever
-block of columns the co-occurrences are formed in, and inputs refused with both values."""
+similarities, the k kept per item and their order (ties by lower index), the same on any
+number of threads and with any shrinkages ranked together, and inputs refused with both values."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from solvers import neighbours
 from solvers.neighbours import cosine_neighbours, neighbour_rows
 from solvers.topk import user_topk
 
@@ -58,12 +58,37 @@ def test_ties_keep_the_lower_index_and_k_slices_the_longest_lists():
         assert (neighbour_rows(again, 4, k) != neighbour_rows(nbr, 4, k)).nnz == 0
 
 
-def test_the_block_of_columns_changes_nothing(monkeypatch):
-    X = _binary(n_items=90, seed=3)
-    whole = neighbour_rows(cosine_neighbours(X, (5.0,), 7)[5.0], 90, 7)
-    monkeypatch.setattr(neighbours, "BLOCK_ENTRIES", 90 * 16)     # 16 columns a block
-    blocked = neighbour_rows(cosine_neighbours(X, (5.0,), 7)[5.0], 90, 7)
-    assert (whole != blocked).nnz == 0
+def test_threads_and_shrinkages_ranked_together_change_nothing():
+    # Zipf-like columns: a few items co-occur with nearly every other one
+    rng = np.random.default_rng(3)
+    n_users, n_items = 200, 90
+    p = 1.0 / np.arange(1, n_items + 1)
+    X = sp.csr_matrix((rng.random((n_users, n_items)) < 0.6 * p / p.max() + 0.02)
+                      .astype(np.float32))
+    shrinks = (0.0, 5.0, 50.0)
+    together = cosine_neighbours(X, shrinks, 7)
+    previous = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        for s in shrinks:
+            alone = cosine_neighbours(X, (s,), 7)[s]
+            for a, b in zip(alone, together[s]):
+                np.testing.assert_array_equal(a, b)
+            want = _reference(X, s, 7)
+            np.testing.assert_allclose(neighbour_rows(alone, n_items, 7).toarray(), want,
+                                       rtol=1e-6)
+    finally:
+        numba.set_num_threads(previous)
+
+
+def test_repeated_entries_count_a_user_once():
+    X = sp.csr_matrix(np.array([[1, 1, 0], [0, 1, 1]], np.float32))
+    repeated = sp.csr_matrix((np.ones(5, np.float32), ([0, 0, 0, 1, 1], [0, 1, 1, 1, 2])),
+                             shape=(2, 3))
+    repeated.has_canonical_format = False
+    want = neighbour_rows(cosine_neighbours(X, (0.0,), 2)[0.0], 3, 2)
+    got = neighbour_rows(cosine_neighbours(repeated, (0.0,), 2)[0.0], 3, 2)
+    np.testing.assert_array_equal(got.toarray(), want.toarray())
 
 
 def test_scores_are_the_sum_over_a_users_items_and_topk_agrees_with_dense():
