@@ -29,6 +29,10 @@ _LOW = np.uint64(0xFFFFFFFF)
 _SIGN = np.uint32(0x80000000)
 _SHIFT = np.uint64(32)
 CHUNK = 32      # entries per chunk of a row (step 1 of the method)
+# a sparse score row touching more than 1/DENSE_SHARE of the columns is ranked as a dense row
+# (one pass of chunk maxima) instead of from its touched columns: on synthetic-1m an item-kNN's
+# rows touched up to 38k of 38k items, and sorting them was 2 ms a user
+DENSE_SHARE = 8
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -188,12 +192,16 @@ def _ranked(scores, cols, take, out_i, out_s, r, m):
     """Write the best ``take`` of (score, column) pairs into row ``r`` of the outputs from
     position ``m``, ranked as :func:`_key` ranks (score descending, then the lower column);
     returns the next position."""
+    if take <= 0:
+        return m
     bits = scores.view(np.uint32)
     keys = np.empty(scores.shape[0], np.uint64)
     for j in range(scores.shape[0]):
         b = bits[j]
         b = ~b if b & _SIGN else b | _SIGN
         keys[j] = (np.uint64(b) << _SHIFT) | (_LOW - np.uint64(cols[j]))
+    if take < keys.shape[0]:        # keys are distinct: the partition's top part is exact
+        keys = np.partition(keys, keys.shape[0] - take)[keys.shape[0] - take:]
     keys = np.sort(keys)[::-1][:take]
     head = np.empty(keys.shape[0], np.uint32)
     for j in range(keys.shape[0]):
@@ -267,13 +275,16 @@ def sparse_product_topk(indptr, indices, data, b_indptr, b_indices, b_data, row_
     """:func:`block_topk` of the rows ``row_start:row_start + len(counts)`` of the product of
     two CSR matrices (an item-kNN's ``X Vᵀ``) without making its rows dense: each row summed
     as :func:`sparse_product_add` sums it (scipy's float32 sums, bit for bit) into a scratch
-    row and ranked from the columns it touched (:func:`_sparse_row_topk`). No CSR product is
+    row and ranked from the columns it touched (:func:`_sparse_row_topk`), or, past
+    1/``DENSE_SHARE`` of the columns, as that dense row (:func:`row_topk`). No CSR product is
     built, and the GIL is free (scipy's product holds it, so the threads of an item-kNN's
     lists took turns). ``mark``: int8 scratch of ``n_items`` zeros, left zero. The same
     lists and scores as the dense rows."""
     sums = np.zeros(n_items, np.float32)
     touched = np.empty(n_items, np.int64)
     vals = np.empty(n_items, np.float32)
+    keys = np.empty(max(8 * k, 16), dtype=np.uint64)
+    maxima = np.empty(chunks(n_items), dtype=np.float32)
     for r in range(counts.shape[0]):
         u = row_start + r
         m = 0
@@ -287,14 +298,24 @@ def sparse_product_topk(indptr, indices, data, b_indptr, b_indices, b_data, row_
                     touched[m] = c
                     m += 1
                 sums[c] += x * b_data[q]
+        seen = seen_indices[seen_indptr[u]:seen_indptr[u + 1]]
+        if m > n_items // DENSE_SHARE:    # a long row: ranked as the dense row it is
+            for j in range(seen.shape[0]):
+                sums[seen[j]] = -np.inf
+            counts[r] = row_topk(sums, k, out_i[r], out_s[r], keys, maxima)
+            for j in range(seen.shape[0]):
+                sums[seen[j]] = 0
+            for j in range(m):
+                sums[touched[j]] = 0
+                mark[touched[j]] = 0
+            continue
         for j in range(m):
             c = touched[j]
             vals[j] = sums[c]
             sums[c] = 0
             mark[c] = 0
-        counts[r] = _sparse_row_topk(touched[:m], vals[:m], n_items,
-                                     seen_indices[seen_indptr[u]:seen_indptr[u + 1]], k,
-                                     out_i, out_s, r, mark)
+        counts[r] = _sparse_row_topk(touched[:m], vals[:m], n_items, seen, k, out_i, out_s, r,
+                                     mark)
 
 
 @nb.njit(cache=True, nogil=True)

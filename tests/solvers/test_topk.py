@@ -233,19 +233,26 @@ def test_sparse_products_are_ranked_as_their_dense_rows():
     """The sparse kernel (an item-kNN's score rows ``X Vᵀ``, summed and ranked without a
     dense row) against the dense selection of scipy's product: positive entries, zeros in
     column order (absent, stored, or sums that cancel), negative entries; ties by the lower
-    column; NaN and seen columns out; rows from an offset; the scratch left clean."""
+    column; NaN and seen columns out; rows from an offset; the scratch left clean; rows that
+    touch few columns (ranked from them) and many (ranked as the dense row)."""
     import scipy.sparse as sp
 
-    from solvers._topk_kernels import sparse_product_topk
+    from solvers._topk_kernels import DENSE_SHARE, sparse_product_topk
     from solvers.topk import _block_topk_numpy
 
     rng = np.random.default_rng(0)
-    for trial in range(40):
-        n_users, inner, n_items = 24, int(rng.integers(1, 30)), int(rng.integers(5, 60))
+    long_rows = short_rows = 0      # rows ranked as dense rows, and from their columns
+    for trial in range(60):
+        n_users, inner = 24, int(rng.integers(1, 30))
+        n_items = int(rng.integers(5, 60) if trial % 2 else rng.integers(200, 400))
         k, start = int(rng.integers(1, 15)), int(rng.integers(0, 8))
-        A, B = (sp.random(*shape, density=rng.random() * 0.5, random_state=trial + 50 * j,
-                          format="csr", dtype=np.float32)
+        A, B = (sp.random(*shape, density=rng.random() * (0.5 if j == 0 or trial % 2
+                                                          else 0.05),
+                          random_state=trial + 50 * j, format="csr", dtype=np.float32)
                 for j, shape in enumerate([(n_users, inner), (inner, n_items)]))
+        touched = np.diff((abs(A) @ abs(B)).tocsr().indptr)[start:]
+        long_rows += int((touched > n_items // DENSE_SHARE).sum())
+        short_rows += int((touched <= n_items // DENSE_SHARE).sum())
         A.data = np.round((rng.random(A.nnz) - 0.3) * 4).astype(np.float32)  # ties, 0, < 0
         B.data = np.round((rng.random(B.nnz) - 0.5) * 4).astype(np.float32)  # sums cancel
         if trial % 5 == 0 and B.nnz:
@@ -268,6 +275,7 @@ def test_sparse_products_are_ranked_as_their_dense_rows():
             np.testing.assert_array_equal(got[0][r, :n], want[0][r, :n])
             np.testing.assert_array_equal(got[1][r, :n], want[1][r, :n])
         assert not mark.any()
+    assert long_rows > 100 and short_rows > 100, (long_rows, short_rows)
 
 
 def test_sparse_products_summed_by_the_kernel_are_scipys_bits(monkeypatch):
