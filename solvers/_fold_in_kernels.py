@@ -15,7 +15,7 @@ backtracking, from ``starts[n]`` where ``has_start[n]`` (else 0), until
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from solvers._random import next_u64
 
@@ -34,15 +34,29 @@ def _objective(D, offset, m, u, reg, residual):
     return value
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True, parallel=True)
 def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has_start,
-                              max_iter, tol):
+                              max_iter, tol, spans):
+    """Every user's row of U (see the module). Users are independent: ``spans`` of them run
+    on the threads (users t, t + spans, ...: long histories spread over them), each with one
+    set of buffers, so the rows are the same on any number of threads."""
     n_users, rank = len(indptr) - 1, V.shape[1]
     U = np.zeros((n_users, rank))
+    for t in prange(min(spans, n_users)):
+        _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_start,
+                     max_iter, tol, U)
+    return U
+
+
+@njit(cache=True, nogil=True)
+def _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_start, max_iter,
+                 tol, U):
+    """The rows of users t, t + spans, ... of U."""
+    n_users, rank = len(indptr) - 1, V.shape[1]
     longest = 0
-    for n in range(n_users):
+    for n in range(t, n_users, spans):
         longest = max(longest, indptr[n + 1] - indptr[n])
-    # one set of buffers for every user: a user's problem is a few µs of arithmetic, and
+    # one set of buffers for the span's users: a user's problem is a few µs of arithmetic, and
     # allocating its D, residuals and active rows each step cost more than the arithmetic
     D = np.empty((longest, rank))
     offset = np.empty(longest)
@@ -50,7 +64,7 @@ def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has
     trial_residual = np.empty(longest)
     active = np.empty((longest, rank))
     g = np.empty(rank)
-    for n in range(n_users):
+    for n in range(t, n_users, spans):
         lo, m = indptr[n], indptr[n + 1] - indptr[n]
         if m == 0:
             continue
@@ -93,7 +107,6 @@ def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has
             u, value = trial, new_value
             residual, trial_residual = trial_residual, residual
         U[n] = u
-    return U
 
 
 @njit(cache=True)

@@ -138,7 +138,10 @@ def pairwise_fold_in_many(V, b, comparisons_of_users: list, *, reg: float, loss:
                           ) -> np.ndarray:
     """:func:`pairwise_fold_in` of several users, one row each (``starts``: each user's start
     or None). The squared hinge runs in one jitted call over every user
-    (:func:`solvers._fold_in_kernels.squared_hinge_newton_many`, the same Newton steps)."""
+    (:func:`solvers._fold_in_kernels.squared_hinge_newton_many`, the same Newton steps, the
+    users spread over numba's threads)."""
+    import numba
+
     V = np.ascontiguousarray(V, dtype=np.float64)
     rows = [np.asarray(c, dtype=np.int64).reshape(-1, 2) for c in comparisons_of_users]
     if loss != "squared_hinge":
@@ -161,7 +164,7 @@ def pairwise_fold_in_many(V, b, comparisons_of_users: list, *, reg: float, loss:
     bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
     return squared_hinge_newton_many(V, bias, np.ascontiguousarray(pairs[:, 0]),
                                      np.ascontiguousarray(pairs[:, 1]), indptr, float(reg),
-                                     begin, has, 50, 1e-12)
+                                     begin, has, 50, 1e-12, 4 * numba.get_num_threads())
 
 
 def _squared_hinge_newton(D, offset, reg: float, max_iter: int = 50,

@@ -1,5 +1,6 @@
 """The jitted many-user pairwise fold-in against its numpy reference, one user at a time: the
-same optimum (cold and from a start), to the Newton stopping rule's precision."""
+same optimum (cold and from a start), to the Newton stopping rule's precision; the same rows on
+any number of threads."""
 
 from __future__ import annotations
 
@@ -29,6 +30,27 @@ def test_many_users_equal_the_reference_one_by_one(seed):
             want = _squared_hinge_newton(V[c[:, 0]] - V[c[:, 1]], bias[c[:, 0]] - bias[c[:, 1]],
                                          reg)
             np.testing.assert_allclose(got[n], want, rtol=1e-6, atol=1e-7)
+
+
+def test_the_rows_are_the_same_on_any_number_of_threads():
+    import numba
+
+    rng = np.random.default_rng(9)
+    n_items, rank = 200, 8
+    V, b = rng.normal(size=(n_items, rank)), rng.normal(size=n_items)
+    users = [implicit_pairs(rng.choice(n_items, size=int(rng.integers(0, 30)), replace=False),
+                            n_items, int(rng.integers(1, 20))) for _ in range(41)]
+    starts = [None if n % 2 else rng.normal(size=rank) for n in range(len(users))]
+    runs = []
+    previous = numba.get_num_threads()
+    try:
+        for threads in sorted({1, previous}):
+            numba.set_num_threads(threads)
+            runs.append(pairwise_fold_in_many(V, b, users, reg=0.7, loss="squared_hinge",
+                                              starts=starts))
+    finally:
+        numba.set_num_threads(previous)
+    assert all(np.array_equal(runs[0], r) for r in runs) and runs[0].any()
 
 
 def test_the_hinge_and_bad_indices():
