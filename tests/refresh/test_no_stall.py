@@ -136,3 +136,41 @@ def test_a_refresher_holds_its_partitions_again_after_a_member_left_and_a_topic_
         loop.stop.set()
         thread.join(30)
     assert not thread.is_alive(), "the refresher did not stop"
+
+
+def test_a_refreshers_reader_never_has_its_deleted_topic_auto_created(tmp_path, kafka_bootstrap):
+    """The broker auto-creates topics (``infra/kafka``); kafka-python 3.0.12 drops the
+    consumer's ``allow_auto_create_topics=False`` (see ``never_auto_create``), so the deleted
+    topic came back with one partition 40 ms later. The refresher's own consumer, polling,
+    must leave it deleted."""
+    from types import SimpleNamespace
+
+    from kafka.admin import KafkaAdminClient
+
+    from pipeline.settings import Settings
+
+    topic = new_topic(kafka_bootstrap, partitions=PARTITIONS, prefix="rs.refresh.gone")
+    settings = Settings(kafka_bootstrap=kafka_bootstrap)
+    loop = KafkaRefresh(SimpleNamespace(model="movies"), settings, topics={topic: "rating"},
+                        group=f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}")
+    loop.consumer = consumer = loop._consumer("gone-0")
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            consumer.poll(timeout_ms=100)
+
+    polling = threading.Thread(target=poll, daemon=True)
+    polling.start()
+    try:
+        _until("the reader holding the topic", lambda: bool(consumer.assignment()))
+        admin.delete_topics([topic])
+        time.sleep(3.0)       # its metadata requests go on while the name is free
+        left = [t for t in admin.describe_topics([topic]) if not t.get("error_code")]
+        assert not left, f"{topic} came back with {len(left[0]['partitions'])} partition(s)"
+    finally:
+        stop.set()
+        polling.join(10)
+        consumer.close()
+        admin.close()
