@@ -9,8 +9,9 @@ stronger one.
 
 **Cost.** Memory is the kept neighbours, 8 bytes x ``k`` per item (57k items at k = 200:
 0.09 GB; while the search ranks them, 16 bytes x the longest ``k`` per item, twice),
-plus a block of co-occurrences at a time; time is the co-occurrences' count
-(Σ over users of their item count squared). Nothing is as wide as the catalogue squared.
+plus a row of counts of the catalogue per thread; time is the co-occurrences' count
+(Σ over users of their item count squared), on every thread (:mod:`solvers.neighbours`).
+Nothing is as wide as the catalogue squared.
 
 **Tuning.** ``k`` of :data:`NEIGHBOURS` and the shrinkage of :data:`SHRINKS` are chosen on the
 validation split (fits on TRAIN, the searched users' lists scored: ``tune.sample_users``) by a
