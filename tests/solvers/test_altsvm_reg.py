@@ -105,6 +105,39 @@ def test_reg_ratio_sets_reg_relative_to_reg_max_and_warns_at_one_or_more():
         AltSVM(reg_ratio=-1).fit(c)
 
 
+@pytest.mark.parametrize("loss", ["squared_hinge", "logistic", "hinge"])
+def test_a_warm_start_starts_reg_max_at_the_last_one_and_finds_the_same_threshold(
+        loss, monkeypatch):
+    c = planted(seed=3, per_user=30)
+    more = np.vstack([c, planted(seed=3, per_user=33)[-120:]])   # the same users, 10% more
+    first = quiet_fit(c, rank=3, reg_ratio=0.5, item_bias=True, loss=loss)
+    state = first.warm_state()
+    assert float(state["known_reg_max"]) == first.reg_max_
+    assert state["sigma_vector"].shape == (30,)      # ARPACK's side: the items, the shorter
+    sigmas = []
+    real_sigma = S.Threshold.sigma
+    monkeypatch.setattr(S.Threshold, "sigma",
+                        lambda self, slopes: sigmas.append(1) or real_sigma(self, slopes))
+    cold = AltSVM(loss=loss, item_bias=True).reg_max(more)
+    n_cold, sigmas[:] = len(sigmas), []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warm = AltSVM(rank=3, reg_ratio=0.5, item_bias=True, loss=loss, n_threads=1,
+                      random_state=0).fit(more, warm_start=state)
+    assert warm.reg_max_ == pytest.approx(cold, rel=S.SECANT_TOL)
+    assert warm.reg_ == pytest.approx(0.5 * warm.reg_max_)
+    assert len(sigmas) < n_cold
+    assert float(warm.warm_state()["known_reg_max"]) == warm.reg_max_
+
+
+def test_a_warm_state_whose_known_reg_max_is_not_a_finite_scalar_is_refused():
+    c = planted()
+    state = quiet_fit(c, rank=3, reg_ratio=0.5).warm_state()
+    for bad, said in ((np.array([1.0, 2.0]), "has shape"), (np.array(np.nan), "nan")):
+        with pytest.raises(ValueError, match=f"known_reg_max.*{said}"):
+            AltSVM(rank=3, reg_ratio=0.5).fit(c, warm_start={**state, "known_reg_max": bad})
+
+
 def test_the_path_warm_starts_to_the_cold_solutions_and_keeps_the_best_point():
     c = planted(seed=2, per_user=40)
     held = planted(seed=2, per_user=60)[-600:]   # same planted X, other comparisons

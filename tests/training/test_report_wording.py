@@ -267,6 +267,21 @@ def test_the_interval_holds_the_estimate_is_seeded_and_narrows_with_more_users()
     assert hi - lo == pytest.approx(2 * 1.96 * small.std() / np.sqrt(small.size), rel=0.2)
 
 
+def test_resampled_means_are_the_means_of_the_drawn_rows():
+    # the counts-times-values product against its definition: the mean of each resample's
+    # rows, drawn as the function draws them (one block of resamples at a time)
+    from pipeline.training import bootstrap
+
+    table = np.random.default_rng(5).random((3_000, 4))
+    means = resampled_means(table, n_resamples=300, seed=7)
+    rng, block = np.random.default_rng(7), bootstrap.MAX_CELLS // table.size
+    drawn = np.vstack([table[rng.integers(0, 3_000, size=(min(block, 300 - s), 3_000))].mean(1)
+                       for s in range(0, 300, block)])
+    np.testing.assert_allclose(means, drawn, rtol=1e-12)
+    np.testing.assert_allclose(resampled_means(table[:, 1], n_resamples=300, seed=7),
+                               means[:, 1], rtol=1e-12)       # one column: the same draws
+
+
 def test_the_lift_interval_is_paired_over_the_same_users():
     model = _hits(500, 2)
     same = intervals({"model": model, "trivial-popularity": model.copy()}, METRIC, True)

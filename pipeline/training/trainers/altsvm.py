@@ -136,11 +136,11 @@ class AltSVMTrainer(Trainer):
                 learned["validated"] = factors_of(tuning.pop("validated"))
                 warm = None    # the choice may change the rank: the final fit starts afresh
             comparisons = tuning.pop("comparisons")
+            arrays[DERIVED[2]] = (np.bincount(comparisons[:, 1], minlength=sizes["n_items"])
+                                  - np.bincount(comparisons[:, 2], minlength=sizes["n_items"]))
             if comparisons is not arrays.get(DERIVED[0]):
                 arrays.pop(DERIVED[0], None)   # the config's own, not fitted: made again if asked
-            if "validated" in learned and "tuning_users" in arrays:
-                # searched on a sample: λ carries over as its ratio to reg_max, which does not
-                # grow in proportion to the comparisons (per comparison it overshot reg_max)
+            if altsvm_tuning.by_ratio(arrays):
                 model.reg, model.reg_ratio = None, tuning["reg_ratio"]
             else:
                 model.reg = tuning["reg_per_comparison"] * len(comparisons)
@@ -194,8 +194,8 @@ class AltSVMTrainer(Trainer):
             arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
         arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
-        refitted = altsvm_tuning.refit(model, everything, tuning, n_users=len(
-            arrays["user_ids"]), n_items=len(arrays["item_ids"]))
+        refitted = altsvm_tuning.refit(model, everything, tuning, altsvm_tuning.by_ratio(
+            arrays), n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
         fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
                 "refit_iterations": int(refitted.n_iter_),
@@ -356,14 +356,18 @@ class AltSVMTrainer(Trainer):
     def baselines(self, arrays: dict, cfg) -> dict:
         """The trivial models, scored like the model: ``popularity`` (how many users met the
         item positively in training) and ``global`` (wins − losses in the training
-        comparisons: one ranking for everyone). Returns {name: (metrics, item scores)}."""
+        comparisons, the tuned fit's where it had its own: one ranking for everyone).
+        Returns {name: (metrics, item scores)}."""
         n_items = len(arrays["item_ids"])
         train = arrays["met_part"] != TEST
         liked = train & self._relevant(arrays, cfg)
-        c = self.comparisons(arrays, cfg)
+        net_wins = arrays.get(DERIVED[2])
+        if net_wins is None:
+            c = self.comparisons(arrays, cfg)
+            net_wins = (np.bincount(c[:, 1], minlength=n_items)
+                        - np.bincount(c[:, 2], minlength=n_items))
         found = {"popularity": np.bincount(arrays["met_item"][liked], minlength=n_items),
-                 "global": (np.bincount(c[:, 1], minlength=n_items)
-                            - np.bincount(c[:, 2], minlength=n_items))}
+                 "global": net_wins[:n_items]}
         out = {}
         for name, scores in found.items():
             scores = scores.astype(np.float32)

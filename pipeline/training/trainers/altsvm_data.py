@@ -28,11 +28,13 @@ from pipeline.training.datasets import (
 from pipeline.training.idmap import IdMap
 from pipeline.training.trainers.altsvm_comparisons import make_comparisons
 
-DERIVED = ("comparisons", "path_comparisons")
+DERIVED = ("comparisons", "path_comparisons", "net_wins")
 """Arrays made from the met rows on demand (:func:`.altsvm_comparisons.training_comparisons`),
 never stored: a dataset bundle holds the events' rows (bytes per met row: 25), not their
 comparisons (24 bytes each, up to ``implicit_per_user`` per user), which a resumed step makes
-again, the same bits from the same rows and seed."""
+again, the same bits from the same rows and seed. ``net_wins``: each item's wins − losses in
+the comparisons a tuned fit used (the ``global`` baseline), kept where those comparisons are
+not."""
 
 
 @dataclass

@@ -177,24 +177,35 @@ def final_comparisons(arrays: dict, cfg, family, choice: dict) -> np.ndarray:
                            int(cfg.evaluation["seed"]), {})
 
 
-def refit(model, everything: np.ndarray, tuning: dict, **sizes):
+def by_ratio(arrays: dict) -> bool:
+    """Whether the fits of a tuned choice take λ as its ratio to reg_max (else as λ per
+    comparison): where the search ran on a sample of users. A ratio carries over between
+    comparison sets, a λ found on a sample does not; nor does λ per comparison grow as reg_max
+    does. On synthetic-1m reg_max stayed at 148-150 from the sample's comparisons to the
+    6.8M of training and the 8.3M of every row, so the tuned ratio 0.8 became 0.98 at the
+    refit (the factors nearly gone) and past reg_max at the next warm refit."""
+    return "tuning_users" in arrays
+
+
+def refit(model, everything: np.ndarray, tuning: dict, ratio: bool, **sizes):
     """A fit of ``model``'s settings on ``everything`` (the comparisons of every met row),
-    warm-started from ``model``, λ per comparison kept (``tuning``'s). Where that λ is past
-    reg_max (reg_max grows slower than the comparisons: a warm synthetic-1m run tuned to
-    ratio 0.8 served U = V = 0, the bias alone) it keeps the tuned ratio to reg_max instead,
-    and what the first fit said is not said of the one served."""
-    refitted = type(model)(**{**model.get_params(),
-                              "reg": tuning["reg_per_comparison"] * len(everything)})
-    with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        refitted.fit(everything, warm_start=model.warm_view(), **sizes)
-    if not refitted.past_reg_max_:
-        for w in said:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return refitted
-    del refitted       # its layout and duals go before the next fit makes its own
-    refitted = type(model)(**{**model.get_params(), "reg": None,
-                              "reg_ratio": float(tuning["reg_ratio"])})
+    warm-started from ``model``: at the tuned ratio to reg_max (``ratio``; reg_max's secant
+    starts at the evaluated fit's, :meth:`AltSVM._known_reg_max`), else at λ per comparison
+    kept (``tuning``'s). Where that λ is past reg_max (reg_max grows slower than the
+    comparisons), it keeps the tuned ratio instead, and what the first fit said is not said
+    of the one served."""
+    params = model.get_params()
+    if not ratio:
+        refitted = type(model)(**{**params, "reg": tuning["reg_per_comparison"] * len(everything)})
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            refitted.fit(everything, warm_start=model.warm_view(), **sizes)
+        if not refitted.past_reg_max_:
+            for w in said:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return refitted
+        del refitted       # its layout and duals go before the next fit makes its own
+    refitted = type(model)(**{**params, "reg": None, "reg_ratio": float(tuning["reg_ratio"])})
     return refitted.fit(everything, warm_start=model.warm_view(), **sizes)
 
 
