@@ -20,6 +20,7 @@ import sys
 COMMANDS = {
     "demo": ("demo", "run the whole pipeline on embedded defaults and print a report"),
     "produce": ("produce", "send events from a file (JSON lines, CSV, Parquet) to Kafka"),
+    "rekey": ("rekey", "copy a topic's events to a topic keyed by user (for refreshers)"),
     "ingest": ("ingest", "Kafka (or files) -> validated event store; bad events -> dead letter"),
     "store": ("store", "inspect the event store (stats)"),
     "train": ("train", "retrain a configured model with warm start, evaluate, gate, publish"),

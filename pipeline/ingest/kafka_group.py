@@ -96,3 +96,15 @@ def stop_on_signals(event: threading.Event):
 def new_group_id(prefix: str = "rankstream-ingest") -> str:
     """A fresh consumer group name (tests, benchmarks, one-off backfills)."""
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def never_auto_create(client) -> None:
+    """Make ``client``'s metadata requests ask the broker not to auto-create what they name.
+    kafka-python 3.0.12 drops its own ``allow_auto_create_topics=False`` on the way (its
+    connection manager makes the cluster metadata with the default, True): a refresher's
+    topic deleted to be made again came back 40 ms later with the broker's one partition,
+    made by this reader's next metadata request (seen in ``tests/refresh``). A release that
+    passes the setting on leaves nothing here to change."""
+    config = getattr(getattr(getattr(client, "_client", None), "cluster", None), "config", None)
+    if isinstance(config, dict) and "allow_auto_create_topics" in config:
+        config["allow_auto_create_topics"] = False

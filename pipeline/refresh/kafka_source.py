@@ -30,7 +30,7 @@ import time
 
 from pipeline.ingest.buffer import PartitionBuffer
 from pipeline.ingest.events import default_topic
-from pipeline.ingest.kafka_group import GROUP_CONFIG, leave_group, member_slot
+from pipeline.ingest.kafka_group import GROUP_CONFIG, leave_group, member_slot, never_auto_create
 from pipeline.ingest.validate import Limits
 
 log = logging.getLogger(__name__)
@@ -330,15 +330,3 @@ class KafkaRefresh:
             log.info("%s: refreshed %d user%s from %d event%s on version %s; lag %d events",
                      self.refresher.model, users, "s"[:users != 1], events,
                      "s"[:events != 1], stats.version, sum(stats.backlog.values()))
-
-
-def never_auto_create(client) -> None:
-    """Make ``client``'s metadata requests ask the broker not to auto-create what they name.
-    kafka-python 3.0.12 drops its own ``allow_auto_create_topics=False`` on the way (its
-    connection manager makes the cluster metadata with the default, True): a refresher's
-    topic deleted to be made again came back 40 ms later with the broker's one partition,
-    made by this reader's next metadata request (seen in ``tests/refresh``). A release that
-    passes the setting on leaves nothing here to change."""
-    config = getattr(getattr(getattr(client, "_client", None), "cluster", None), "config", None)
-    if isinstance(config, dict) and "allow_auto_create_topics" in config:
-        config["allow_auto_create_topics"] = False
