@@ -48,6 +48,13 @@ refresher's lists are worth between retrains (issue 35, item 5).
     .venv/bin/python bench/freshness.py                         # both parts
     .venv/bin/python bench/freshness.py --part latency --seconds 60 --rate 2000
     .venv/bin/python bench/freshness.py --part latency --items 40000     # a large catalogue
+    .venv/bin/python bench/freshness.py --part latency --refreshers 2 --rate 6000   # scale-out
+    .venv/bin/python bench/freshness.py --part latency --seconds 600    # RSS over 10 minutes
+
+``--refreshers N`` runs N ``rankstream refresh movies`` processes in the model's group over
+topics of ``--partitions`` partitions (default 4 when N > 1); the load is keyed by user as
+``rankstream produce`` sends it. Each refresher's RSS is sampled every second and printed after
+the first minute (the warm-up) and at the end (target: at most 10% growth).
     .venv/bin/python bench/freshness.py --part quality --data movielens,lastfm
 """
 
@@ -61,6 +68,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -279,21 +287,24 @@ def train_and_publish(settings, url: str, n_items: int | None = None
     return run, users, items, what, seconds
 
 
-def create_topics(bootstrap: str) -> None:
+def create_topics(bootstrap: str, partitions: int = 1) -> None:
     from kafka.admin import KafkaAdminClient, NewTopic
 
     from pipeline.ingest.events import default_topic
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(default_topic(k), 1, 1) for k in ("rating", "interaction")])
+        admin.create_topics([NewTopic(default_topic(k), partitions, 1)
+                             for k in ("rating", "interaction")])
     finally:
         admin.close()
 
 
-def start_refresher(settings, log_path: Path) -> subprocess.Popen:
-    """``rankstream refresh movies`` with the run's settings in ``RANKSTREAM_*``."""
-    env = {**os.environ, "RANKSTREAM_HOME": str(settings.home),
+def start_refresher(settings, log_path: Path, threads: int | None = None) -> subprocess.Popen:
+    """``rankstream refresh movies`` with the run's settings in ``RANKSTREAM_*`` (``threads``:
+    its numba threads, ``NUMBA_NUM_THREADS``)."""
+    env = {**os.environ, **({"NUMBA_NUM_THREADS": str(threads)} if threads else {}),
+           "RANKSTREAM_HOME": str(settings.home),
            "RANKSTREAM_CONFIG": str(CONFIG), "RANKSTREAM_NAMESPACE": settings.namespace,
            "RANKSTREAM_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
            "RANKSTREAM_REDIS_URL": settings.redis_url}
@@ -482,6 +493,48 @@ class Probes:
         self.producer.close()
 
 
+class RssSampler(threading.Thread):
+    """Each pid's resident set size every second while the block runs: ``series`` maps a pid
+    to ``[(seconds since start, bytes), ...]``."""
+
+    def __init__(self, pids: list[int]):
+        super().__init__(daemon=True)
+        self.pids, self.series = pids, {pid: [] for pid in pids}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self.done.wait(1.0):
+            for pid in self.pids:
+                try:
+                    with open(f"/proc/{pid}/statm") as fh:
+                        pages = int(fh.read().split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                self.series[pid].append((time.monotonic() - start,
+                                         pages * os.sysconf("SC_PAGE_SIZE")))
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.join(5)
+
+
+def rss_growth(series: list) -> tuple[float, float, float]:
+    """``(RSS at the end of the first minute, RSS at the end, growth)`` of one series (the
+    first minute: warm-up, excluded as the target says; shorter runs: the first tenth)."""
+    if not series:
+        return float("nan"), float("nan"), float("nan")
+    end_t = series[-1][0]
+    cut = min(60.0, end_t / 10)
+    first = next((b for t, b in series if t >= cut), series[-1][1])
+    last = series[-1][1]
+    return first, last, last / first - 1.0
+
+
 def lag_delta(before: dict | None, after: dict | None) -> dict:
     """What the refresher's stats file counted between ``before`` and ``after``."""
     if not after:
@@ -496,12 +549,14 @@ def lag_delta(before: dict | None, after: dict | None) -> dict:
             "max": after["lag_max"], "backlog": after.get("backlog")}
 
 
-def wait_ready(probes: Probes, child: subprocess.Popen, log_path: Path, limit: float = 180.0):
-    """One known-user probe until reflected: the refresher consumes and writes."""
+def wait_ready(probes: Probes, children: list, log_path: Path, limit: float = 180.0):
+    """One known-user probe until reflected: a refresher consumes and writes."""
     started = time.monotonic()
     while time.monotonic() - started < limit:
-        if child.poll() is not None:
-            raise RuntimeError(f"rankstream refresh exited ({child.returncode}); see {log_path}")
+        for child in children:
+            if child.poll() is not None:
+                raise RuntimeError(f"rankstream refresh exited ({child.returncode}); see "
+                                   f"{log_path}")
         probes.start("known")
         t = time.monotonic()
         while probes.open and time.monotonic() - t < 20:
@@ -533,13 +588,16 @@ def latency(args) -> dict:
         try:
             print(f"redis: {redis_how}; training the shipped `movies` config ...", flush=True)
             run, users, items, what, train_s = train_and_publish(settings, url, args.items)
-            create_topics(bootstrap)
-            log_path = home / "refresh.log"
-            refresher = start_refresher(settings, log_path)
-            children.append((refresher, "rankstream refresh"))
+            partitions = args.partitions or (1 if args.refreshers == 1 else 4)
+            create_topics(bootstrap, partitions)
+            log_path = home / "refresh-*.log"
+            threads = args.threads or max(1, (os.cpu_count() or 1) // args.refreshers)
+            refreshers = [start_refresher(settings, home / f"refresh-{n}.log", threads)
+                          for n in range(args.refreshers)]
+            children += [(r, "rankstream refresh") for r in refreshers]
             topk = TopK(url, namespace=settings.namespace, timeout=1.0)
             probes = Probes(topk, bootstrap, users, args.probes)
-            ready_s = wait_ready(probes, refresher, log_path)
+            ready_s = wait_ready(probes, refreshers, log_path)
             spec = {"users": users, "items": items, "bootstrap": bootstrap, "rate": args.rate,
                     "seconds": args.seconds, "redis_url": url, "namespace": settings.namespace,
                     "lookup_rate": args.lookup_rate}
@@ -556,17 +614,23 @@ def latency(args) -> dict:
                 w.stdin.write("go\n")
                 w.stdin.flush()
             t = time.monotonic()
-            probes.run(args.seconds)
+            with RssSampler([r.pid for r in refreshers]) as rss:
+                probes.run(args.seconds)
             results = {k: json.loads(w.stdout.readline()) for k, w in workers.items()}
             time.sleep(max(0.0, 2.5 - (time.monotonic() - t - args.seconds)))
             after = read_stats(home, MODEL)
             probes.close()
             topk.close()
-            stop_child(refresher, "rankstream refresh")
+            for r in refreshers:
+                stop_child(r, "rankstream refresh")
             return {"what": what, "train_s": train_s, "served": run["gate"]["publishes"],
+                    "refreshers": args.refreshers, "partitions": partitions,
+                    "threads": threads,
+                    "rss": rss.series,
                     "ready_s": ready_s, "probes": probes.done, "load": results["load"],
                     "lookup": results["lookup"], "lag": lag_delta(before, after),
-                    "refresher_rc": refresher.returncode, "machine": machine_state(),
+                    "refresher_rc": [r.returncode for r in refreshers],
+                    "machine": machine_state(),
                     "seconds": args.seconds}
         finally:
             for child, name in children:
@@ -576,8 +640,10 @@ def latency(args) -> dict:
 
 def latency_report(r: dict, rate: float) -> None:
     print(f"\n== freshness under load: {r['what']}; shipped `movies` config trained and "
-          f"published in {r['train_s']:.1f} s (serves {r['served']}); `rankstream refresh "
-          f"movies` (subprocess) reflected a first event {r['ready_s']:.1f} s after start")
+          f"published in {r['train_s']:.1f} s (serves {r['served']}); {r['refreshers']} x "
+          f"`rankstream refresh movies` (subprocesses, one group, {r['partitions']} "
+          f"partition(s), {r['threads']} thread(s) each) reflected a first event "
+          f"{r['ready_s']:.1f} s after start")
     load, look = r["load"], r["lookup"]
     produced = load["sent"] / load["seconds"]
     print(f"   load: {load['sent']:,} rating events in {load['seconds']:.1f} s = {produced:,.0f} "
@@ -625,6 +691,11 @@ def latency_report(r: dict, rate: float) -> None:
           f"<= 2: {_met(p99 <= 2.0)}; sustained {produced:,.0f} events/s >= {rate * 0.98:,.0f}"
           f": {_met(produced >= rate * 0.98)}; lookup p50 / raw GET p50 {ratio:.2f} <= 1.2: "
           f"{_met(ratio <= 1.2)}")
+    for pid, series in r["rss"].items():
+        first, last, growth = rss_growth(series)
+        print(f"   refresher pid {pid} RSS: {first / 2**20:,.0f} MiB after warm-up, "
+              f"{last / 2**20:,.0f} MiB at the end ({growth:+.1%}; target <= +10%: "
+              f"{_met(growth <= 0.10)})")
     print(f"   machine after: {r['machine']}")
 
 
@@ -638,6 +709,12 @@ def main(argv=None) -> int:
                     help="lookups/s of the lookup process (0: as fast as it goes)")
     ap.add_argument("--items", type=int, help="latency on a synthetic catalogue of this many "
                     "items (popularity 1/rank^0.8) instead of MovieLens 100K's 1,682")
+    ap.add_argument("--refreshers", type=int, default=1,
+                    help="refresher processes in the model's group (scale-out)")
+    ap.add_argument("--partitions", type=int,
+                    help="partitions of the event topics (default 1, or 4 with --refreshers > 1)")
+    ap.add_argument("--threads", type=int,
+                    help="numba threads per refresher (default: the cores / --refreshers)")
     ap.add_argument("--data", default="movielens,lastfm", help="quality data sets")
     ap.add_argument("--bootstrap", default=os.environ.get("RANKSTREAM_KAFKA_BOOTSTRAP"))
     ap.add_argument("--json", help="write the results here")

@@ -144,3 +144,20 @@ def test_a_count_window_is_found_again_once_one_percent_of_it_arrived():
     every = np.concatenate([np.arange(2000), np.arange(5000, 5010)])
     assert history.window_start(window) == window_start(every, window) == 1010
     assert history.window_start({"last_days": 1}) == 5009 - DAY_MS
+
+
+def test_streamed_events_are_slotted_and_share_their_ids_and_ratings():
+    # the refresher holds every event of its users: one object per id, not one per row
+    history = UserHistory()
+    table = pa.table({"user": ["u1", "u2", "u1"], "item": ["a", "a", "b"],
+                      "rating": [4.0, 4.0, 5.0], "ts": [1, 2, 3], "offset": [0, 1, 2]})
+    assert history.add("rating", table, source=("t", 0)) == {"u1", "u2"}
+    (a1, b1), (a2,) = history.streamed["u1"], history.streamed["u2"]
+    assert a1.item is a2.item and a1.rating is a2.rating and a1.source == ("t", 0)
+    assert not hasattr(a1, "__dict__")
+    again = pa.table({"user": ["u3"], "item": ["b"], "rating": [5.0], "ts": [4], "offset": [3]})
+    history.add("rating", again, source=("t", 0))
+    assert history.streamed["u3"][0].item is b1.item
+    # a version switch forgets what the store holds now and keeps the rest, ids shared still
+    history.forget_stored(lambda src: 2)
+    assert [e.offset for es in history.streamed.values() for e in es] == [2, 3]

@@ -139,7 +139,7 @@ def test_a_flip_mid_stream_loses_nothing_and_the_final_list_is_the_whole_history
     history = UserHistory()
     history.load_store(open_store(settings), ["rating"])
     streamed = refresher.history.streamed.get(str(user), [])
-    events = history.of(str(user)) + [e for _, e in streamed]
+    events = history.of(str(user)) + list(streamed)
     factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in, str(user))
     V, b = topk.lists.factors(st)
     scores = V @ factor + (0 if b is None else b)
