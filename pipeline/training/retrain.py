@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.durable import write_json
+from pipeline.heap import release_freed_memory
 from pipeline.settings import Settings
 from pipeline.training.lock import model_lock
 from pipeline.training.progress import phase, showing
@@ -85,20 +86,6 @@ def _unchanged(ctx: RunContext, ds: dict, summary: dict, publish: bool) -> dict:
         if summary["served"]["republished"]:
             summary.update(decision=Decision.REPUBLISHED, reason=summary["served"]["reason"])
     return summary
-
-
-def release_freed_memory() -> None:
-    """Hand the heap's freed pages back to the OS (glibc's ``malloc_trim``; elsewhere
-    nothing). Arrays under glibc's mmap threshold, which grows to 32 MB as big ones are freed,
-    live on the heap, and a run that freed its fits kept their pages: on a 40k-user set the
-    publish then peaked 0.2 GB above what it held."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _run_steps(ctx: RunContext, cold: bool, publish: bool, ingest: bool,

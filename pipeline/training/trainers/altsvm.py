@@ -110,7 +110,8 @@ class AltSVMTrainer(Trainer):
 
     def _fit_model(self, model, arrays: dict, warm: dict | None, cfg) -> dict:
         """A config with a ``tune`` table: settings chosen on the validation split
-        (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little. A fixed
+        (:mod:`.altsvm_tuning`), or the last run's choice while the data grew little; λ by
+        :func:`~.altsvm_tuning.by_ratio`'s rule. A fixed
         ``reg``/``reg_ratio`` from the config is fitted as given. Otherwise λ comes from a
         regularization path scored on the validation split (cold: PATH_RATIOS; warm: the last
         ratio and its neighbours; both paths start cold). A warm run whose comparisons grew
