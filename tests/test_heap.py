@@ -37,5 +37,5 @@ def test_freed_pages_between_live_objects_go_back_to_the_os():
                          cwd=Path(__file__).resolve().parents[1]).stdout
     held, freed, trimmed = map(int, out.split())
     assert held > 250 << 20
-    assert freed > 150 << 20, "glibc kept the freed blocks: the case this is for"
-    assert trimmed < freed - (150 << 20), (held, freed, trimmed)
+    assert freed > 100 << 20, "glibc kept the freed blocks: the case this is for"
+    assert trimmed < freed / 3, (held, freed, trimmed)
