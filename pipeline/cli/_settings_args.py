@@ -1,5 +1,5 @@
-"""Command-line flags shared by ``produce``, ``ingest`` and ``store``: they override the
-environment and the TOML file (see :mod:`pipeline.settings`)."""
+"""Command-line flags shared by ``produce``, ``ingest``, ``rekey`` and ``store``: they override
+the environment and the TOML file (see :mod:`pipeline.settings`)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,15 @@ def load_settings(args: argparse.Namespace):
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     names = ("config", "home", "store", "kafka_bootstrap", "dead_letter_topic")
     return Settings.load({name: getattr(args, name, None) for name in names})
+
+
+def no_kafka(settings, command: str, hint: str = "") -> bool:
+    """Whether ``settings`` names no Kafka bootstrap servers; if so, says so in one line on
+    stderr for ``rankstream COMMAND`` (``hint``: what to do instead)."""
+    if settings.kafka_bootstrap:
+        return False
+    import sys
+
+    print(f"rankstream {command}: no Kafka bootstrap servers (--bootstrap or "
+          f"RANKSTREAM_KAFKA_BOOTSTRAP){hint}", file=sys.stderr)
+    return True

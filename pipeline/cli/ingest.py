@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeline.cli._settings_args import add_settings_arguments, load_settings
+from pipeline.cli._settings_args import add_settings_arguments, load_settings, no_kafka
 
 
 def add_arguments(parser):
@@ -68,9 +68,7 @@ def run(args) -> int:
             print(f"rankstream ingest: {err}", file=sys.stderr)
             return 2
     else:
-        if not settings.kafka_bootstrap:
-            print("rankstream ingest: no Kafka bootstrap servers (--bootstrap or "
-                  "RANKSTREAM_KAFKA_BOOTSTRAP); use --files for embedded mode", file=sys.stderr)
+        if no_kafka(settings, "ingest", "; use --files for embedded mode"):
             return 2
         from pipeline.ingest.kafka import check_kafka_reachable
 

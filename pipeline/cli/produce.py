@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli._settings_args import add_settings_arguments, load_settings
+from pipeline.cli._settings_args import add_settings_arguments, load_settings, no_kafka
 
 
 def add_arguments(parser):
@@ -24,9 +24,7 @@ def run(args) -> int:
     from pipeline.ingest.producer import produce_files
 
     settings = load_settings(args)
-    if not settings.kafka_bootstrap:
-        print("rankstream produce: no Kafka bootstrap servers (--bootstrap or "
-              "RANKSTREAM_KAFKA_BOOTSTRAP)", file=sys.stderr)
+    if no_kafka(settings, "produce"):
         return 2
     kind = args.kind or ("rating" if args.fmt == "movielens" else None)
     topic = args.topic or (default_topic(kind) if kind else None)

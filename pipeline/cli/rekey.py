@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.cli._settings_args import add_settings_arguments, load_settings
+from pipeline.cli._settings_args import add_settings_arguments, load_settings, no_kafka
 
 
 def add_arguments(parser):
@@ -31,9 +31,7 @@ def run(args) -> int:
     from pipeline.ingest.rekey import Rekeyer, target_of
 
     settings = load_settings(args)
-    if not settings.kafka_bootstrap:
-        print("rankstream rekey: no Kafka bootstrap servers (--bootstrap or "
-              "RANKSTREAM_KAFKA_BOOTSTRAP)", file=sys.stderr)
+    if no_kafka(settings, "rekey"):
         return 2
     if args.until_idle is not None and not args.until_idle > 0:
         print(f"rankstream rekey: --until-idle is {args.until_idle:g}; give seconds > 0",

@@ -26,7 +26,7 @@ from pipeline.ingest.codec import (
 from pipeline.ingest.producer import EventProducer
 from pipeline.ingest.rekey import Rekeyer, target_of
 from pipeline.settings import Settings
-from tests.ingest.factory import new_topic
+from tests.ingest.factory import consume_all, new_topic
 
 T0 = 1_700_000_000_000
 PARTITIONS = 4
@@ -40,34 +40,28 @@ def _event(n: int) -> dict:
 def _read(bootstrap: str, topic: str) -> tuple[list, list, int]:
     """``([(partition, event)] in each partition's order, [raw values that do not decode or
     have no user], partition count)`` of everything in ``topic``."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    events, raw = [], []
+    for m in consume_all(bootstrap, topic):
+        try:
+            obj, _ = decode(m.value)
+        except DecodeError:
+            raw.append(m.value)
+            continue
+        rows = [obj] if not is_batch(obj) else [
+            {**batch_row(cols, i), "kind": obj["kind"]}
+            for cols, n in [batch_columns(obj)] for i in range(n)]
+        for row in rows:
+            if isinstance(row, dict) and "user" in row:
+                events.append((m.partition, row))
+            else:
+                raw.append(m.value)
+    reader = KafkaConsumer(bootstrap_servers=bootstrap)
     try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        ends = consumer.end_offsets(parts)
-        events, raw = [], []
-        while any(consumer.position(tp) < ends[tp] for tp in parts):
-            for tp, messages in sorted(consumer.poll(timeout_ms=1000).items()):
-                for m in messages:
-                    try:
-                        obj, _ = decode(m.value)
-                    except DecodeError:
-                        raw.append(m.value)
-                        continue
-                    rows = [obj] if not is_batch(obj) else [
-                        {**batch_row(cols, i), "kind": obj["kind"]}
-                        for cols, n in [batch_columns(obj)] for i in range(n)]
-                    for row in rows:
-                        if isinstance(row, dict) and "user" in row:
-                            events.append((tp.partition, row))
-                        else:
-                            raw.append(m.value)
-        return events, raw, len(parts)
+        return events, raw, len(reader.partitions_for_topic(topic))
     finally:
-        consumer.close()
+        reader.close()
 
 
 def test_events_of_unkeyed_producers_come_out_keyed_by_user_each_once(kafka_bootstrap,
