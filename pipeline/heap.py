@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
+
+@functools.cache
+def _libc():
+    """The C library, looked up once (``find_library`` may run ``ldconfig``), or None."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
 
 def release_freed_memory() -> None:
     """Hand the heap's freed pages back to the OS (glibc's ``malloc_trim``; elsewhere
@@ -9,10 +23,6 @@ def release_freed_memory() -> None:
     live on the heap, and freed pages between live objects stay in the process: a retrain
     that freed its fits kept them (on a 40k-user set the publish then peaked 0.2 GB above
     what it held); a refresher at 2,000 events/s had 30-60 MiB to give back every 10 s."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
