@@ -281,8 +281,9 @@ def run_one(name: str, rows: list[dict], cfg_path: Path, keep: bool = False,
         lists["popularity"] = {u: [item_ids[i] for i in t if i >= 0]
                                for u, t in zip(users, top)}
         # fit seconds at the chosen settings, on the same rows (TRAIN + VALIDATION)
-        chosen = next(t["chosen"] for t in ch.get("tried", []) if "chosen" in t)
-        first_ch = tuned.get("challenger", {})
+        first_ch = tuned.get("challenger", {})   # a warm run may skip ALS (standing.py)
+        chosen = next(t["chosen"] for c in (ch, first_ch) for t in c.get("tried", [])
+                      if "chosen" in t)
         from pipeline.training.trainers.als import ITERATIONS, fit_als
         X = interactions(arrays, liked, (TRAIN, VALIDATION), chosen["input"])
         t = time.perf_counter()

@@ -143,6 +143,38 @@ def loss_slope(loss, z):
     return -_sigmoid(-z)
 
 
+@njit(cache=True)
+def distinct_pairs(winner, loser, n_items):
+    """The distinct (winner, loser) pairs, ordered by winner then loser, and how often each
+    occurs: a counting sort by winner, then each winner's losers sorted (on 7M comparisons
+    0.15 s; numpy's sort of the winner * n_items + loser keys took 0.5-0.9 s)."""
+    n = winner.shape[0]
+    start = np.zeros(n_items + 1, np.int64)
+    for c in range(n):
+        start[winner[c] + 1] += 1
+    for j in range(n_items):
+        start[j + 1] += start[j]
+    fill = start[:-1].copy()
+    losers = np.empty(n, loser.dtype)
+    for c in range(n):
+        losers[fill[winner[c]]] = loser[c]
+        fill[winner[c]] += 1
+    out_w = np.empty(n, winner.dtype)
+    count = np.empty(n)
+    m = 0
+    for j in range(n_items):
+        losers[start[j]:start[j + 1]] = np.sort(losers[start[j]:start[j + 1]])
+        for t in range(start[j], start[j + 1]):
+            if t > start[j] and losers[t] == losers[t - 1]:
+                count[m - 1] += 1.0
+            else:
+                out_w[m] = j
+                losers[m] = losers[t]     # m <= t: the compacted losers overwrite read ones
+                count[m] = 1.0
+                m += 1
+    return out_w[:m].copy(), losers[:m].copy(), count[:m].copy()
+
+
 @njit(cache=True, parallel=True)
 def pair_slopes(b, winner, loser, loss, out):
     """``out[c] = −L'(b[winner[c]] − b[loser[c]])`` (≥ 0) for every comparison c: the slopes

@@ -78,7 +78,6 @@ from scipy.sparse.linalg import LinearOperator, svds
 
 from solvers import _altsvm_kernels as K
 from solvers import _altsvm_layout as L
-from solvers.pairs import _run_bounds
 
 LOSSES = {"squared_hinge": K.SQUARED_HINGE, "hinge": K.HINGE, "logistic": K.LOGISTIC}
 MAX_EXTRA_V_EPOCHS = 2  # see "Monotone objective" above
@@ -655,10 +654,7 @@ class Threshold:
                          tol=1e-7, rng=np.random.default_rng(0), parallel=False).beta
             return beta, beta
         if self._pairs is None:  # the distinct (winner, loser) pairs and their counts
-            key = np.sort(lay["cw"] * np.int64(n_items) + lay["cl"])  # numpy 2.4's np.unique
-            bounds = _run_bounds(key)                                   # is 10x slower
-            key = key[bounds[:-1]]
-            self._pairs = key // n_items, key % n_items, np.diff(bounds).astype(float)
+            self._pairs = K.distinct_pairs(lay["cw"], lay["cl"], n_items)
         w, lo, count = self._pairs
         code = LOSSES[loss]
 

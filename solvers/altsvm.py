@@ -553,12 +553,12 @@ class AltSVM(Estimator):
         keys = [k.astype(np.int64) if widen else k for k in c]
         return {"U": self.user_factors_, "V": self.item_factors_, "b": self.item_bias_,
                 "user": keys[0], "winner": keys[1], "loser": keys[2], "alpha": self._alpha,
-                "beta": self._beta, **self._known_reg_max()}
+                "beta": self._beta, **self.known_reg_max()}
 
-    def _known_reg_max(self) -> dict:
+    def known_reg_max(self) -> dict:
         """reg_max of these comparisons and ARPACK's last singular vector, when the fit
-        computed them: a warm start's reg_max secant starts there (comparisons grow little
-        between retrains, and reg_max with them)."""
+        computed them (kept by :meth:`drop_duals`): a warm start's reg_max secant starts there
+        (comparisons grow little between retrains, and reg_max with them)."""
         reg_max, vector = getattr(self, "_reg_max", None), getattr(self, "_sigma_vector", None)
         if reg_max is None:
             return {}

@@ -516,6 +516,57 @@ def test_the_holdout_errors_are_to_the_best_and_the_blend_keeps_its_own(monkeypa
     monkeypatch.setattr(als, "als_challenger", lambda *a: fit)
     monkeypatch.setattr(als, "_blend", lambda *a: (({}, None, {"evaluated": "blend"}), [],
                                                    ("model", "als"), 0.5))
-    first = als.challenger(trainer, None, "model", None, {}, cfg, None)
+    first = als.challenger(trainer, None, "model", None, {"met_part": np.zeros(7, np.int8)},
+                           cfg, None)
     assert first.holdout_errors == errors and first.blend[2]["margin"] == errors["blend"]
     assert "evaluated" not in first.blend[2]      # factors stay out of the summary
+    # each candidate's standing goes to the next run's warm state (standing.out_of_reach)
+    for name in per_user:
+        assert first.warm[f"standing_{name}"] == pytest.approx(
+            [per_user[name].mean(), errors[name]])
+    assert first.warm["standing_rows"] == 7
+
+
+def test_a_warm_run_skips_a_challenger_far_behind_and_carries_its_state(monkeypatch):
+    """A run that reused the model's tuning (no TRAIN fit: ``validated`` None) refits only
+    the challengers that can still be served: one that trailed the best by many standard
+    errors on the last comparison is skipped with the reason (the gate leaves it out), its
+    warm state and standing carried to the next run; once the rows grow past REUSE_GROWTH
+    it is fitted again."""
+    from types import SimpleNamespace
+
+    from pipeline.training import per_user_metrics
+    from pipeline.training.trainers import Challenger, als
+    from pipeline.training.tuning import REUSE_GROWTH
+
+    rng = np.random.default_rng(1)
+    per_user = {"model": rng.random(200), "blend": rng.random(200) + 0.1}
+    monkeypatch.setattr(per_user_metrics, "per_user_holdout",
+                        lambda trainer, factors, arrays, cfg, kind: per_user[factors])
+    fitted = []
+    monkeypatch.setattr(als, "als_challenger", lambda *a: fitted.append(a[3]) or Challenger(
+        name="als", metrics={}, artifact=None, evaluated="model", warm={"n_rows": 1}))
+    monkeypatch.setattr(als, "_blend", lambda *a: (({}, None, {"evaluated": "blend"}), [],
+                                                   ("model", "als"), 0.5))
+    trainer = SimpleNamespace(family=SimpleNamespace(higher_is_better=lambda m: True),
+                              topk_lists=None)
+    cfg = SimpleNamespace(metric="topk_ndcg@10", evaluation={"k": 10, "seed": 0},
+                          gate={"challenger": "als"})
+    last_als = {"n_rows": np.array(1000.0), "choice_factors": np.array(64)}
+    warm = {**last_als, "standing_rows": np.array(1000.0), "blend_pair": np.array("model,ease"),
+            "standing_model": np.array([0.20, 0.001]), "standing_als": np.array([0.15, 0.002])}
+    arrays = {"met_part": np.zeros(1010, np.int8)}
+    first = als.challenger(trainer, None, "model", None, arrays, cfg, warm)
+    assert fitted == [] and first.name == "als"
+    assert first.skipped.startswith("not refitted in this warm run: it trailed model by 0.05")
+    assert first.warm["choice_factors"] == 64 and first.warm["n_rows"] == 1000.0   # carried
+    assert first.warm["standing_als"].tolist() == [0.15, 0.002]
+    assert float(first.warm["standing_rows"]) == 1000.0
+    # the rows grew past the reuse rule: every challenger is fitted and compared again
+    grown = {"met_part": np.zeros(int(REUSE_GROWTH * 1000) + 1, np.int8)}
+    again = als.challenger(trainer, None, "model", None, grown, cfg, warm)
+    assert len(fitted) == 1 and again.skipped is None
+    assert float(again.warm["standing_rows"]) == int(REUSE_GROWTH * 1000) + 1
+    # a run that tuned the model afresh (a TRAIN fit) compares every candidate too
+    als.challenger(trainer, "validated", "model", None, arrays, cfg, warm)
+    assert len(fitted) == 2

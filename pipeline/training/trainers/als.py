@@ -47,7 +47,7 @@ import numpy as np
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
 from pipeline.training.selection import NearBest, setting_key
-from pipeline.training.trainers import Challenger, blends, challenger_names
+from pipeline.training.trainers import Challenger, blends, challenger_names, standing
 from pipeline.training.tuning import REUSE_GROWTH, caps, pattern_search, skipped
 
 ALS_AXES = {"input": ["met", "relevant"],
@@ -161,15 +161,25 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     from pipeline.training.trainers import ease, item_knn
 
     warm = dict(warm or {})
-    own = {k: v for k, v in warm.items() if not k.startswith(tuple(PREFIXES.values()))}
+    own = {k: v for k, v in warm.items()
+           if not k.startswith((*PREFIXES.values(), standing.STANDING, "blend_"))}
+    n_rows = int((arrays["met_part"] != TEST).sum())
+    skip = {} if validated is not None else standing.out_of_reach(
+        warm, n_rows, trainer.family.higher_is_better(cfg.metric))
     fits = []
     for name in challenger_names(cfg.gate["challenger"]):
         phase(f"challenger {name}")
-        if name == "als":
+        prefix = PREFIXES.get(name, "")
+        own_warm = own if name == "als" else {k[len(prefix):]: v for k, v in warm.items()
+                                              if prefix and k.startswith(prefix)}
+        if name == "knn" and "ease" in skip and standing.STANDING + name not in warm:
+            skip[name] = "not fitted in the last comparison, where EASE covered every item"
+        if name in skip:
+            fits.append(Challenger(name=name, metrics={}, artifact=None, skipped=skip[name],
+                                   warm=own_warm))
+        elif name == "als":
             fits.append(als_challenger(trainer, arrays, cfg, own))
         elif name in PREFIXES:
-            own_warm = {k[len(PREFIXES[name]):]: v for k, v in warm.items()
-                        if k.startswith(PREFIXES[name])}
             if name == "ease":
                 fits.append(ease.challenger(trainer, arrays, cfg, own_warm))
             else:       # skipped where an EASE fitted before it covers every item
@@ -186,10 +196,12 @@ def challenger(trainer, validated, final, published, arrays: dict, cfg,
     phase("blends")
     blended, blend_tried, pair, weight = _blend(trainer, model, fits, arrays, cfg, warm,
                                                 validations)
+    means = {}
     errors = _holdout_errors(trainer, {
         **{c.name: c.evaluated for c in [model, *fits] if c.skipped is None
            and c.evaluated is not None},
-        **({"blend": blended[2].pop("evaluated")} if blended else {})}, arrays, cfg)
+        **({"blend": blended[2].pop("evaluated")} if blended else {})}, arrays, cfg, means)
+    standing.record(state, warm, means, errors, skip, n_rows)
     if blended:
         blended[2]["margin"] = errors.get("blend", 0.0)
     if pair is not None:
@@ -324,14 +336,15 @@ def _blend(trainer, model: Challenger, fits: list, arrays, cfg, warm: dict,
     return blended, tried, pair, weight
 
 
-def _holdout_errors(trainer, evaluated: dict, arrays, cfg) -> dict:
+def _holdout_errors(trainer, evaluated: dict, arrays, cfg, means: dict | None = None) -> dict:
     """One standard error of the per-user difference on the holdout between each candidate
     (``evaluated``: name -> its evaluated factors; ``"blend"`` among them) and the best of
     them there (paired: the same users' lists), under its name; for the blend, to the best
-    single candidate instead. The gate says the blend's with its lead, and keeps what is
-    served on a run without validation evidence unless it trails by more than its own. {}
-    where the metric has no per-user form. With ~900 users it is about 0.005 NDCG@10: two
-    candidates closer than that are ordered by the holdout's draw."""
+    single candidate instead; ``means`` (given) gets each one's holdout metric. The gate
+    says the blend's with its lead, and keeps what is served on a run without validation
+    evidence unless it trails by more than its own. {} where the metric has no per-user form.
+    With ~900 users it is about 0.005 NDCG@10: two candidates closer than that are ordered
+    by the holdout's draw."""
     from pipeline.training.per_user_metrics import per_user_holdout, topk_kind
 
     kind = topk_kind(cfg.metric, cfg.evaluation.get("k"))
@@ -348,6 +361,8 @@ def _holdout_errors(trainer, evaluated: dict, arrays, cfg) -> dict:
         best = max(among, key=lambda n: sign * float(each[n].mean()))
         return float(np.std(each[name] - each[best], ddof=1) / np.sqrt(n_users))
 
+    if means is not None:
+        means.update({n: float(v.mean()) for n, v in each.items()})
     singles = [n for n in each if n != "blend"]
     return {n: error_to_best(n, singles if n == "blend" else each) for n in each}
 

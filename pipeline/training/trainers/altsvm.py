@@ -5,9 +5,9 @@ Dataset (:func:`.altsvm_data.collaborative`): every (user, item) met, with its p
 VALIDATION or TEST), and the comparisons made from the training parts.
 
 Evaluation measures what is published: each held-out user's top-k over the items not met in
-training against their held-out positives (``topk_*``), beside the paper's NDCG over the rated
-held-out items; the trivial models (popularity, training's wins − losses) likewise, for the
-gate. Searches (:mod:`.altsvm_tuning`, challengers') run on ``tune.sample_users`` users.
+training against their held-out positives (``topk_*``), beside the paper's NDCG over rated
+held-out items; the trivial models (popularity, training's wins − losses) likewise. Searches
+(:mod:`.altsvm_tuning`, challengers') run on ``tune.sample_users`` users.
 
 **Cost and memory grow with the data.** With P liked (user, item) rows outside the holdout, a
 user with p of them gets ``min(implicit_per_user, p · implicit_max_per_positive)`` implicit
@@ -22,6 +22,7 @@ tracemalloc at 2M comparisons, rank 20) + 8 · rank · (users + items) per copy 
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -37,7 +38,7 @@ from pipeline.training.trainers.altsvm_comparisons import (
 from pipeline.training.trainers.altsvm_data import DERIVED, collaborative, tuning_view
 from pipeline.training.trainers.altsvm_data import parse_rating_range as parse_range
 from pipeline.training.trainers.altsvm_metrics import rated_metrics, relevance_of
-from pipeline.training.trainers.altsvm_tuning import PATH_RATIOS, WARM_STEP
+from pipeline.training.trainers.altsvm_tuning import MADE, PATH_RATIOS, WARM_STEP
 from pipeline.training.trainers.factors import content_key, csr_rows, factors_of, pair_scores
 from pipeline.training.tuning import REUSE_GROWTH
 
@@ -62,7 +63,8 @@ class AltSVMTrainer(Trainer):
         check_caps(params)
 
     def build(self, store, cfg, previous: dict | None) -> tuple[dict, dict]:
-        ev, param = cfg.evaluation, lambda name: self.family.dataset_param(cfg.params, name)
+        ev, made = cfg.evaluation, altsvm_tuning.dataset_axes(cfg, self.family, previous)
+        param = altsvm_tuning.param_of(made, self.family, cfg.params)
         data = collaborative(
             store, cfg.kinds, window=cfg.window, users=idmap(previous, "user_ids"),
             items=idmap(previous, "item_ids"), split=ev["split"], holdout=int(ev["holdout"]),
@@ -78,18 +80,18 @@ class AltSVMTrainer(Trainer):
             rating_range=param("rating_range"),
             validation_users=int(cfg.tune.get("sample_users", 0)) if cfg.tune else 0,
             seed=int(ev["seed"]))
-        return data.to_arrays(), {"window": data.window.describe(), "stats": data.stats,
-                                  "n_train": int(len(data.comparisons))}
+        return {**data.to_arrays(), **{MADE + a: np.array(v) for a, v in made.items()}}, {
+            "window": data.window.describe(), "stats": data.stats, "n_train": len(data.comparisons)}
 
     def comparisons(self, arrays: dict, cfg, parts=(TRAIN, VALIDATION)) -> np.ndarray:
-        """The comparisons of ``parts`` under the config's parameters: the dataset's (TRAIN +
-        VALIDATION) or the λ path's (TRAIN), made once per run from the met rows and kept in
-        ``arrays`` (never in the bundle: :data:`~.altsvm_data.DERIVED`)."""
+        """The comparisons of ``parts`` under the dataset's parameters (TRAIN + VALIDATION) or
+        the λ path's (TRAIN), made once per run from the met rows and kept in ``arrays``
+        (never in the bundle: :data:`~.altsvm_data.DERIVED`)."""
         name = DERIVED[0] if tuple(parts) == (TRAIN, VALIDATION) else DERIVED[1]
         if name not in arrays:
-            param = lambda p: self.family.dataset_param(cfg.params, p)   # noqa: E731
-            arrays[name] = training_comparisons(arrays, param, parts,
-                                                int(cfg.evaluation["seed"]))
+            made = altsvm_tuning.made_with(arrays, self.family, cfg.params)
+            arrays[name] = training_comparisons(arrays, altsvm_tuning.param_of(
+                made, self.family, cfg.params), parts, int(cfg.evaluation["seed"]))
         return arrays[name]
 
     # ------------------------------------------------------------------ fitting
@@ -136,6 +138,7 @@ class AltSVMTrainer(Trainer):
                 tuning["path_n"] = len(tuning["comparisons"])
                 learned["validated"] = factors_of(tuning.pop("validated"))
                 warm = None    # the choice may change the rank: the final fit starts afresh
+            learned["refit_known"] = altsvm_tuning.last_refit_known(warm)
             comparisons = tuning.pop("comparisons")
             arrays[DERIVED[2]] = (np.bincount(comparisons[:, 1], minlength=sizes["n_items"])
                                   - np.bincount(comparisons[:, 2], minlength=sizes["n_items"]))
@@ -174,8 +177,7 @@ class AltSVMTrainer(Trainer):
         return learned
 
     def _on_cluster(self, model):
-        """``model``, its fit on the Ray cluster the run names (:attr:`Trainer.ray_address`):
-        the fits of the model's own comparisons, never the searches' samples."""
+        """``model``, fitted on the run's Ray cluster (:attr:`Trainer.ray_address`), if any."""
         model.ray_address = self.ray_address
         return model
 
@@ -188,15 +190,13 @@ class AltSVMTrainer(Trainer):
         if "choice" not in tuning or \
                 self.family.dataset_param(cfg.params, "comparisons") != "implicit":
             return {}
-        import time
-
         started = time.perf_counter()
         everything = altsvm_tuning.comparisons(
             arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
         arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
-        refitted = altsvm_tuning.refit(model, everything, tuning, altsvm_tuning.by_ratio(
-            arrays), n_users=len(arrays["user_ids"]), n_items=len(arrays["item_ids"]))
+        refitted = altsvm_tuning.refit(model, everything, tuning, arrays,
+                                       fitted.learned.get("refit_known", {}))
         fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
                 "refit_iterations": int(refitted.n_iter_),
@@ -442,7 +442,7 @@ class AltSVMTrainer(Trainer):
         out = super().checkpoint(fitted, arrays)
         tuning = fitted.learned.get("tuning")
         if tuning is not None and "choice" in tuning:
-            tuned = altsvm_tuning.checkpoint_arrays(tuning)
+            tuned = altsvm_tuning.checkpoint_arrays(tuning, fitted.served, fitted.model)
             return {**out, **{WARM_PREFIX + k: v for k, v in tuned.items()}}
         for k, v in (tuning or {}).items():
             if k != "reg_source":

@@ -44,18 +44,21 @@ import numpy as np
 
 from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.selection import cheapest_near_best, setting_key
+from pipeline.training.trainers import WARM_PREFIX
 from pipeline.training.trainers.altsvm_comparisons import training_comparisons
 from pipeline.training.tuning import REUSE_GROWTH, coordinate_search, settings_for_size
 
 PATH_RATIOS = np.geomspace(0.8, 0.01, 10)   # cold paths: fractions of reg_max, decreasing
 WARM_STEP = 1.6                             # warm paths: the last ratio x and / this
 COMPARISON_AXES = ("implicit_per_user", "implicit_sampling")   # change the comparisons
+MADE = "made_"     # the dataset's arrays: the comparison axes its comparisons were made with
 MODEL_AXES = ("rank", "loss")                                  # change the estimator
 # the order of a sweep, which decides what a small budget reaches: the loser sampling and the
 # rank first (on amazon-beauty, popularity-sampled losers and rank 64 lift AltSVM's NDCG@10
 # from 0.009 to 0.023 at λ 0.1 reg_max), then λ; comparisons per user last: under
 # implicit_max_per_positive it binds only for users with more liked items than per_user / cap
 SWEEP = ("implicit_sampling", "rank", "reg_ratio", "loss", "implicit_per_user")
+REFIT_KNOWN = "refit_"     # the served refit's reg_max in the warm state: the next refit's start
 
 
 def comparisons(arrays: dict, family, params: dict, parts, seed: int) -> np.ndarray:
@@ -187,26 +190,44 @@ def by_ratio(arrays: dict) -> bool:
     return "tuning_users" in arrays
 
 
-def refit(model, everything: np.ndarray, tuning: dict, ratio: bool, **sizes):
-    """A fit of ``model``'s settings on ``everything`` (the comparisons of every met row),
-    warm-started from ``model``: at the tuned ratio to reg_max (``ratio``; reg_max's secant
-    starts at the evaluated fit's, :meth:`AltSVM._known_reg_max`), else at λ per comparison
-    kept (``tuning``'s). Where that λ is past reg_max (reg_max grows slower than the
-    comparisons), it keeps the tuned ratio instead, and what the first fit said is not said
-    of the one served."""
-    params = model.get_params()
-    if not ratio:
+def refit(model, everything: np.ndarray, tuning: dict, arrays: dict, known: dict):
+    """A fit of ``model``'s settings on ``everything`` (the comparisons of every met row of
+    ``arrays``), warm-started from ``model``: at the tuned ratio to reg_max (:func:`by_ratio`;
+    reg_max's secant
+    starts at ``known``, the last run's refit's :meth:`AltSVM.known_reg_max`, else at the
+    evaluated fit's: on synthetic-1m its σ_max took 1.7 s from the evaluated fit's singular
+    vector, 0.2 s from the last refit's), else at λ per comparison kept (``tuning``'s). Where
+    that λ is past reg_max (reg_max grows slower than the comparisons), it keeps the tuned
+    ratio instead, and what the first fit said is not said of the one served."""
+    params, start = model.get_params(), {**model.warm_view(), **known}
+    sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
+    if not by_ratio(arrays):
         refitted = type(model)(**{**params, "reg": tuning["reg_per_comparison"] * len(everything)})
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            refitted.fit(everything, warm_start=model.warm_view(), **sizes)
+            refitted.fit(everything, warm_start=start, **sizes)
         if not refitted.past_reg_max_:
             for w in said:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return refitted
         del refitted       # its layout and duals go before the next fit makes its own
     refitted = type(model)(**{**params, "reg": None, "reg_ratio": float(tuning["reg_ratio"])})
-    return refitted.fit(everything, warm_start=model.warm_view(), **sizes)
+    return refitted.fit(everything, warm_start=start, **sizes)
+
+
+def refit_known(served, evaluated) -> dict:
+    """What :func:`last_refit_known` reads back from the next run's warm state: the served
+    refit's reg_max and singular vector ({} where the evaluated fit is served)."""
+    if served is evaluated:
+        return {}
+    return {REFIT_KNOWN + k: v for k, v in served.known_reg_max().items()}
+
+
+def last_refit_known(warm: dict | None) -> dict:
+    """The last run's refit's reg_max and singular vector (:func:`refit`'s ``known``) from
+    its warm state; {} without one."""
+    return {k: warm[REFIT_KNOWN + k] for k in ("known_reg_max", "sigma_vector")
+            if warm is not None and REFIT_KNOWN + k in warm}
 
 
 def _searched_users(arrays: dict) -> dict:
@@ -248,11 +269,37 @@ def reuse(model, arrays: dict, cfg, family, warm: dict | None) -> dict | None:
     return {**last, "comparisons": final, "tried": [], "source": "last tuning"}
 
 
+def dataset_axes(cfg, family, previous: dict | None) -> dict:
+    """The comparison axes the dataset step makes its comparisons with: the last tuning's
+    choice where ``previous`` (the last checkpoint's arrays) has one for these axes, which a
+    warm run reuses while the data grows little (its fit's comparisons are then made once,
+    not twice: 1.8 s of a 27 s warm retrain on synthetic-1m), else the config's."""
+    own = {a: family.dataset_param(cfg.params, a) for a in COMPARISON_AXES}
+    n = len(WARM_PREFIX)        # the tuning's scalars only, not the warm duals
+    warm = {k[n:]: previous[k] for k in (previous or {}) if k.startswith(WARM_PREFIX) and (
+        k[n:].startswith("tuned_") or k[n:] in ("path_n", "reg_ratio", "reg_per_comparison"))}
+    last = _last_choice(warm, _axes(cfg, family)) if cfg.tune else None
+    return {**own, **{a: v for a, v in (last or {"choice": {}})["choice"].items() if a in own}}
+
+
+def made_with(arrays: dict, family, params: dict) -> dict:
+    """The comparison axes of the dataset's comparisons (:func:`dataset_axes`, recorded in
+    its ``made_<axis>`` arrays), the config's where they are not recorded."""
+    return {a: np.asarray(arrays[MADE + a]).item() if MADE + a in arrays
+            else family.dataset_param(params, a) for a in COMPARISON_AXES}
+
+
+def param_of(made: dict, family, params: dict):
+    """``param(name)``: the dataset parameter ``name`` of the config's ``params``, the
+    comparison axes ``made``'s (:func:`dataset_axes`, :func:`made_with`)."""
+    return lambda name: made.get(name, family.dataset_param(params, name))
+
+
 def _comparisons_of(arrays, family, params, choice, parts, seed, cache) -> np.ndarray:
     """Comparisons under ``choice`` (the config's where it tunes no comparison axis): the
-    dataset's own TRAIN + VALIDATION ones, made once, when the choice is the config's."""
-    own = all(choice[a] == family.dataset_param(params, a) for a in COMPARISON_AXES
-              if a in choice)
+    dataset's own TRAIN + VALIDATION ones, made once, when the choice is theirs."""
+    made = made_with(arrays, family, params)
+    own = all(choice[a] == made[a] for a in COMPARISON_AXES if a in choice)
     if own and tuple(parts) == (TRAIN, VALIDATION) and "comparisons" in arrays:
         return arrays["comparisons"]
     key = (tuple(choice.get(a) for a in COMPARISON_AXES), tuple(parts))
@@ -272,9 +319,10 @@ def _last_choice(warm: dict | None, axes: dict) -> dict | None:
             "reg_per_comparison": float(np.asarray(warm["reg_per_comparison"]))}
 
 
-def checkpoint_arrays(tuning: dict) -> dict:
-    """What the next run needs to reuse (or restart from) this choice."""
+def checkpoint_arrays(tuning: dict, served, evaluated) -> dict:
+    """What the next run needs to reuse (or restart from) this choice, and where its refit's
+    reg_max starts (:func:`refit_known`)."""
     out = {f"tuned_{a}": np.array(v) for a, v in tuning["choice"].items()}
     for k in ("path_n", "reg_ratio", "reg_per_comparison"):
         out[k] = np.array(float(tuning[k]))
-    return out
+    return {**out, **refit_known(served, evaluated)}
