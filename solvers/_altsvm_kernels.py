@@ -147,7 +147,7 @@ def loss_slope(loss, z):
 def distinct_pairs(winner, loser, n_items):
     """The distinct (winner, loser) pairs, ordered by winner then loser, and how often each
     occurs: a counting sort by winner, then each winner's losers sorted (on 7M comparisons
-    0.15 s; numpy's sort of the winner * n_items + loser keys took 0.5-0.9 s)."""
+    0.39 s; numpy's sort of the winner * n_items + loser keys, the same arrays, 0.56 s)."""
     n = winner.shape[0]
     start = np.zeros(n_items + 1, np.int64)
     for c in range(n):

@@ -193,12 +193,12 @@ def by_ratio(arrays: dict) -> bool:
 def refit(model, everything: np.ndarray, tuning: dict, arrays: dict, known: dict):
     """A fit of ``model``'s settings on ``everything`` (the comparisons of every met row of
     ``arrays``), warm-started from ``model``: at the tuned ratio to reg_max (:func:`by_ratio`;
-    reg_max's secant
-    starts at ``known``, the last run's refit's :meth:`AltSVM.known_reg_max`, else at the
-    evaluated fit's: on synthetic-1m its σ_max took 1.7 s from the evaluated fit's singular
-    vector, 0.2 s from the last refit's), else at λ per comparison kept (``tuning``'s). Where
-    that λ is past reg_max (reg_max grows slower than the comparisons), it keeps the tuned
-    ratio instead, and what the first fit said is not said of the one served."""
+    reg_max's secant starts at ``known``, the last run's refit's
+    :meth:`AltSVM.known_reg_max`, else at the evaluated fit's: on synthetic-1m its σ_max took
+    1.7 s from the evaluated fit's singular vector, 1.2 s from the last refit's), else at λ
+    per comparison kept (``tuning``'s). Where that λ is past reg_max (reg_max grows slower
+    than the comparisons), it keeps the tuned ratio instead, and what the first fit said is
+    not said of the one served."""
     params, start = model.get_params(), {**model.warm_view(), **known}
     sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
     if not by_ratio(arrays):

@@ -47,12 +47,11 @@ def out_of_reach(warm: dict, n_rows: int, higher: bool) -> dict:
         lead = sign * (last[best][0] - value)
         if name in ("model", "blend", *pair) or not behind(name):
             continue
+        errors = f" ({lead / error:.0f} standard errors)" if error > 0 else ""
         out[name] = (f"not refitted in this warm run: it trailed {best} by {lead:.4g} on the "
-                     f"last comparison's holdout ({lead / error:.0f} standard errors)"
-                     if error > 0 else f"not refitted in this warm run: it trailed {best} "
-                     f"by {lead:.4g} on the last comparison's holdout")
-        out[name] += (f"; every challenger is refitted once the rows pass {REUSE_GROWTH:g}x "
-                      f"that comparison's {float(np.asarray(warm[ROWS])):,.0f}")
+                     f"last comparison's holdout{errors}; every challenger is refitted once the "
+                     f"rows pass {REUSE_GROWTH:g}x that comparison's "
+                     f"{float(np.asarray(warm[ROWS])):,.0f}")
     return out
 
 
