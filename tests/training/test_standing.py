@@ -63,3 +63,33 @@ def test_a_blend_out_of_reach_does_not_keep_its_members():
     near = _warm(pair="model,als", model=[0.019, 0.0005], knn=[0.0357, 0.0006],
                  als=[0.0300, 0.0005], blend=[0.0355, 0.0004])
     assert standing.out_of_reach(near, 1000, higher=True) == {}
+
+
+def test_the_dataset_makes_the_last_tunings_comparisons_only_where_the_config_tunes():
+    """A warm run's dataset step makes its comparisons with the last tuning's comparison axes
+    (the fit then reuses them, not makes them twice); a config that fixes λ fits the dataset's
+    comparisons as they are, so those follow its own parameters, whatever the checkpoint says."""
+    from pipeline.training.config import parse_model
+    from pipeline.training.trainers import altsvm_tuning
+
+    def cfg(**params):
+        return parse_model("movies", {"algorithm": "altsvm", "kinds": ["interaction"],
+                                      "params": {"implicit_sampling": "popularity", **params},
+                                      "tune": {"max_settings": 6}}, "test")
+
+    tuned = cfg()
+    previous = {"warm_tuned_implicit_sampling": np.array("uniform"),
+                "warm_tuned_implicit_per_user": np.array(500), "warm_tuned_rank": np.array(10),
+                "warm_tuned_loss": np.array("hinge"), "warm_path_n": np.array(1000.0),
+                "warm_reg_ratio": np.array(0.1), "warm_reg_per_comparison": np.array(0.01),
+                "warm_U": np.zeros((3, 10))}
+    axes = altsvm_tuning.dataset_axes(tuned, tuned.family, previous)
+    assert axes == {"implicit_sampling": "uniform", "implicit_per_user": 500}
+    own = {"implicit_sampling": "popularity",
+           "implicit_per_user": tuned.family.dataset_param(tuned.params, "implicit_per_user")}
+    assert altsvm_tuning.dataset_axes(tuned, tuned.family, None) == own
+    fixed = cfg(reg=1.0)
+    assert altsvm_tuning.dataset_axes(fixed, fixed.family, previous) == own
+    made = {f"made_{a}": np.array(v) for a, v in axes.items()}
+    assert altsvm_tuning.made_with(made, tuned.family, tuned.params) == axes
+    assert altsvm_tuning.made_with({}, tuned.family, tuned.params) == own

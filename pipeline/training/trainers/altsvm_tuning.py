@@ -278,7 +278,8 @@ def dataset_axes(cfg, family, previous: dict | None) -> dict:
     n = len(WARM_PREFIX)        # the tuning's scalars only, not the warm duals
     warm = {k[n:]: previous[k] for k in (previous or {}) if k.startswith(WARM_PREFIX) and (
         k[n:].startswith("tuned_") or k[n:] in ("path_n", "reg_ratio", "reg_per_comparison"))}
-    last = _last_choice(warm, _axes(cfg, family)) if cfg.tune else None
+    tuned = cfg.tune and "reg" not in cfg.params and "reg_ratio" not in cfg.params
+    last = _last_choice(warm, _axes(cfg, family)) if tuned else None   # as _fit_model tunes
     return {**own, **{a: v for a, v in (last or {"choice": {}})["choice"].items() if a in own}}
 
 
