@@ -11,8 +11,8 @@ broken by the same hash. Output rows keep the enumeration order (by user, then a
 
 :func:`fill_implicit` samples "the user met item i, so i beats item j" comparisons: for the
 k-th comparison of interaction (u, i) it tries candidates j from the hash h(seed, u, i, k, t),
-t = 0, 1, ... (uniform over the items, or by inverse CDF of a popularity distribution) until j
-is not one of u's items, so each sample too depends only on (u, i, k) and the user's items.
+t = 0, 1, ... (uniform over the items, or in proportion to integer item weights) until j is not
+one of u's items, so each sample too depends only on (u, i, k), the user's items and the weights.
 """
 
 from __future__ import annotations
@@ -111,22 +111,26 @@ def fill_pairs(starts, r, user, salt, item, counts, cap, largest_gap, seed, out)
 
 
 @njit(cache=True, parallel=True)
-def fill_implicit(starts, user, item, seen_items, seen_lo, seen_hi, per, offsets, n_items, cdf,
+def fill_implicit(starts, user, item, seen_items, seen_lo, seen_hi, per, offsets, n_items, cum,
                   seed, out, ok):
     """Rows ``offsets[x] + k``, k < ``per[g]``, = (user, item of x, sampled item j) for the
     comparisons of winner x of group g (``starts[g]:starts[g+1]``); ``ok`` marks the rows where
     a j was found.
 
     ``seen_items[seen_lo[g]:seen_hi[g]]`` (sorted) are the items user group g met: they are
-    never sampled. ``cdf`` (increasing, ending at 1) samples by popularity; an empty ``cdf``
-    samples uniformly, by rejection from the next power of two >= n_items (h mod n_items would
-    move almost every sample when one item is added; with rejection, a catalog that grows by a
-    fraction f moves about a fraction f of them, until n_items passes a power of two).
+    never sampled. ``cum`` (int64, the cumulative sums of positive item weights) samples item j
+    with probability weight_j / cum[-1]; an empty ``cum`` samples uniformly. Both draw a value
+    v from the next power of two >= the total (n_items, or cum[-1]) and reject it past the
+    total, so the values that land on an item do not depend on the total: h mod n_items, or an
+    inverse CDF normalized to 1, would move almost every sample when one item is added (or
+    any weight changes), and a warm start would find none of its duals again. With rejection,
+    a catalog that grows by a fraction f moves about a fraction f of them, until the total
+    passes a power of two; weights that stay as they were move none.
     """
     n_groups = starts.shape[0] - 1
-    scale = 1.0 / 18446744073709551616.0
+    total = n_items if cum.shape[0] == 0 else cum[-1]
     span = np.uint64(1)
-    while span < np.uint64(n_items):
+    while span < np.uint64(total):
         span = span * np.uint64(2)
     mask = span - np.uint64(1)
     for g in prange(n_groups):
@@ -140,13 +144,11 @@ def fill_implicit(starts, user, item, seen_items, seen_lo, seen_hi, per, offsets
                 base = hash4(seed, user[x], item[x], k)
                 for t in range(MAX_TRIES):
                     _, h = next_u64(base + np.uint64(t))
-                    if cdf.shape[0] == 0:
-                        j = np.int64(h & mask)
-                        if j >= n_items:
-                            continue
-                    else:
-                        j = np.int64(np.searchsorted(cdf, h * scale, side="right"))
-                        j = min(j, n_items - 1)
+                    v = np.int64(h & mask)
+                    if v >= total:
+                        continue
+                    j = v if cum.shape[0] == 0 else np.int64(
+                        np.searchsorted(cum, v, side="right"))
                     p = np.searchsorted(met, j)
                     if p < met.shape[0] and met[p] == j:
                         continue

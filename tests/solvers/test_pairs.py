@@ -225,6 +225,36 @@ def test_popularity_sampling_prefers_popular_items():
         implicit_comparisons(users, items, 10)
 
 
+def test_popularity_sampling_draws_by_the_given_counts_and_keeps_its_draws_as_data_grows():
+    """Losers are drawn in proportion to (popularity + 1)^0.75; the default popularity is how many
+    users met each item; counts handed from an earlier run keep nearly every draw of the
+    grown data where it was, while counts taken afresh move most of them."""
+    rng = np.random.default_rng(7)
+    users, items = rng.integers(0, 3000, 40_000), np.minimum(rng.zipf(1.3, 40_000), 2000) - 1
+    args = dict(per_user=50, max_per_positive=10, sampling="popularity", random_state=3)
+    met = np.unique(users * 2000 + items) % 2000
+    own = np.bincount(met, minlength=2000)
+    first = implicit_comparisons(users, items, 2000, **args)
+    assert np.array_equal(first, implicit_comparisons(users, items, 2000, popularity=own, **args))
+    # the draws follow the weights: a flat popularity over the unpopular half of the catalogue
+    flat = np.zeros(2000, np.int64)
+    flat[1000:] = 99
+    drawn = implicit_comparisons(users, items, 2000, popularity=flat, **args)[:, 2]
+    assert 0.96 < (drawn >= 1000).mean() < 0.975           # 100^0.75 = 31.6: 31.6 / 32.6
+    more = rng.integers(0, 3000, 800), np.minimum(rng.zipf(1.3, 800), 2000) - 1
+    grown = np.r_[users, more[0]], np.r_[items, more[1]]
+    rows = lambda c: set(map(tuple, c.tolist()))   # noqa: E731
+    kept = len(rows(first) & rows(implicit_comparisons(*grown, 2000, popularity=own, **args)))
+    moved = len(rows(first) & rows(implicit_comparisons(*grown, 2000, **args)))
+    assert kept > 0.9 * len(first) and moved < 0.5 * len(first)
+    # a popularity shorter than the catalogue: the items past it weigh 1
+    padded = np.r_[own[:10], np.zeros(1990, np.int64)]
+    assert np.array_equal(implicit_comparisons(users, items, 2000, popularity=own[:10], **args),
+                          implicit_comparisons(users, items, 2000, popularity=padded, **args))
+    with pytest.raises(ValueError, match="popularity has shape \\(2, 2\\) and dtype float64"):
+        implicit_comparisons(users, items, 2000, popularity=np.ones((2, 2)), **args)
+
+
 def test_implicit_comparisons_per_user_capped_per_positive():
     """With ``max_per_positive`` a user's comparisons are min(per_user, positives x cap): they
     grow with the positives, and a user with many positives keeps the per-user budget."""

@@ -82,6 +82,8 @@ def test_searches_fit_and_score_a_sample_of_users_and_the_summary_says_so(tmp_pa
     assert out["train"]["tuning"]["users"] <= 40          # what the search fitted
     view = tuning_view(dict(arrays))
     assert set(np.unique(view["met_user"])) == set(sample)
+    # its popular losers by the sample's own counts (made from its rows), not the whole data's
+    assert "loser_counts" in arrays and "loser_counts" not in view
     # every user's rows are still trained on and evaluated
     assert np.unique(arrays["met_user"][arrays["met_part"] == TRAIN]).size > 100
     assert (arrays["met_part"] == TEST).any()
@@ -175,3 +177,42 @@ def test_comparison_caps_that_are_not_whole_numbers_are_refused_when_the_config_
                                              r"number >= 0"):
             parse_model("movies", {"algorithm": "altsvm", "kinds": ["rating"],
                                    "params": {"implicit_max_comparisons": value}}, "test")
+
+
+def test_loser_counts_stay_the_last_runs_until_the_datas_own_drift_past_a_tenth():
+    """Popularity-sampled losers are drawn by counts the next run's dataset starts from: kept
+    while the data's own counts lie within LOSER_DRIFT of them (total variation), so a warm
+    start finds its comparisons again, and counted afresh once they moved further."""
+    from pipeline.training.trainers.altsvm_comparisons import LOSER_DRIFT, loser_counts
+
+    items = np.repeat(np.arange(4), [40, 30, 20, 10])
+    first, drift = loser_counts(items, 4, None)
+    assert first["loser_counts"].tolist() == [40, 30, 20, 10] and drift == 0.0
+    grown, drift = loser_counts(np.r_[items, 4, 4], 6, first)       # two new items appear
+    assert grown["loser_counts"].tolist() == [40, 30, 20, 10, 0, 0]
+    assert drift == 0.5 * (2 / 102 + sum(abs(c / 102 - c / 100) for c in (40, 30, 20, 10)))
+    swapped = np.repeat(np.arange(4), [10, 20, 30, 40])             # tastes turned over
+    fresh, drift = loser_counts(swapped, 4, first)
+    assert drift > LOSER_DRIFT and fresh["loser_counts"].tolist() == [10, 20, 30, 40]
+
+
+def test_a_warm_dataset_draws_its_losers_by_the_checkpoints_counts(tmp_path, redis_url):
+    settings = Settings(home=tmp_path / "home")
+    _ingest(settings)
+    models = _config()
+    models["movies"].params["implicit_sampling"] = "popularity"
+    cold = retrain.run("movies", models, settings=settings, redis_url=redis_url)
+    assert cold["decision"] == "published", cold.get("reason")
+    _, first = read_bundle(f"{cold['dataset']['run_dir']}/dataset", fmt="rankstream.dataset")
+    more = synthetic.rating_events(n_users=130, n_items=80, per_user=12, seed=4)[-40:]
+    ingest_files([synthetic.write_jsonl(more, settings.home / "in" / "more.jsonl")], "rating",
+                 settings=settings, progress=False)
+    warm = retrain.run("movies", models, settings=settings, redis_url=redis_url)
+    assert warm["dataset"]["warm_from"] and warm["train"]["warm_start"]
+    _, second = read_bundle(f"{warm['dataset']['run_dir']}/dataset", fmt="rankstream.dataset")
+    n = len(first["loser_counts"])
+    assert 0 < warm["dataset"]["stats"]["loser_counts_drift"] <= 0.1
+    assert np.array_equal(second["loser_counts"][:n], first["loser_counts"])
+    met = second["met_part"] != TEST
+    own = np.bincount(second["met_item"][met], minlength=len(second["item_ids"]))
+    assert not np.array_equal(second["loser_counts"], own)

@@ -158,3 +158,34 @@ def test_a_retune_walks_its_lambda_path_from_zero_not_from_the_last_fit(built, m
     for kw in paths:
         assert kw.get("warm_start") is None
         assert len(kw["ratios"]) <= 3 and last_ratio in np.asarray(kw["ratios"])
+
+
+def test_the_next_refit_starts_from_the_last_refit_where_the_evaluated_fit_never_was(built):
+    """The checkpoint keeps what the served refit learned beyond the evaluated fit (its V and b,
+    and the duals of the comparisons won by TEST rows, no others); the next run's refit starts
+    from them with the evaluated fit's duals, nearer its optimum than from the evaluated fit
+    alone, and ends at the same objective."""
+    from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+    from pipeline.training.trainers import altsvm_tuning
+
+    trainer, cfg, arrays = built
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted, _ = trainer.fit(arrays, cfg, None)
+        trainer.refit(fitted, arrays, cfg)
+        warm = warm_state(trainer.checkpoint(fitted, arrays), WARM_PREFIX)
+        known = altsvm_tuning.last_refit_known(warm)
+        n_items = len(arrays["item_ids"])
+        test = arrays["met_part"] == TEST
+        held = set((arrays["met_user"][test] * n_items + arrays["met_item"][test]).tolist())
+        won = (known["user"].astype(np.int64) * n_items + known["winner"]).tolist()
+        assert len(won) > 0 and set(won) <= held
+        assert np.array_equal(known["V"], fitted.served.item_factors_)
+        tuning = fitted.learned["tuning"]
+        all_rows = altsvm_tuning.comparisons(arrays, cfg.family, {**cfg.params, **tuning["choice"]},
+                                             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
+        fits = [altsvm_tuning.refit(fitted.model, all_rows, tuning, arrays, start)[0]
+                for start in ({}, known)]
+    assert fits[1].objective_init_ < fits[0].objective_init_
+    assert fits[1].n_iter_ <= fits[0].n_iter_
+    assert fits[1].objective_[-1] == pytest.approx(fits[0].objective_[-1], rel=1e-3)

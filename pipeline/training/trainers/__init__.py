@@ -121,10 +121,12 @@ class Trainer(abc.ABC):
     abstract methods are what a family must write, the rest has defaults.
 
     ``id_maps`` names the arrays of a dataset that are id maps: they are stored in the
-    checkpoint, so the next run extends them instead of renumbering.
+    checkpoint, so the next run extends them instead of renumbering; ``carried`` names the
+    dataset's other arrays the next run's dataset starts from (AltSVM's loser counts).
     """
 
     id_maps: tuple[str, ...] = ()
+    carried: tuple[str, ...] = ()
     derived: tuple[str, ...] = ()
     """Arrays of a dataset made from its other arrays on demand: handed to the fit in memory,
     never written to the dataset bundle (a step in another process makes them again)."""
@@ -230,7 +232,8 @@ class Trainer(abc.ABC):
         served AltSVM over a blend 5% better on held-out data."""
         # a view, not a copy (AltSVM's 7M duals: 0.28 GB): the checkpoint is written at once,
         # and nothing fits the model again
-        return {**{name: arrays[name] for name in self.id_maps},
+        kept = [name for name in self.id_maps + self.carried if name in arrays]
+        return {**{name: arrays[name] for name in kept},
                 **{WARM_PREFIX + k: v for k, v in fitted.model.warm_view().items()}}
 
 

@@ -50,8 +50,7 @@ def _number_or(value, word: str):     # a config value that is a number or the o
 
 
 class AltSVMTrainer(Trainer):
-    id_maps = ("user_ids", "item_ids")
-    derived = DERIVED
+    id_maps, carried, derived = ("user_ids", "item_ids"), ("loser_counts",), DERIVED
 
     def __init__(self, family):
         super().__init__(family)
@@ -79,7 +78,7 @@ class AltSVMTrainer(Trainer):
             relevance=_number_or(ev["relevance"], "auto"),
             rating_range=param("rating_range"),
             validation_users=int(cfg.tune.get("sample_users", 0)) if cfg.tune else 0,
-            seed=int(ev["seed"]))
+            seed=int(ev["seed"]), previous=previous)
         return {**data.to_arrays(), **{MADE + a: np.array(v) for a, v in made.items()}}, {
             "window": data.window.describe(), "stats": data.stats, "n_train": len(data.comparisons)}
 
@@ -195,8 +194,8 @@ class AltSVMTrainer(Trainer):
             arrays, self.family, {**cfg.params, **tuning["choice"]},
             (TRAIN, VALIDATION, TEST), int(cfg.evaluation["seed"]))
         arrays.pop(DERIVED[1], None)       # the λ path's and the tuning's are done with
-        refitted = altsvm_tuning.refit(model, everything, tuning, arrays,
-                                       fitted.learned.get("refit_known", {}))
+        refitted, fitted.learned["refit_next"] = altsvm_tuning.refit(
+            model, everything, tuning, arrays, fitted.learned.get("refit_known", {}))
         fitted.served = refitted.drop_duals()   # only scored and published from here on
         return {"refit_seconds": time.perf_counter() - started,
                 "refit_iterations": int(refitted.n_iter_),
@@ -442,7 +441,7 @@ class AltSVMTrainer(Trainer):
         out = super().checkpoint(fitted, arrays)
         tuning = fitted.learned.get("tuning")
         if tuning is not None and "choice" in tuning:
-            tuned = altsvm_tuning.checkpoint_arrays(tuning, fitted.served, fitted.model)
+            tuned = altsvm_tuning.checkpoint_arrays(tuning, fitted.learned.get("refit_next", {}))
             return {**out, **{WARM_PREFIX + k: v for k, v in tuned.items()}}
         for k, v in (tuning or {}).items():
             if k != "reg_source":
