@@ -58,8 +58,7 @@ MODEL_AXES = ("rank", "loss")                                  # change the esti
 # from 0.009 to 0.023 at λ 0.1 reg_max), then λ; comparisons per user last: under
 # implicit_max_per_positive it binds only for users with more liked items than per_user / cap
 SWEEP = ("implicit_sampling", "rank", "reg_ratio", "loss", "implicit_per_user")
-REFIT_KNOWN = "refit_"     # the served refit's reg_max and held-out duals: the next refit's start
-DUAL_KEYS = ("user", "winner", "loser", "alpha", "beta")
+REFIT_KNOWN = "refit_"     # the served refit's reg_max, V and b: the next refit's start
 
 
 def comparisons(arrays: dict, family, params: dict, parts, seed: int) -> np.ndarray:
@@ -194,7 +193,7 @@ def by_ratio(arrays: dict) -> bool:
 def refit(model, everything: np.ndarray, tuning: dict, arrays: dict, known: dict):
     """A fit of ``model``'s settings on ``everything`` (the comparisons of every met row of
     ``arrays``), warm-started from ``model`` and ``known`` (:func:`last_refit_known`: the last
-    run's refit's reg_max, singular vector and held-out comparisons' duals): at the tuned
+    run's refit's reg_max, singular vector, V and b: :func:`with_last_refit`): at the tuned
     ratio to reg_max (:func:`by_ratio`; reg_max's secant starts at the last refit's: on
     synthetic-1m its σ_max took 1.7 s from the evaluated fit's singular vector, 1.2 s from
     the last refit's), else at λ per comparison kept (``tuning``'s). Where that λ is past
@@ -203,7 +202,7 @@ def refit(model, everything: np.ndarray, tuning: dict, arrays: dict, known: dict
 
     Returns the refit and what the next run's refit starts from (:func:`refit_known`)."""
     params = model.get_params()
-    start = with_duals(model.warm_view(), known)
+    start = with_last_refit(model.warm_view(), known)
     sizes = {"n_users": len(arrays["user_ids"]), "n_items": len(arrays["item_ids"])}
     refitted = None
     if not by_ratio(arrays):
@@ -219,40 +218,32 @@ def refit(model, everything: np.ndarray, tuning: dict, arrays: dict, known: dict
     if refitted is None:
         refitted = type(model)(**{**params, "reg": None, "reg_ratio": float(tuning["reg_ratio"])})
         refitted.fit(everything, warm_start=start, **sizes)
-    return refitted, refit_known(refitted, arrays)
+    return refitted, refit_known(refitted)
 
 
-def with_duals(start: dict, known: dict) -> dict:
-    """The evaluated fit's warm state ``start`` with what the last refit left (``known``, of
-    the same rank): its reg_max, its V and b, and the duals of the comparisons the evaluated
-    fit never had (the holdout's). U is rebuilt from the duals with that V. On amazon-beauty
-    (20% of the refit's comparisons held out) the refit then starts at 1.05x its final
-    objective, not 1.31x, and takes 5 iterations, not 9. A comparison in both keeps the
-    evaluated fit's dual (the join maps the first)."""
-    if "alpha" not in known or np.shape(known["V"])[1:] != np.shape(start["V"])[1:]:
-        return {**start, **{k: known[k] for k in ("known_reg_max", "sigma_vector") if k in known}}
-    return {**start, **known, **{k: np.concatenate([start[k], known[k]]) for k in DUAL_KEYS}}
+def with_last_refit(start: dict, known: dict) -> dict:
+    """The evaluated fit's warm state ``start`` with what the last refit left (``known``):
+    its reg_max and singular vector, and its V and b where they have ``start``'s rank. U is
+    rebuilt from the evaluated fit's duals with that V, which knows the holdout's items too:
+    on amazon-beauty (a fifth of the refit's comparisons held out) the refit then starts at
+    1.05x its final objective, not 1.31x, and takes 5-6 iterations, not 9. The held-out
+    comparisons' duals of the last refit on top changed nothing measured (6 iterations on
+    amazon-beauty, 3 on synthetic-1m) and cost 0.5 GB of peak at 7M comparisons."""
+    same_rank = "V" in known and np.shape(known["V"])[1:] == np.shape(start["V"])[1:]
+    return {**start, **{k: v for k, v in known.items() if same_rank or k not in ("V", "b")}}
 
 
-def refit_known(refitted, arrays: dict) -> dict:
-    """What :func:`refit` starts from next run: the refit's reg_max, singular vector, V and b,
-    and the keys and duals of its comparisons whose winner is a TEST row (those the evaluated
-    fit lacks; 40 bytes each, a fifth of the comparisons under a 20% holdout)."""
-    n_items = len(arrays["item_ids"])
-    test = arrays["met_part"] == TEST
-    held = np.sort(arrays["met_user"][test].astype(np.int64) * n_items + arrays["met_item"][test])
+def refit_known(refitted) -> dict:
+    """What :func:`refit` starts from next run: the refit's reg_max, singular vector, V and b
+    (8 bytes x (rank + 1) per item)."""
     state = refitted.warm_view()
-    keys = state["user"].astype(np.int64) * n_items + state["winner"]
-    at = np.minimum(np.searchsorted(held, keys), max(len(held) - 1, 0))
-    mine = held[at] == keys if len(held) else np.zeros(len(keys), bool)
-    return {**refitted.known_reg_max(), "V": state["V"], "b": state["b"],
-            **{k: state[k][mine] for k in DUAL_KEYS}}
+    return {**refitted.known_reg_max(), "V": state["V"], "b": state["b"]}
 
 
 def last_refit_known(warm: dict | None) -> dict:
-    """The last run's refit's reg_max, singular vector and held-out duals (:func:`refit`'s
-    ``known``) from its warm state; {} without one."""
-    names = ("known_reg_max", "sigma_vector", "V", "b") + DUAL_KEYS
+    """The last run's refit's reg_max, singular vector, V and b (:func:`refit`'s ``known``)
+    from its warm state; {} without one."""
+    names = ("known_reg_max", "sigma_vector", "V", "b")
     return {k: warm[REFIT_KNOWN + k] for k in names
             if warm is not None and REFIT_KNOWN + k in warm}
 
