@@ -186,6 +186,8 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
     done = read_json(run_dir / "train.json")
     if done:
         return done
+    from pipeline.training.trainers import CHALLENGER_PREFIX, warm_state
+
     trainer = cfg.family.new_trainer()
     trainer.ray_address = cfg.ray_address or ctx.settings.ray_address
     if arrays is None:
@@ -193,6 +195,10 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
     else:
         ds = dataset_summary(run_dir)
     fitted, fit_info, last_arrays, warm, warm_failed = _fit(ctx, trainer, arrays, ds, trial)
+    # the challengers' part alone: the model's duals (0.2 GB at 7M comparisons) are spent and
+    # need not outlive the fit into the refit's peak
+    last_warm = warm_state(last_arrays, CHALLENGER_PREFIX) if last_arrays else None
+    del last_arrays
     metrics = trainer.evaluate(fitted.model, arrays, cfg)
     trained_at = datetime.now(timezone.utc).isoformat()
     fit_info.update(trainer.refit(fitted, arrays, cfg))   # the holdout learned from too
@@ -212,13 +218,11 @@ def train_step(ctx: RunContext, *, trial: bool = False, arrays: dict | None = No
                                            trained_at=trained_at, served_as="trivial")
         trivial.watermark = watermark
         numbered(trivial, arrays).save(run_dir / f"trivial-{name}")
-    challenger = _challenger(ctx, trainer, fitted, arrays, last_arrays, trained_at, watermark)
+    challenger = _challenger(ctx, trainer, fitted, arrays, last_warm, trained_at, watermark)
     # after the challengers: the warm state copies every dual (7M comparisons: 0.28 GB)
     checkpoint_arrays = trainer.checkpoint(fitted, arrays)
     fitted_challenger = None
     if challenger is not None:
-        from pipeline.training.trainers import CHALLENGER_PREFIX
-
         challenger, warm_arrays, fitted_challenger = challenger
         checkpoint_arrays.update({CHALLENGER_PREFIX + k: v for k, v in warm_arrays.items()})
     from pipeline.training.report_intervals import holdout_intervals
@@ -251,14 +255,14 @@ def numbered(artifact, arrays: dict):
     return artifact
 
 
-def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_at: str,
+def _challenger(ctx: RunContext, trainer, fitted, arrays, last_warm, trained_at: str,
                 watermark: dict):
-    """Fit the configured challenger (warm from the last checkpoint's challenger arrays), save
+    """Fit the configured challenger (warm from the last checkpoint's challenger state), save
     its artifact (and its blend's) in the run directory; ``(summary, warm arrays, the fitted
     challenger)`` or None."""
     cfg = ctx.cfg
     from pipeline.training.run_types import Served
-    from pipeline.training.trainers import CHALLENGER_PREFIX, challenger_names, warm_state
+    from pipeline.training.trainers import challenger_names
 
     if not challenger_names(cfg.gate["challenger"]):
         return None
@@ -278,8 +282,7 @@ def _challenger(ctx: RunContext, trainer, fitted, arrays, last_arrays, trained_a
                 "fit_seconds": round(c.fit_seconds, 4),
                 **({"warning": c.warning} if c.warning else {})}
 
-    warm = warm_state(last_arrays, CHALLENGER_PREFIX) if last_arrays else None
-    ch = trainer.challenger(fitted, arrays, cfg, warm or None)
+    ch = trainer.challenger(fitted, arrays, cfg, last_warm or None)
     summary = one(ch)
     if ch.others:
         summary["others"] = [one(c) for c in ch.others]

@@ -152,8 +152,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
                   implicit_per_user: int = 0, implicit_min_rating=0.0,
                   implicit_max_per_positive: int = 0, implicit_max_comparisons: int = 0,
                   max_pairs_per_user: int | None = None, relevance="auto", rating_range=None,
-                  validation_users: int = 0, seed: int = 0,
-                  previous: dict | None = None) -> CollaborativeData:
+                  validation_users: int = 0, seed: int = 0, previous=None) -> CollaborativeData:
     """AltSVM inputs from rating, interaction and comparison events.
 
     Every (user, item) a user met (rated or interacted with; the latest event wins) is a
@@ -171,17 +170,13 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     beats a sampled item the user never met", ``implicit_per_item`` per met row, or
     ``implicit_per_user`` per user in all when it is not 0 (every user weighs the same)
     (:func:`solvers.pairs.implicit_comparisons`, ``implicit_sampling`` uniform or by
-    popularity; at most ``implicit_max_per_positive`` per winning row when it is not 0, so a
-    user's comparisons grow with their positives, lowered where all would pass
-    ``implicit_max_comparisons``: :mod:`.altsvm_comparisons`; popularity counted as
-    :func:`.altsvm_comparisons.loser_counts` counts it, ``previous``'s counts while the data's
-    stay near them); only rows rated at least
-    ``implicit_min_rating`` (and interactions) win, the others are met and never sampled as
-    losers (``"relevance"``: the relevance threshold); ``"mixed"``, both.
-    ``max_pairs_per_user`` caps each kind per user, by a stable hash, and the stats say how
-    many were dropped. :func:`relevance_threshold` resolves ``relevance`` on the window's
-    ratings (``stats["relevance"]``).
-
+    popularity, counted as :func:`.altsvm_comparisons.loser_counts` counts it from
+    ``previous``; at most ``implicit_max_per_positive`` per winning row when it is not 0,
+    lowered where all would pass ``implicit_max_comparisons``: :mod:`.altsvm_comparisons`);
+    only rows rated at least ``implicit_min_rating`` (and interactions) win, the others are
+    met and never sampled as losers (``"relevance"``: the relevance threshold); ``"mixed"``,
+    both. ``max_pairs_per_user`` caps each kind per user, by a stable hash, and the stats say
+    how many were dropped. :func:`relevance_threshold` resolves ``relevance`` (``stats``).
     ``rating_range = [low, high]``, the rating scale: ratings outside it are left out and
     counted (``stats["ratings_out_of_range"]``, warned), so a stray -3 on 1–5 stars is neither
     a preference nor a move of the "auto" threshold.
@@ -217,16 +212,15 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
         implicit_max_per_positive=implicit_max_per_positive, max_pairs_per_user=max_pairs_per_user,
         implicit_max_comparisons=implicit_max_comparisons, user_ids=users.ids, seed=seed,
         loser_counts=sampling["loser_counts"])
-    stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
+    stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()), "loser_counts_drift":
+             round(drift, 4),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
              "test": int((part == TEST).sum()), "users": len(users), "items": len(items),
              "max_pairs_per_user": max_pairs_per_user or 0, "relevance": relevance,
-             "loser_counts_drift": round(drift, 4),
              **{f"comparisons_dropped_{k}": int(v) for k, v in dropped.items()}}
     _warnings(stats, u, win, known_users, int(outside.sum()), (low, high), relevance_warning)
-    if sample is not None:
-        stats["tuning_users"] = int(len(sample))
+    stats.update({} if sample is None else {"tuning_users": int(len(sample))})
     return CollaborativeData(users=users, items=items, comparisons=comps,
                              comparison_events=explicit, tuning_users=sample, sampling=sampling,
                              met={"user": u, "item": i, "rating": r, "part": part},
