@@ -240,10 +240,12 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     check_choice("sampling", sampling, ("uniform", "popularity"))
     if popularity is not None:
         popularity = np.asarray(popularity)
-        if popularity.ndim != 1 or popularity.dtype.kind not in "iu" or (
-                popularity.size and popularity.min() < 0):
+        if popularity.ndim != 1 or popularity.dtype.kind not in "iu" or (popularity.size and (
+                popularity.min() < 0 or popularity.max() >= 2**40)):   # Σ weights < 2⁶³
             raise ValueError(f"popularity has shape {popularity.shape} and dtype "
-                             f"{popularity.dtype}; expected counts >= 0 of one item each")
+                             f"{popularity.dtype}; expected counts in [0, 2**40) of one item "
+                             "each")
+        popularity = popularity.astype(np.int64)
     if positive is not None:
         positive = np.asarray(positive)
         if positive.shape != users.shape or positive.dtype != np.bool_:

@@ -253,6 +253,10 @@ def test_popularity_sampling_draws_by_the_given_counts_and_keeps_its_draws_as_da
                           implicit_comparisons(users, items, 2000, popularity=padded, **args))
     with pytest.raises(ValueError, match="popularity has shape \\(2, 2\\) and dtype float64"):
         implicit_comparisons(users, items, 2000, popularity=np.ones((2, 2)), **args)
+    with pytest.raises(ValueError, match="expected counts in \\[0, 2\\*\\*40\\)"):
+        implicit_comparisons(users, items, 2000, popularity=np.array([2**63], np.uint64), **args)
+    unsigned = implicit_comparisons(users, items, 2000, popularity=own.astype(np.uint16), **args)
+    assert np.array_equal(unsigned, first)
 
 
 def test_implicit_comparisons_per_user_capped_per_positive():
