@@ -23,22 +23,9 @@ from pipeline.training.config import load_models
 from pipeline.training.run_store import open_run_store
 from tests import airflow_runner
 from tests.test_dags import DAGS
+from tests.training.test_train_on_ray import CONFIG  # the same small AltSVM
 
 pytestmark = pytest.mark.airflow
-
-CONFIG = """
-[models.movies]
-algorithm = "altsvm"
-kinds = ["rating"]
-gate = { tolerance = 1.0, trivial_margin = -1.0 }
-
-[models.movies.params]
-rank = 4
-reg_ratio = 0.3
-item_bias = true
-max_iter = 8
-random_state = 0
-"""
 
 
 def test_the_dags_train_task_fits_on_ray_and_serves_the_one_process_bits(
