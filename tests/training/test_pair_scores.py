@@ -9,13 +9,14 @@ import pytest
 from pipeline.training.trainers.factors import pair_scores
 
 
-@pytest.mark.parametrize("rank, block", [(2, 1 << 22), (400, 1 << 22), (400, 700)])
-def test_pair_scores_are_the_pairs_dot_products(rank, block):
-    # rank 2: gathering each pair's factors moves less (5,000 x 2 numbers against 40 x 300);
-    # rank 400 (an item-item model's width): whole score rows, in one block or in blocks of a
-    # few users
+@pytest.mark.parametrize("n_users, n_items, rank, block", [
+    (40, 300, 2, 1 << 22), (40, 300, 400, 1 << 22), (40, 300, 400, 700),
+    (3000, 2000, 400, 1 << 22), (3000, 2000, 400, 5000)])
+def test_pair_scores_are_the_pairs_dot_products(n_users, n_items, rank, block):
+    # 40 x 300: whole score rows cost less than gathering 5,000 pairs' factors (in one block or
+    # in blocks of a few users); 3,000 x 2,000: gathering does (in one block, or 12 pairs at a
+    # time)
     rng = np.random.default_rng(rank + block)
-    n_users, n_items = 40, 300
     U = rng.standard_normal((n_users, rank))
     V = rng.standard_normal((n_items, rank))
     users = rng.integers(0, n_users, 5000)
