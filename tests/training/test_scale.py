@@ -187,13 +187,13 @@ def test_loser_counts_stay_the_last_runs_until_the_datas_own_drift_past_a_tenth(
 
     items = np.repeat(np.arange(4), [40, 30, 20, 10])
     first, drift = loser_counts(items, 4, None)
-    assert first["loser_counts"].tolist() == [40, 30, 20, 10] and drift == 0.0
-    grown, drift = loser_counts(np.r_[items, 4, 4], 6, first)       # two new items appear
-    assert grown["loser_counts"].tolist() == [40, 30, 20, 10, 0, 0]
+    assert first.tolist() == [40, 30, 20, 10] and drift == 0.0
+    grown, drift = loser_counts(np.r_[items, 4, 4], 6, {"loser_counts": first})   # 2 new items
+    assert grown.tolist() == [40, 30, 20, 10, 0, 0]
     assert drift == 0.5 * (2 / 102 + sum(abs(c / 102 - c / 100) for c in (40, 30, 20, 10)))
     swapped = np.repeat(np.arange(4), [10, 20, 30, 40])             # tastes turned over
-    fresh, drift = loser_counts(swapped, 4, first)
-    assert drift > LOSER_DRIFT and fresh["loser_counts"].tolist() == [10, 20, 30, 40]
+    fresh, drift = loser_counts(swapped, 4, {"loser_counts": first})
+    assert drift > LOSER_DRIFT and fresh.tolist() == [10, 20, 30, 40]
 
 
 def test_a_warm_dataset_draws_its_losers_by_the_checkpoints_counts(tmp_path, redis_url):

@@ -76,8 +76,9 @@ def make_comparisons(u, i, r, n_items: int, *, explicit=None, comparisons: str =
 LOSER_DRIFT = 0.1   # popularity counts are counted afresh once this share of their mass moved
 
 
-def loser_counts(items_met: np.ndarray, n_items: int, last: dict | None) -> tuple[dict, float]:
-    """``({"loser_counts": counts}, drift)``: the counts popularity-sampled losers are drawn
+def loser_counts(items_met: np.ndarray, n_items: int, last: dict | None
+                 ) -> tuple[np.ndarray, float]:
+    """``(counts, drift)``: the counts popularity-sampled losers are drawn
     by (:func:`solvers.pairs.implicit_comparisons`'s ``popularity``), and how far the data's
     own moved from them. ``items_met`` are the items of a dataset's TRAIN + VALIDATION rows
     (one per (user, item): a count is how many users met the item).
@@ -90,12 +91,12 @@ def loser_counts(items_met: np.ndarray, n_items: int, last: dict | None) -> tupl
     caught when it adds up, so the counts follow the data in steps of at most 10%."""
     own = np.bincount(items_met, minlength=n_items).astype(np.int64)
     if last is None or "loser_counts" not in last:
-        return {"loser_counts": own}, 0.0
+        return own, 0.0
     kept = np.zeros(n_items, np.int64)
     known = min(n_items, len(last["loser_counts"]))
     kept[:known] = np.asarray(last["loser_counts"])[:known]
     drift = 0.5 * float(np.abs(own / max(own.sum(), 1) - kept / max(kept.sum(), 1)).sum())
-    return {"loser_counts": kept if drift <= LOSER_DRIFT else own}, drift
+    return (kept if drift <= LOSER_DRIFT else own), drift
 
 
 def user_salts(user_ids, users: np.ndarray) -> np.ndarray:

@@ -55,17 +55,19 @@ class CollaborativeData:
     window: Window
     stats: dict = field(default_factory=dict)
     tuning_users: np.ndarray | None = None   # the searches' users, when not every user
-    sampling: dict = field(default_factory=dict)   # loser_counts (:func:`loser_counts`)
+    loser_counts: np.ndarray | None = None   # what popular losers are drawn by
 
     def to_arrays(self) -> dict:
         """The dataset's arrays: the id maps, the resolved relevance threshold, the
         comparison events, the ``met_*`` rows, the searches' sample of users (when there is
         one) and (in memory only) the comparisons."""
         sample = {} if self.tuning_users is None else {"tuning_users": self.tuning_users}
+        if self.loser_counts is not None:
+            sample["loser_counts"] = self.loser_counts
         return {"user_ids": self.users.ids, "item_ids": self.items.ids,
                 "relevance": np.float64(self.stats["relevance"]),
                 "comparison_events": self.comparison_events, "comparisons": self.comparisons,
-                **sample, **self.sampling, **{f"met_{k}": v for k, v in self.met.items()}}
+                **sample, **{f"met_{k}": v for k, v in self.met.items()}}
 
 
 RELEVANT_SHARE = 0.75   # "auto" relevance: this far from the lowest to the highest rating
@@ -204,16 +206,16 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     part[rest[validation]] = VALIDATION
 
     rows = part != TEST
-    sampling, drift = loser_counts(i[rows], len(items), previous)
+    counts, drift = loser_counts(i[rows], len(items), previous)
     comps, dropped = make_comparisons(
         u[rows], i[rows], r[rows], len(items), explicit=explicit, comparisons=comparisons,
         implicit_per_item=implicit_per_item, implicit_sampling=implicit_sampling,
         implicit_per_user=implicit_per_user, implicit_min_rating=implicit_min_rating,
         implicit_max_per_positive=implicit_max_per_positive, max_pairs_per_user=max_pairs_per_user,
         implicit_max_comparisons=implicit_max_comparisons, user_ids=users.ids, seed=seed,
-        loser_counts=sampling["loser_counts"])
-    stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()), "loser_counts_drift":
-             round(drift, 4),
+        loser_counts=counts)
+    stats = {"met": int(len(u)), "ratings": int(np.isfinite(r).sum()),
+             "loser_counts_drift": round(drift, 4),
              "interactions": int(np.isnan(r).sum()), "comparison_events": int(len(explicit)),
              "comparisons": int(len(comps)), "validation": int((part == VALIDATION).sum()),
              "test": int((part == TEST).sum()), "users": len(users), "items": len(items),
@@ -222,7 +224,7 @@ def collaborative(store: EventStore, kinds=("rating",), *, window=None, users: I
     _warnings(stats, u, win, known_users, int(outside.sum()), (low, high), relevance_warning)
     stats.update({} if sample is None else {"tuning_users": int(len(sample))})
     return CollaborativeData(users=users, items=items, comparisons=comps,
-                             comparison_events=explicit, tuning_users=sample, sampling=sampling,
+                             comparison_events=explicit, tuning_users=sample, loser_counts=counts,
                              met={"user": u, "item": i, "rating": r, "part": part},
                              window=win, stats=stats)
 
