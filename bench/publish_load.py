@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import re
 import resource
 import sys
@@ -46,14 +47,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline.serving import artifact_kinds  # noqa: E402
+from pipeline.serving import artifact_kinds, version_cache  # noqa: E402
 from pipeline.serving import publish as publisher  # noqa: E402
 from pipeline.serving.artifact import ModelArtifact  # noqa: E402
 from pipeline.serving.embedded_redis import EmbeddedRedis  # noqa: E402
 from pipeline.serving.layout import MAX_VALUE_BYTES  # noqa: E402
 from pipeline.serving.lookup import TopK  # noqa: E402
 from pipeline.serving.publish import publish  # noqa: E402
-from pipeline.serving.redis_wire import MsetWriter  # noqa: E402
+from pipeline.serving.redis_wire import SEND_BYTES, MsetWriter  # noqa: E402
 from solvers.topk import TopKBlock  # noqa: E402
 
 NAMESPACE = "bench"
@@ -82,8 +83,10 @@ def synthetic(n_users: int, n_items: int, rank: int, seed: int) -> ModelArtifact
         item_bias=rng.standard_normal(n_items, dtype=np.float32), algorithm="synthetic")
 
 
-def lookups(url: str, n_users: int, rate: float, ready, stop, out) -> None:
+def lookups(url: str, n_users: int, rate: float, ready, stop, out, cpus=None) -> None:
     """The second process: paced lookups of random live users; sends (start, seconds, ok)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     topk = TopK(url, namespace=NAMESPACE)
     rng = np.random.default_rng(1)
     starts, took, ok = [], [], []
@@ -192,12 +195,21 @@ def main(argv=None) -> int:
                         "--mset-bytes 8388608: as before issue 50, for comparison)")
     p.add_argument("--mset-keys", type=int, default=publisher.MSET_KEYS)
     p.add_argument("--mset-bytes", type=int, default=1 << 20)
+    p.add_argument("--send-bytes", type=int, default=SEND_BYTES,
+                   help="bytes a round of pipelined MSETs (8388608: as before issue 50)")
+    p.add_argument("--trip-bytes", type=int, default=version_cache.TRIP_BYTES,
+                   help="bytes of chunks a reader asks for in one round trip")
+    p.add_argument("--pin", action="store_true",
+                   help="redis-server and the lookups on CPU 0, the publisher on CPU 1: what "
+                        "the server adds when the publisher has CPU of its own")
     args = p.parse_args(argv)
     artifact_kinds.user_topk_blocks = random_topk_blocks(args.seed)
     publisher.MAX_VALUE_BYTES, publisher.MSET_KEYS = args.max_value_bytes, args.mset_keys
-    MsetWriter.__init__.__defaults__ = (8 << 20, 1000, args.mset_bytes)
+    MsetWriter.__init__.__defaults__ = (args.send_bytes, 1000, args.mset_bytes)
+    version_cache.TRIP_BYTES = args.trip_bytes
     print(f"publisher: chunks of at most {args.max_value_bytes:,} bytes, MSETs of at most "
-          f"{args.mset_keys} keys and {args.mset_bytes:,} bytes")
+          f"{args.mset_keys} keys and {args.mset_bytes:,} bytes, rounds of "
+          f"{args.send_bytes:,} bytes{', pinned' if args.pin else ''}")
 
     t = time.perf_counter()
     live = synthetic(min(args.live_users, args.users), args.items, args.rank, args.seed + 1)
@@ -207,12 +219,17 @@ def main(argv=None) -> int:
         import redis
 
         client = redis.Redis.from_url(server.url)
+        lookup_cpus = None
+        if args.pin:
+            lookup_cpus = {0}
+            os.sched_setaffinity(server.pid, lookup_cpus)
+            os.sched_setaffinity(0, {1})
         publish("live", live, client, top_k=args.top_k, namespace=NAMESPACE)
         ctx = mp.get_context("spawn")
         ready, stop = ctx.Event(), ctx.Event()
         recv, send = ctx.Pipe(duplex=False)
         worker = ctx.Process(target=lookups, args=(server.url, live.n_keys, args.rate, ready,
-                                                    stop, send))
+                                                    stop, send, lookup_cpus))
         worker.start()
         try:
             ready.wait(60)

@@ -66,7 +66,7 @@ __all__ = ["PublishResult", "SupersededError", "FencedError", "publish", "rollba
 
 ITEM_CHUNK = 65536  # the most rows per items/V/b/val/gs value; fewer when rows are wide
 KEY_CHUNK = 10000  # the most keys per key-index value; fewer when keys are long
-MSET_KEYS = 256   # keys per MSET: Redis spends ~1-4 µs a key, so well under 5 ms a command
+MSET_KEYS = 32    # keys per MSET: Redis spends ~1-4 µs a key, so about 0.1 ms a command
 
 
 @dataclass

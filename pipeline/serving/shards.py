@@ -99,7 +99,7 @@ class ShardWriter:
         self.writers: dict[str, MsetWriter] = {}
         try:
             if not self.cluster:
-                single = MsetWriter(client, flush_bytes, mset_keys)
+                single = MsetWriter(client, mset_keys=mset_keys)
                 self.writers[""] = single
                 self.model_writer = single
                 self.bucket_writers = [single] * BUCKETS
@@ -110,7 +110,7 @@ class ShardWriter:
             def writer(route_key: str) -> MsetWriter:
                 name, pool = node_pool(client, route_key)
                 if name not in by_pool:   # each node gets its own share of the bytes
-                    by_pool[name] = MsetWriter(pool, flush_bytes, mset_keys)
+                    by_pool[name] = MsetWriter(pool, mset_keys=mset_keys)
                 return by_pool[name]
 
             self.model_writer = writer(keys.current)
