@@ -89,6 +89,29 @@ def test_searches_fit_and_score_a_sample_of_users_and_the_summary_says_so(tmp_pa
     assert (arrays["met_part"] == TEST).any()
 
 
+def test_a_search_on_a_sample_checks_its_rank_against_the_next_on_every_user(tmp_path):
+    """A sample's fits learn each item from a fraction of its rows and undervalue capacity: the
+    chosen setting and the next larger rank are fitted on every user's TRAIN rows, and the
+    cheapest within tolerance of the better is what the run fits and serves."""
+    settings = Settings(home=tmp_path / "home")
+    _ingest(settings, n_users=150)
+    models = _config(sample_users=40, rank=[4, 8], tolerance=0.005)
+    out = retrain.run("movies", models, settings=settings, publish=False)
+    tuning = out["train"]["tuning"]
+    searched = {t["params"]["rank"] for t in tuning["tried"]}
+    confirmed = tuning["confirmed"]
+    assert searched == {4} and [c["params"]["rank"] for c in confirmed] == [4, 8]
+    assert all(c["validation"] is not None and c["seconds"] > 0 for c in confirmed)
+    best = max(c["validation"] for c in confirmed)
+    near = [c["params"]["rank"] for c in confirmed if c["validation"] >= best * (1 - 0.005)]
+    assert tuning["choice"]["rank"] == out["train"]["rank"] == min(near)
+    # a search on every user has nothing to undervalue: no check
+    other = Settings(home=tmp_path / "whole")
+    _ingest(other, n_users=150)
+    whole = retrain.run("movies", _config(rank=[4, 8]), settings=other, publish=False)
+    assert "confirmed" not in whole["train"]["tuning"]
+
+
 def test_tuning_sample_is_stable_as_users_arrive():
     first = tuning_sample(np.arange(1_000), 100, seed=0)
     grown = tuning_sample(np.arange(1_100), 100, seed=0)

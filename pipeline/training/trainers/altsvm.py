@@ -129,14 +129,15 @@ class AltSVMTrainer(Trainer):
             if tuning is None:
                 view = tuning_view(arrays)       # the sample of users the search fits
                 phase(f"tuning {self.family.name}")
-                tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes,
-                                            self._validation_score(view, cfg))
+                score = self._validation_score(view, cfg)
+                tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes, score)
+                warm = altsvm_tuning.confirm_rank(model, arrays, cfg, self.family, tuning,
+                                                  sizes, score)
                 phase("fit")
                 tuning["comparisons"] = altsvm_tuning.final_comparisons(
                     arrays, cfg, self.family, tuning["choice"])
                 tuning["path_n"] = len(tuning["comparisons"])
                 learned["validated"] = factors_of(tuning.pop("validated"))
-                warm = None    # the choice may change the rank: the final fit starts afresh
             learned["refit_known"] = altsvm_tuning.last_refit_known(warm)
             comparisons = tuning.pop("comparisons")
             arrays[DERIVED[2]] = (np.bincount(comparisons[:, 1], minlength=sizes["n_items"])
@@ -235,7 +236,7 @@ class AltSVMTrainer(Trainer):
                 "source": t["source"], "choice": t["choice"],
                 "reg_ratio": round(float(t["reg_ratio"]), 5),
                 "validation": t.get("validation"), "seconds": round(t.get("seconds", 0.0), 3),
-                **({"users": t["users"]} if "users" in t else {}), "tried": t["tried"]},
+                **{k: t[k] for k in ("users", "confirmed") if k in t}, "tried": t["tried"]},
                 "rank": int(model.rank), "loss": model.loss,
                 "comparisons": int(len(model._comparisons[0]))}
         if tuning is not None:
