@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from solvers._pairs_kernels import MAX_TRIES
 from solvers._random import next_u64
 
 
@@ -110,11 +111,12 @@ def _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_st
 
 
 @njit(cache=True)
-def implicit_pairs_many(met, met_indptr, seen, seen_indptr, seeds, per_item, n_items):
+def implicit_pairs_many(met, met_indptr, seen, seen_indptr, seeds, per_item, n_items, cum):
     """:func:`solvers.fold_in.implicit_pairs` of many users (``met[met_indptr[n]:...]`` win,
     ``seen[seen_indptr[n]:...]`` are never drawn, each sorted and unique; ``seeds[n]``: the
-    CRC-32 of the winners' int64 bytes, shifted left 32; ``per_item[n]``), draw for draw,
-    before any cap: ``(winners, losers, indptr)``."""
+    CRC-32 of the winners' int64 bytes, shifted left 32; ``per_item[n]``; ``cum``: the
+    weights losers are drawn by, empty for uniform draws), draw for draw, before any cap:
+    ``(winners, losers, indptr)``."""
     n_users = len(met_indptr) - 1
     indptr = np.zeros(n_users + 1, np.int64)
     for n in range(n_users):
@@ -125,6 +127,9 @@ def implicit_pairs_many(met, met_indptr, seen, seen_indptr, seeds, per_item, n_i
     winners = np.empty(indptr[-1], np.int64)
     losers = np.empty(indptr[-1], np.int64)
     others = np.empty(n_items, np.int64)
+    span = 1                      # the next power of two >= the weights' total
+    while cum.shape[0] and span < cum[-1]:
+        span *= 2
     for n in range(n_users):
         items = met[met_indptr[n]:met_indptr[n + 1]]
         excluded = seen[seen_indptr[n]:seen_indptr[n + 1]]
@@ -143,8 +148,30 @@ def implicit_pairs_many(met, met_indptr, seen, seen_indptr, seeds, per_item, n_i
                     at += 1
         gaps = excluded - np.arange(len(excluded))
         for k in range(count):
-            _, bits = next_u64(seeds[n] + np.uint64(k))
-            r = np.int64(bits % np.uint64(n_others))
             winners[out + k] = items[k // per_item[n]]
-            losers[out + k] = others[r] if listed else r + np.searchsorted(gaps, r, side="right")
+            j = _weighted_loser(cum, span, excluded, seeds[n], k, count)
+            if j < 0:
+                _, bits = next_u64(seeds[n] + np.uint64(k))
+                r = np.int64(bits % np.uint64(n_others))
+                j = others[r] if listed else r + np.searchsorted(gaps, r, side="right")
+            losers[out + k] = j
     return winners, losers, indptr
+
+
+@njit(cache=True)
+def _weighted_loser(cum, span, excluded, seed, k, count):
+    """Draw ``k``'s loser by the weights ``cum``, as :func:`solvers.fold_in._weighted_losers`
+    draws it; -1 where ``cum`` is empty or every try failed."""
+    if cum.shape[0] == 0:
+        return -1
+    for t in range(MAX_TRIES):
+        _, bits = next_u64(seed + np.uint64(k + t * count))
+        v = np.int64(bits & np.uint64(span - 1))
+        if v >= cum[-1]:
+            continue
+        j = np.searchsorted(cum, v, side="right")
+        p = np.searchsorted(excluded, j)
+        if p < excluded.shape[0] and excluded[p] == j:
+            continue
+        return j
+    return -1

@@ -28,10 +28,12 @@ import zlib
 
 import numpy as np
 
+from solvers._pairs_kernels import MAX_TRIES
 from solvers._random import mix64
 
 
-def implicit_pairs(items, n_items: int, per_item: int, *, seen=None, cap=None) -> np.ndarray:
+def implicit_pairs(items, n_items: int, per_item: int, *, seen=None, cap=None,
+                   cum=None) -> np.ndarray:
     """(winner, loser) rows: each of ``items`` against ``per_item`` items drawn uniformly (with
     replacement) from those not ``seen`` (default: ``items``; a user's met items, of which
     ``items`` win, as training never draws a met item as a loser); the draw is seeded by the
@@ -40,6 +42,12 @@ def implicit_pairs(items, n_items: int, per_item: int, *, seen=None, cap=None) -
     counter-based draw (splitmix64 of the items' CRC and a counter; no generator object to
     seed: a refresher draws for thousands of users a second), in
     O(per_item · |items| · log |seen|), whatever the number of items.
+
+    ``cum`` (:func:`solvers.pairs.popularity_cum`, or any cumulative positive int64 weights of
+    the ``n_items``): losers drawn in proportion to the weights, as training draws its
+    popularity-sampled ones: a value below the next power of two >= the total, rejected past
+    it or on a seen item, up to ``MAX_TRIES`` values per draw (counter ``k + t · count`` for
+    the t-th of draw k), then the uniform draw.
 
     >>> implicit_pairs([0, 1], 4, 2).tolist()   # items 2 and 3 are the ones not met
     [[0, 3], [0, 2], [1, 2], [1, 3]]
@@ -59,9 +67,30 @@ def implicit_pairs(items, n_items: int, per_item: int, *, seen=None, cap=None) -
     # uniform on [0, n_others): a modulo of 64 random bits (bias below n_others / 2⁶⁴)
     r = (bits % np.uint64(n_others)).astype(np.int64).reshape(len(met), per_item)
     # the r-th item not seen is r plus the number of seen items s_j with s_j - j <= r
-    losers = r + np.searchsorted(excluded - np.arange(len(excluded)), r, side="right")
-    return keep_smallest(np.column_stack([np.repeat(met, per_item), losers.ravel()]), seed,
-                         cap)
+    losers = (r + np.searchsorted(excluded - np.arange(len(excluded)), r, side="right")).ravel()
+    if cum is not None:
+        losers = _weighted_losers(np.asarray(cum, np.int64), excluded, seed, count, losers)
+    return keep_smallest(np.column_stack([np.repeat(met, per_item), losers]), seed, cap)
+
+
+def _weighted_losers(cum, excluded, seed, count: int, uniform) -> np.ndarray:
+    """:func:`implicit_pairs`' draws by weights ``cum``; ``uniform`` where every try failed."""
+    span = 1 << max(int(cum[-1]) - 1, 0).bit_length()    # the next power of two >= the total
+    out = np.full(count, -1, np.int64)
+    for t in range(MAX_TRIES):
+        k = np.flatnonzero(out < 0)
+        if not len(k):
+            break
+        with np.errstate(over="ignore"):
+            v = (mix64(seed + (k + t * count).astype(np.uint64))
+                 & np.uint64(span - 1)).astype(np.int64)
+        j = np.searchsorted(cum, v, side="right")
+        seen_j = np.zeros(len(k), bool)
+        if len(excluded):
+            seen_j = excluded[np.minimum(np.searchsorted(excluded, j), len(excluded) - 1)] == j
+        hit = (v < cum[-1]) & ~seen_j
+        out[k[hit]] = j[hit]
+    return np.where(out < 0, uniform, out)
 
 
 def keep_smallest(pairs: np.ndarray, seed, cap) -> np.ndarray:
@@ -77,9 +106,10 @@ def keep_smallest(pairs: np.ndarray, seed, cap) -> np.ndarray:
 
 
 def implicit_pairs_many(items_of_users: list, n_items: int, per_item: list, *, seen=None,
-                        caps=None) -> list:
+                        caps=None, cum=None) -> list:
     """:func:`implicit_pairs` of several users (``per_item[n]``, ``seen[n]`` and ``caps[n]``
-    each), draw for draw, in one jitted call: a list of (winner, loser) row arrays."""
+    each; ``cum`` for all), draw for draw, in one jitted call: a list of (winner, loser) row
+    arrays."""
     from solvers._fold_in_kernels import implicit_pairs_many as draw
 
     met = [sorted_unique(x) for x in items_of_users]
@@ -88,7 +118,8 @@ def implicit_pairs_many(items_of_users: list, n_items: int, per_item: list, *, s
         for m, s in zip(met, seen)]
     seeds = np.array([zlib.crc32(x.tobytes()) << 32 for x in met], np.uint64)
     winners, losers, at = draw(*_ragged(met), *_ragged(excluded), seeds,
-                               np.asarray(per_item, np.int64).reshape(len(met)), int(n_items))
+                               np.asarray(per_item, np.int64).reshape(len(met)), int(n_items),
+                               np.zeros(0, np.int64) if cum is None else np.asarray(cum, np.int64))
     pairs = np.column_stack([winners, losers])
     caps = caps if caps is not None else [None] * len(met)
     return [keep_smallest(pairs[at[n]:at[n + 1]], seeds[n], caps[n]) for n in range(len(met))]

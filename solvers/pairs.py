@@ -159,6 +159,24 @@ def _seed(random_state) -> int:
     return int(np.random.default_rng(random_state).integers(2**62))
 
 
+def popularity_cum(counts, n_items: int) -> np.ndarray:
+    """The cumulative integer weights popularity-sampled losers are drawn by, one per item of
+    ``n_items`` (``counts`` past its end are 0): 64 per unit of (count + 1)^0.75, + 1 so that
+    every item can lose. Computed as √c · √√c (sqrt is correctly rounded: the same draws on
+    every machine, where pow may differ in its last bit). Training's draws and a fold-in's
+    (:func:`solvers.fold_in.implicit_pairs`) are made by these.
+
+    >>> popularity_cum(np.array([0, 15]), 3).tolist()   # weights 64, 512, 64
+    [64, 576, 640]
+    """
+    c = np.ones(n_items, np.int64)
+    counts = np.asarray(counts, np.int64)
+    known = min(counts.size, n_items)
+    c[:known] += counts[:known]
+    root = np.sqrt(c)
+    return np.cumsum(np.rint(64.0 * root * np.sqrt(root)).astype(np.int64))
+
+
 def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="uniform",
                          max_per_user=None, random_state=None, *, positive=None,
                          per_user=None, max_per_positive=None, popularity=None) -> np.ndarray:
@@ -282,16 +300,8 @@ def implicit_comparisons(users, items, n_items, per_interaction=10, sampling="un
     offsets = np.r_[0, np.cumsum(np.repeat(per, n_pos))].astype(np.int64)
     cum = np.zeros(0, np.int64)
     if sampling == "popularity":
-        counts = np.ones(n_items, np.int64)                  # + 1: every item can lose
-        if popularity is None:
-            counts += np.bincount(i, minlength=n_items)
-        else:
-            known = min(popularity.size, n_items)
-            counts[:known] += popularity[:known]
-        # integer weights, 64 per unit, of counts^0.75 = √c · √√c (sqrt is correctly rounded:
-        # the same draws on every machine, where pow may differ in its last bit)
-        root = np.sqrt(counts)
-        cum = np.cumsum(np.rint(64.0 * root * np.sqrt(root)).astype(np.int64))
+        cum = popularity_cum(np.bincount(i, minlength=n_items) if popularity is None
+                             else popularity, n_items)
     out = np.empty((int(offsets[-1]), 3), np.int64)
     ok = np.empty(int(offsets[-1]), np.bool_)
     seed = _seed(random_state)

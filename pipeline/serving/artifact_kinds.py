@@ -62,7 +62,9 @@ class UserItemData:
     optional b (n_items,); the CSR of the item indices each user has seen (left out of their
     lists); ``precompute``, a bool mask over users (which get a precomputed list; default
     all, the others are scored on demand); ``fallback_scores`` of the list for unknown users
-    (default the mean user's)."""
+    (default the mean user's); ``loser_counts``, how many users met each item: the counts a
+    fold-in draws popularity-sampled losers by, as training drew its own
+    (:func:`solvers.pairs.popularity_cum`)."""
 
     key_ids: np.ndarray | None = None
     user_factors: np.ndarray | None = None
@@ -72,6 +74,7 @@ class UserItemData:
     seen_indices: np.ndarray | None = None
     precompute: np.ndarray | None = None
     fallback_scores: np.ndarray | None = None
+    loser_counts: np.ndarray | None = None
 
 
 @dataclass(eq=False)
@@ -173,7 +176,7 @@ class UserItem(ArtifactKind):
     per_key = True
 
     def build(self, *, user_ids, item_ids, user_factors, item_factors, item_bias=None,
-              seen=None, precompute=None, fallback_scores=None):
+              seen=None, precompute=None, fallback_scores=None, loser_counts=None):
         if seen is not None and hasattr(seen, "indptr"):
             seen = (seen.indptr, seen.indices)
         if precompute is not None and np.asarray(precompute).dtype != bool:
@@ -184,7 +187,7 @@ class UserItem(ArtifactKind):
             key_ids=user_ids, user_factors=user_factors, item_factors=item_factors,
             item_bias=item_bias, seen_indptr=None if seen is None else seen[0],
             seen_indices=None if seen is None else seen[1], precompute=precompute,
-            fallback_scores=fallback_scores)
+            fallback_scores=fallback_scores, loser_counts=loser_counts)
 
     def validate(self, art) -> None:
         super().validate(art)
@@ -211,6 +214,13 @@ class UserItem(ArtifactKind):
             if d.precompute.shape != (n_keys,):
                 raise ValueError(f"precompute has shape {d.precompute.shape}, expected "
                                  f"({n_keys},) (one flag per user)")
+        if d.loser_counts is not None:
+            c = np.asarray(d.loser_counts)
+            if c.shape != (n_items,) or c.dtype.kind not in "iu" or (
+                    c.size and (c.min() < 0 or c.max() >= 2**31)):
+                raise ValueError(f"loser_counts has shape {c.shape} and dtype {c.dtype}, "
+                                 f"expected ({n_items},) counts in [0, 2**31) (one per item)")
+            d.loser_counts = c.astype(np.int32)
 
     def counts(self, art) -> dict:
         d = art.data

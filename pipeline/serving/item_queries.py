@@ -177,12 +177,15 @@ class PairwiseFoldIn(FoldIn):
     @classmethod
     def drawn(cls, st, mets: list, spec: dict, seen=None) -> list:
         """Each user's implicit comparisons, as training makes theirs: ``per_item`` for each
-        winning item against items not ``seen``, at most ``per_user`` and
+        winning item against items not ``seen``, drawn uniformly or (the spec's ``sampling``
+        ``popularity``) by the counts the version publishes (``st.loser_cum``, loaded with
+        its factors; uniformly where a version has none), at most ``per_user`` and
         ``max_pairs_per_user`` in all (the draws of smallest hash)."""
         caps = [int(c) for c in (spec.get("per_user"), spec.get("max_pairs_per_user")) if c]
+        cum = getattr(st, "loser_cum", None) if spec.get("sampling") == "popularity" else None
         return implicit_pairs_many(
             mets, st.n_items, [cls.per_item(spec, len(sorted_unique(m))) for m in mets],
-            seen=seen, caps=[min(caps) if caps else None] * len(mets))
+            seen=seen, caps=[min(caps) if caps else None] * len(mets), cum=cum)
 
     def user_factor(self, st, V, b, met, pairs, spec, start=None):
         # the jitted many-user kernel, for one: 1.5x the numpy reference's speed

@@ -165,6 +165,9 @@ class VersionKeys:
     def global_scores(self, chunk: int) -> str:
         return f"{self.prefix}gs:{chunk}"
 
+    def loser_counts(self, chunk: int) -> str:
+        return f"{self.prefix}lc:{chunk}"
+
     @property
     def scorer(self) -> str:
         return self.prefix + "scorer"

@@ -29,6 +29,9 @@ KEY_PATTERNS = {
     "item_values": ("<tag>:v<version>:val:<chunk>", "string", "float32 LE, one per item"),
     "global_scores": ("<tag>:v<version>:gs:<chunk>", "string",
                       "float32 LE, one per item: the score the global list ranks by"),
+    "loser_counts": ("<tag>:v<version>:lc:<chunk>", "string",
+                     "int32 LE, one per item: how many users met it, the counts a fold-in "
+                     "draws popularity-sampled losers by"),
     "key_index": ("<btag>:v<version>:keys:<chunk>", "string",
                   "JSON array of this version's user/query keys in the bucket"),
     "global": ("<tag>:v<version>:global", "string", "ranked pairs (int32 index, float32 score)"),
@@ -67,6 +70,7 @@ VALUE_BOUNDS = {
     "item_bias": "`item_chunk` x 4 bytes: at most 256 KiB",
     "item_values": "`item_chunk` x 4 bytes: at most 256 KiB",
     "global_scores": "`item_chunk` x 4 bytes: at most 256 KiB",
+    "loser_counts": "`item_chunk` x 4 bytes: at most 256 KiB",
     "key_index": "at most 1 MiB: `key_chunk` keys of the longest key's JSON",
     "global": "`top_k` x 8 bytes: at most 1 MiB (publish refuses a `top_k` over 131,072)",
     "topk": "`top_k` x 8 bytes: at most 1 MiB (as `global`)",
@@ -102,14 +106,15 @@ META_FIELDS = {
                  "plain publish",
     "n_items": "number of item (or doc) ids",
     "item_id_type": "int64 | str",
-    "item_chunk": "rows per items/V/b/val/gs chunk: a power of two up to 65536, chosen per "
+    "item_chunk": "rows per items/V/b/val/gs/lc chunk: a power of two up to 65536, chosen per "
                   "version so that no chunk holds over 1 MiB",
     "n_item_chunks": "number of item chunks", "rank": "factor dimension (0: no factors)",
     "has_item_bias": "1 if b chunks exist",
     "factor_format": "dense | csr: how `V` chunks and `u` keys hold factors (csr: an "
                      "item-kNN's, or a blend with one; absent means dense)",
     "has_item_values": "1 if val chunks exist",
-    "has_global_scores": "1 if gs chunks exist", "top_k": "longest precomputed list length",
+    "has_global_scores": "1 if gs chunks exist",
+    "has_loser_counts": "1 if lc chunks exist", "top_k": "longest precomputed list length",
     "n_keys": "user/query keys in the key index",
     "buckets": "number of key buckets (1024 in format 2)",
     "bucket_keys": "JSON array: keys per bucket (each bucket's index has ceil(n / key_chunk) "

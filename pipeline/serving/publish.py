@@ -40,6 +40,7 @@ from pipeline.serving.layout import (
     VersionKeys,
     bucket_of,
     pack_f32,
+    pack_i32,
     pack_ids,
     pack_keys,
     pack_pairs,
@@ -64,7 +65,7 @@ from solvers.topk import topk_of_scores
 __all__ = ["PublishResult", "SupersededError", "FencedError", "publish", "rollback", "versions",
            "prune"]
 
-ITEM_CHUNK = 65536  # the most rows per items/V/b/val/gs value; fewer when rows are wide
+ITEM_CHUNK = 65536  # the most rows per items/V/b/val/gs/lc value; fewer when rows are wide
 KEY_CHUNK = 10000  # the most keys per key-index value; fewer when keys are long
 MSET_KEYS = 32    # keys per MSET: Redis spends ~1-4 µs a key, so about 0.1 ms a command
 
@@ -143,6 +144,7 @@ def _meta(art: ModelArtifact, model: str, version: int, publish_id: str, top_k: 
         "factor_format": CSR if sp.issparse(art.item_factors) else "dense",
         "has_item_values": int(art.item_scores is not None), "top_k": top_k,
         "has_global_scores": int(global_role != "none"),
+        "has_loser_counts": int(art.loser_counts is not None),
         "n_keys": art.n_keys, "buckets": BUCKETS, "key_chunk": key_chunk,
         "bucket_keys": json.dumps(np.bincount(buckets, minlength=BUCKETS).tolist()),
         **counts,
@@ -162,6 +164,8 @@ def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, chunk: int
             w.set(vk.item_bias(c), pack_f32(art.item_bias[lo:hi]))
         if art.item_scores is not None:
             w.set(vk.item_values(c), pack_f32(art.item_scores[lo:hi]))
+        if art.loser_counts is not None:
+            w.set(vk.loser_counts(c), pack_i32(art.loser_counts[lo:hi]))
 
 
 def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,

@@ -32,10 +32,12 @@ from pipeline.serving.layout import (
     decode_pairs,
     parse_pointer,
     unpack_f32,
+    unpack_i32,
     unpack_ids,
 )
 from pipeline.serving.sparse_factors import is_sparse, unpack_rows
 from pipeline.serving.version_listing import parse_watermark
+from solvers.pairs import popularity_cum
 
 # Bytes of chunks asked for in one round trip when loading a version: one 1 MiB chunk, since
 # Redis answers a whole pipeline it has read before it serves another client (4 MiB trips put
@@ -60,7 +62,7 @@ class VersionState:
                  "n_factor_keys", "n_keys", "global_items", "global_role", "topk_prefixes",
                  "user_prefixes", "seen_prefixes", "fresh_prefixes", "vkeys", "n_item_chunks",
                  "item_factors", "item_bias", "meta", "scorer", "sources", "fold_in",
-                 "global_scores", "item_index", "derived", "watermark")
+                 "global_scores", "item_index", "derived", "watermark", "loser_cum")
 
     def names(self, pointer: bytes | None) -> bool:
         """Whether a ``current``/bucket pointer value names this version (any epoch)."""
@@ -154,6 +156,7 @@ def load_version_state(client, keys: ModelKeys, current_raw: bytes,
     st.seen_prefixes = [p + "seen:" for p in vk.bucket_prefixes]
     st.fresh_prefixes = [p + "fresh:" for p in vk.bucket_prefixes]
     st.item_factors = st.item_bias = st.scorer = st.global_scores = st.item_index = None
+    st.loser_cum = None
     st.derived = {}
     try:
         st.fold_in = json.loads(meta.get("fold_in") or "{}")
@@ -214,7 +217,9 @@ def read_chunks(client, names: list[str], value_bytes: int, version: int,
 
 def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | None]:
     """Item factors (n_items x rank float32; a CSR matrix for a version with sparse factors)
-    and bias of a version, read once and kept."""
+    and bias of a version, read once and kept; with them, where the version has them, the
+    weights its fold-in draws popularity-sampled losers by (``st.loser_cum``:
+    :func:`solvers.pairs.popularity_cum` of its ``loser_counts``, training's rule)."""
     if st.item_factors is not None:
         return st.item_factors, st.item_bias
     if st.rank == 0:
@@ -241,6 +246,14 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
     if V.shape != (st.n_items, st.rank) or (b is not None and b.shape != (st.n_items,)):
         raise LayoutError(f"{vk.prefix}V:* hold {V.shape} factors, meta says "
                           f"({st.n_items}, {st.rank})")
+    if st.meta.get("has_loser_counts") == "1":
+        counts = np.concatenate([unpack_i32(r, vk.loser_counts(c)) for c, r in enumerate(
+            read_chunks(client, [vk.loser_counts(c) for c in range(st.n_item_chunks)],
+                        rows * 4, st.version))])
+        if counts.shape != (st.n_items,):
+            raise LayoutError(f"{vk.prefix}lc:* hold {counts.shape} counts, meta says "
+                              f"{st.n_items} items")
+        st.loser_cum = popularity_cum(counts, st.n_items)
     st.item_factors, st.item_bias = V, b
     return V, b
 

@@ -83,7 +83,7 @@ def _indexed_names(client, vk, meta: dict) -> tuple[list[str], list[int]]:
     names = [vk.global_list, vk.scorer]
     for c in range(int(meta["n_item_chunks"])):
         names += [vk.items(c), vk.item_factors(c), vk.item_bias(c), vk.item_values(c),
-                  vk.global_scores(c)]
+                  vk.global_scores(c), vk.loser_counts(c)]
     counts = json.loads(meta["bucket_keys"])
     key_chunk = int(meta["key_chunk"])
     if len(counts) != BUCKETS or key_chunk < 1:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from pipeline.refresh.history import UserHistory
 from pipeline.training.datasets import DAY_MS
 from pipeline.training.trainers.altsvm_data import COLUMNS, collaborative
+from solvers.pairs import popularity_cum
 
 ITEMS = list("abcdefg")
 USERS = ["u1", "u2", "u3"]
@@ -168,12 +169,14 @@ def test_an_edited_comparison_counts_as_its_latest_copy_in_both():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(event, min_size=1, max_size=30), st.sampled_from([1, 4, 10, 25]),
-       st.sampled_from([0, 2, 3]))
-def test_the_fold_ins_implicit_comparisons_follow_trainings_rule(history, per_user, cap):
+       st.sampled_from([0, 2, 3]), st.sampled_from(["uniform", "popularity"]))
+def test_the_fold_ins_implicit_comparisons_follow_trainings_rule(history, per_user, cap,
+                                                                  sampling):
     """Implicit comparisons are drawn, not listed, and each side draws its own (training by
     the user's index, the fold-in by their items); the rule is one: the same winners, as
     many comparisons per user (``implicit_per_user`` spread over the winners, at most
-    ``implicit_max_per_positive`` each, trimmed to ``per_user``), no met item a loser."""
+    ``implicit_max_per_positive`` each, trimmed to ``per_user``), no met item a loser, losers
+    drawn uniformly or both by the counts training drew by (``loser_counts``, published)."""
     from types import SimpleNamespace
 
     from pipeline.serving.item_queries import PairwiseFoldIn
@@ -184,22 +187,23 @@ def test_the_fold_ins_implicit_comparisons_follow_trainings_rule(history, per_us
     data = collaborative(Tables(tables), KINDS, split="random", fraction=0.0, holdout=0,
                          rating_range=list(SCALE), relevance=MIN_RATING,
                          implicit_min_rating="relevance", implicit_per_user=per_user,
-                         implicit_max_per_positive=cap, seed=SEED)
+                         implicit_max_per_positive=cap, implicit_sampling=sampling, seed=SEED)
     users, items = list(data.users.ids), list(data.items.ids)
+    version = SimpleNamespace(n_items=len(items), loser_cum=None if data.loser_counts is None
+                              else popularity_cum(data.loser_counts, len(items)))
     training: dict = {}
     for u, w, lo in data.comparisons:
         training.setdefault(users[u], []).append((items[w], items[lo]))
     index = {item: n for n, item in enumerate(items)}
     spec = {"min_rating": MIN_RATING, "rating_range": list(SCALE), "per_user": per_user,
-            **({"max_per_positive": cap} if cap else {})}
+            "sampling": sampling, **({"max_per_positive": cap} if cap else {})}
     history_ = UserHistory()
     for kind in KINDS:
         history_.add(kind, tables[kind])
     refresher = {}
     for user in history_.users():
         got = history_.inputs(user, index.get, spec)
-        drawn = PairwiseFoldIn.drawn(SimpleNamespace(n_items=len(items)), [got.winners], spec,
-                                     seen=[got.seen])[0]
+        drawn = PairwiseFoldIn.drawn(version, [got.winners], spec, seen=[got.seen])[0]
         if len(drawn):
             refresher[user] = [(items[w], items[lo]) for w, lo in drawn]
         assert not np.isin(drawn[:, 1], got.seen).any()

@@ -14,6 +14,7 @@ from pipeline.serving.item_queries import UnknownItemError
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from solvers.fold_in import implicit_pairs, least_squares_fold_in, pairwise_fold_in
+from solvers.pairs import popularity_cum
 from tests.serving.helpers import reference_fallback, same_answer, user_model
 
 TOP_K = 10
@@ -168,6 +169,38 @@ def test_pairwise_fold_in_solves_the_users_own_problem(redis_client, topk):
     assert not set(met) & {i for i, _ in rec.items}
     # the same request twice: the same answer (the sampled pairs are seeded by the items)
     assert topk.fold_in("movies", met, k=6).items == rec.items
+
+
+def test_a_popularity_fold_in_draws_losers_by_the_counts_the_version_publishes(
+        redis_client, topk):
+    """Training drew its losers by (count + 1)^0.75 of the users who met each item: the version
+    publishes those counts (chunked, read with the factors) and its fold-in draws by them."""
+    spec = {"method": "pairwise", "reg": 0.5, "loss": "squared_hinge", "per_item": 5,
+            "sampling": "popularity"}
+    counts = np.random.default_rng(9).zipf(1.3, 80) % 5000
+    art = user_model(3, fold_in=spec, loser_counts=counts)
+    publish("movies", art, redis_client, top_k=TOP_K)
+    met = [int(x) for x in art.item_ids[[3, 9, 40, 41]]]
+    rec = topk.fold_in("movies", met, k=6)
+    st = topk.versions.current_state("movies")
+    cum = popularity_cum(counts, 80)
+    assert np.array_equal(st.loser_cum, cum)
+    drawn = item_queries.PairwiseFoldIn.drawn(st, [np.array([3, 9, 40, 41])], spec)[0]
+    assert np.array_equal(drawn, implicit_pairs([3, 9, 40, 41], 80, 5, cum=cum))
+    V, b = (art.item_factors.astype(np.float32).astype(np.float64),
+            art.item_bias.astype(np.float32).astype(np.float64))
+    u = pairwise_fold_in(V, b, drawn, reg=0.5, loss="squared_hinge")
+    scores = art.item_factors.astype(np.float32) @ u.astype(np.float32) + art.item_bias
+    assert same_answer(rec.items, _eligible_reference(art, None, 6, exclude=met, scores=scores),
+                       rtol=1e-4)
+    # uniform draws where the spec says so, or a version has no counts
+    for s, c in (({**spec, "sampling": "uniform"}, counts), (spec, None)):
+        publish("movies", user_model(3, fold_in=s, loser_counts=c), redis_client, top_k=TOP_K)
+        st = topk.versions.current_state("movies")
+        topk.fold_in("movies", met, k=6)
+        assert np.array_equal(item_queries.PairwiseFoldIn.drawn(st, [np.array([3, 9, 40, 41])],
+                                                                s)[0],
+                              implicit_pairs([3, 9, 40, 41], 80, 5))
 
 
 def test_least_squares_fold_in_and_none(redis_client, topk):

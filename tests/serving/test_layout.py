@@ -78,6 +78,7 @@ def test_key_builders_follow_the_patterns():
              "items": vk.items(3),
              "item_factors": vk.item_factors(3), "item_bias": vk.item_bias(3),
              "item_values": vk.item_values(3), "global_scores": vk.global_scores(3),
+             "loser_counts": vk.loser_counts(3),
              "key_index": vk.key_index(bucket, 3),
              "global": vk.global_list, "topk": vk.topk("alice"),
              "user_factor": vk.user_factor("alice"), "seen": vk.seen("alice"),

@@ -206,13 +206,13 @@ def test_namespaces_are_separate(redis_url, redis_client):
 
 
 def test_artifact_save_load_round_trip_without_pickle(tmp_path, redis_client, topk):
-    art = user_model(7, str_ids=True)
+    art = user_model(7, str_ids=True, loser_counts=np.arange(80) * 3)
     path = art.save(tmp_path / "art")
     assert json.loads((path / "manifest.json").read_text())["kind"] == "user_item"
     with np.load(path / "arrays.npz", allow_pickle=False) as npz:
         assert npz["key_ids"].dtype.kind == "U"
     again = ModelArtifact.load(path)
-    for name in ("item_ids", "key_ids", "user_factors", "seen_indices"):
+    for name in ("item_ids", "key_ids", "user_factors", "seen_indices", "loser_counts"):
         assert np.array_equal(getattr(again, name), getattr(art, name))
     publish("m", again, redis_client, top_k=5)
     assert same_answer(topk.recommend("m", "user-3", k=5).items, reference_user(art, 3, 5))
@@ -226,6 +226,10 @@ def test_artifact_errors_name_both_values():
         ModelArtifact.global_list(item_ids=[1, 1], scores=[0, 1])
     with pytest.raises(ValueError, match="non-finite"):
         ModelArtifact.global_list(item_ids=[1, 2], scores=[0, np.nan])
+    with pytest.raises(ValueError, match=r"loser_counts has shape \(2,\) and dtype int64, "
+                                         r"expected \(3,\) counts"):
+        ModelArtifact.user_item(user_ids=[1], item_ids=[1, 2, 3], user_factors=np.ones((1, 2)),
+                                item_factors=np.ones((3, 2)), loser_counts=np.array([1, 2]))
 
 
 def _setup_malformed(redis_client):

@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from solvers._altsvm_solver import solve_users
 from solvers.fold_in import implicit_pairs, least_squares_fold_in, pairwise_fold_in
+from solvers.pairs import implicit_comparisons, popularity_cum
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -68,3 +69,24 @@ def test_sampled_losers_are_uniform_over_the_items_not_met():
     assert counts[[0, 1, 5]].sum() == 0
     assert counts[[2, 3, 4, 6, 7]].min() > 0.95 * counts.max()
     assert implicit_pairs([0, 1], 2, 5).shape == (0, 2)
+
+
+def test_popularity_sampled_losers_follow_the_weights_training_draws_by():
+    """A fold-in's losers by :func:`solvers.pairs.popularity_cum`, as training's are: each item
+    not met in proportion to its weight, never a met one, the same pairs for the same items."""
+    counts = np.array([0, 900, 0, 40, 7, 0, 300, 2])
+    cum = popularity_cum(counts, 8)
+    weights = np.diff(np.r_[0, cum])
+    met = [0, 1, 5]
+    pairs = implicit_pairs(met, 8, 40_000, cum=cum)
+    drawn = np.bincount(pairs[:, 1], minlength=8)
+    assert drawn[met].sum() == 0 and (implicit_pairs(met, 8, 40_000, cum=cum) == pairs).all()
+    others = np.setdiff1d(np.arange(8), met)
+    expected = weights[others] / weights[others].sum() * len(pairs)
+    np.testing.assert_allclose(drawn[others], expected, rtol=0.05)
+    # training's draws by the same counts land on the same distribution
+    users, items = np.zeros(3, np.int64), np.array(met)
+    theirs = implicit_comparisons(users, items, 8, per_interaction=40_000,
+                                  sampling="popularity", popularity=counts, random_state=0)
+    np.testing.assert_allclose(np.bincount(theirs[:, 2], minlength=8)[others], expected,
+                               rtol=0.05)

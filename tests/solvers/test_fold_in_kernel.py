@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from solvers.fold_in import _squared_hinge_newton, implicit_pairs, pairwise_fold_in_many
+from solvers.pairs import popularity_cum
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -86,3 +87,10 @@ def test_the_batched_draw_is_the_one_by_one_draw():
             assert not np.isin(want[:, 1], seen[n]).any()
             assert caps[n] is None or len(want) == min(caps[n], len(set(users[n])) * per[n]) \
                 or len(np.setdiff1d(np.arange(n_items), seen[n])) == 0
+        # losers by popularity weights (a few items hold most of them: many tries rejected)
+        cum = popularity_cum(rng.zipf(1.5, n_items) - 1, n_items)
+        got = implicit_pairs_many(users, n_items, per, seen=seen, caps=caps, cum=cum)
+        for n in range(len(users)):
+            want = implicit_pairs(users[n], n_items, per[n], seen=seen[n], cap=caps[n], cum=cum)
+            assert np.array_equal(got[n], want.reshape(-1, 2))
+            assert not np.isin(want[:, 1], seen[n]).any()

@@ -17,6 +17,7 @@ from pipeline.settings import Settings
 from pipeline.training import retrain, steps
 from pipeline.training.config import parse_model
 from pipeline.training.run_types import RunContext
+from solvers.pairs import popularity_cum
 from solvers.persist import read_bundle
 
 
@@ -125,6 +126,25 @@ def test_cli_publishes_a_run_directory_that_already_published(settings, redis_ur
     assert main(["publish", "movies", run_dir, "--no-progress", "--redis-url", redis_url,
                  "--namespace", settings.namespace, "--home", str(settings.home)]) == 0
     assert f"version {run['publish']['version'] + 1}" in capsys.readouterr().out
+
+
+def test_the_fold_in_draws_losers_by_the_counts_training_drew_by(settings, redis_url):
+    """One rule for popularity-sampled losers: the artifact publishes the dataset's
+    ``loser_counts`` and its fold-in spec says how training sampled; a lookup client folding
+    a user in loads them with the factors."""
+    first, _ = _ratings()
+    _ingest(first, settings, "rating", "r0")
+    models = _models(movies={"params": {**_models()["movies"].params,
+                                        "implicit_sampling": "popularity"}})
+    run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
+    art = ModelArtifact.load(Path(run["publish"]["checkpoint"]) / "artifact")
+    counts = _dataset(run)["loser_counts"]
+    assert art.fold_in["sampling"] == "popularity"
+    assert np.array_equal(art.loser_counts, counts) and counts.sum() > 0
+    with TopK(redis_url, namespace=settings.namespace) as topk:
+        topk.fold_in("movies", art.item_ids[:3].tolist(), k=5)
+        st = topk.versions.current_state("movies")
+        assert np.array_equal(st.loser_cum, popularity_cum(counts, art.n_items))
 
 
 def test_events_of_other_kinds_do_not_make_a_model_retrain(settings, redis_url):

@@ -31,8 +31,8 @@ from pipeline.training.datasets import TEST, TRAIN, VALIDATION
 from pipeline.training.progress import phase
 from pipeline.training.trainers import WARM_PREFIX, Fitted, Trainer, altsvm_tuning, idmap
 from pipeline.training.trainers.altsvm_comparisons import (
-    budget_caps,
     check_caps,
+    fold_in_spec,
     training_comparisons,
 )
 from pipeline.training.trainers.altsvm_data import DERIVED, collaborative, tuning_view
@@ -386,35 +386,9 @@ class AltSVMTrainer(Trainer):
                                     fold_in=self.fold_in_spec(model, arrays, cfg), **describe)
 
     def fold_in_spec(self, model, arrays: dict, cfg) -> dict:
-        """How a new user is folded in (``{}`` for what is not a fitted AltSVM): the pairwise
-        problem with λ and loss of ``model``, implicit comparisons ``per_item`` per met item or
-        ``per_user`` in all (training's ``implicit_per_user``, the tuned one when this run
-        tuned it, see :meth:`refit`), and what the dataset used to derive a user's inputs
-        from their events: ``relevance`` (the resolved threshold), ``min_rating`` (the rating
-        an item needs to win a comparison), ``comparisons`` (the mode) and
-        ``rating_range``."""
-        if not hasattr(model, "reg_"):
-            return {}
-        params = {**cfg.params, **getattr(self, "tuned", {})}
-        param = lambda name: self.family.dataset_param(params, name)   # noqa: E731
-        relevance = relevance_of(arrays, cfg)
-        min_rating = param("implicit_min_rating")
-        range_ = param("rating_range")
-        # the published fit's caps (every met row's; implicit_max_comparisons may lower them)
-        cap, per_item = budget_caps(arrays, param, (TRAIN, VALIDATION, TEST))
-        spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
-                "per_item": per_item, "relevance": relevance,
-                "min_rating": relevance if min_rating == "relevance" else float(min_rating),
-                "comparisons": param("comparisons"),
-                "rating_range": None if range_ is None else [float(x) for x in range_]}
-        if int(param("implicit_per_user") or 0) > 0:
-            spec["per_user"] = int(param("implicit_per_user"))
-            if cap > 0:
-                spec["max_per_positive"] = cap
-        if param("max_pairs_per_user"):         # each kind's cap; rating pairs by the seed
-            spec.update(max_pairs_per_user=int(param("max_pairs_per_user")),
-                        seed=int(cfg.evaluation["seed"]))
-        return spec
+        """:func:`~.altsvm_comparisons.fold_in_spec` of ``model`` with this run's tuned
+        settings."""
+        return fold_in_spec(model, arrays, cfg, self.family, getattr(self, "tuned", {}))
 
     def factor_artifact(self, model, arrays: dict, **describe):
         """A ``user_item`` artifact of a fitted AltSVM or of factors ``(U, V, b)``; every
@@ -425,7 +399,8 @@ class AltSVMTrainer(Trainer):
         indptr, indices = csr_rows(arrays["met_user"], arrays["met_item"], len(arrays["user_ids"]))
         return ModelArtifact.user_item(
             user_ids=arrays["user_ids"], item_ids=arrays["item_ids"], user_factors=U,
-            item_factors=V, item_bias=b, seen=(indptr, indices), **describe)
+            item_factors=V, item_bias=b, seen=(indptr, indices),
+            loser_counts=arrays.get("loser_counts"), **describe)
 
     def challenger(self, fitted: Fitted, arrays: dict, cfg, warm: dict | None):
         """implicit's ALS, tuned with the same caps, and its blend with the model

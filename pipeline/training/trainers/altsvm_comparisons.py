@@ -12,6 +12,8 @@ import zlib
 import numpy as np
 
 from pipeline.serving.layout import key_of
+from pipeline.training.datasets import TEST, TRAIN, VALIDATION
+from pipeline.training.trainers.altsvm_metrics import relevance_of
 
 
 def check_caps(params: dict) -> None:
@@ -190,3 +192,37 @@ def _pairs_possible(users: np.ndarray, ratings: np.ndarray) -> int:
     _, per_rating = np.unique(np.column_stack([users, ratings]), axis=0, return_counts=True)
     return int((np.sum(per_user.astype(np.int64) ** 2)
                 - np.sum(per_rating.astype(np.int64) ** 2)) // 2)
+
+
+def fold_in_spec(model, arrays: dict, cfg, family, tuned: dict) -> dict:
+    """How a new user is folded in (``{}`` for what is not a fitted AltSVM): the pairwise
+    problem with λ and loss of ``model``, implicit comparisons ``per_item`` per met item or
+    ``per_user`` in all (training's ``implicit_per_user``; ``tuned``: this run's choice, where
+    it tuned one), losers drawn as training's (``sampling``; by popularity, by the counts the
+    artifact publishes: the dataset's ``loser_counts``), and what the dataset used to derive a
+    user's inputs from their events: ``relevance`` (the resolved threshold), ``min_rating``
+    (the rating an item needs to win a comparison), ``comparisons`` (the mode) and
+    ``rating_range``."""
+    if not hasattr(model, "reg_"):
+        return {}
+    params = {**cfg.params, **tuned}
+    param = lambda name: family.dataset_param(params, name)   # noqa: E731
+    relevance = relevance_of(arrays, cfg)
+    min_rating = param("implicit_min_rating")
+    range_ = param("rating_range")
+    # the published fit's caps (every met row's; implicit_max_comparisons may lower them)
+    cap, per_item = budget_caps(arrays, param, (TRAIN, VALIDATION, TEST))
+    spec = {"method": "pairwise", "reg": float(model.reg_), "loss": model.loss,
+            "per_item": per_item, "sampling": param("implicit_sampling"),
+            "relevance": relevance,
+            "min_rating": relevance if min_rating == "relevance" else float(min_rating),
+            "comparisons": param("comparisons"),
+            "rating_range": None if range_ is None else [float(x) for x in range_]}
+    if int(param("implicit_per_user") or 0) > 0:
+        spec["per_user"] = int(param("implicit_per_user"))
+        if cap > 0:
+            spec["max_per_positive"] = cap
+    if param("max_pairs_per_user"):         # each kind's cap; rating pairs by the seed
+        spec.update(max_pairs_per_user=int(param("max_pairs_per_user")),
+                    seed=int(cfg.evaluation["seed"]))
+    return spec
