@@ -11,7 +11,8 @@
 #                                  pid files, logs
 #   RANKSTREAM_RAY_SESSION_DIR     Ray's session files (default ~/.cache/rankstream-ray-$PORT:
 #                                  Ray refuses a socket path over 107 bytes, and its session
-#                                  names are long)
+#                                  names are long); the head's there, each worker node's in
+#                                  its own w<N> below it, as separate hosts would have them
 # Prints "ray started: ... address 127.0.0.1:PORT"; infra/ray/stop.sh stops what it started.
 set -euo pipefail
 . "$(dirname "$0")/../state.sh"
@@ -58,9 +59,11 @@ if ! alive "$dir/head.pid"; then
     sleep 0.5
   done
 fi
-worker() {  # W: start worker node W
+worker() {  # W: start worker node W, its session files in a temp dir of its own
+  (umask 077 && mkdir -p "$session/w$1")
   launch "worker-$1" --address="$address" --num-cpus="$cpus" --memory="$memory" \
-    --object-store-memory=$((memory / 4)) --dashboard-agent-listen-port=$((port + 2 + $1))
+    --object-store-memory=$((memory / 4)) --dashboard-agent-listen-port=$((port + 2 + $1)) \
+    --temp-dir="$session/w$1"
 }
 for w in $(seq 1 "$workers"); do
   if ! alive "$dir/worker-$w.pid"; then

@@ -250,9 +250,10 @@ def load_factors(client, st: VersionState) -> tuple[np.ndarray, np.ndarray | Non
         counts = np.concatenate([unpack_i32(r, vk.loser_counts(c)) for c, r in enumerate(
             read_chunks(client, [vk.loser_counts(c) for c in range(st.n_item_chunks)],
                         rows * 4, st.version))])
-        if counts.shape != (st.n_items,):
-            raise LayoutError(f"{vk.prefix}lc:* hold {counts.shape} counts, meta says "
-                              f"{st.n_items} items")
+        if counts.shape != (st.n_items,) or (counts.size and counts.min() < 0):
+            raise LayoutError(f"{vk.prefix}lc:* hold {counts.shape} counts (least "
+                              f"{counts.min(initial=0)}), meta says {st.n_items} items, "
+                              "counts >= 0")
         st.loser_cum = popularity_cum(counts, st.n_items)
     st.item_factors, st.item_bias = V, b
     return V, b

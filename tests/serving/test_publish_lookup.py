@@ -10,7 +10,13 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.serving.artifact import ModelArtifact
-from pipeline.serving.layout import LayoutError, ModelKeys, UnknownModelError, pack_pairs
+from pipeline.serving.layout import (
+    LayoutError,
+    ModelKeys,
+    UnknownModelError,
+    pack_i32,
+    pack_pairs,
+)
 from pipeline.serving.lookup import TopK
 from pipeline.serving.publish import publish
 from pipeline.serving.versions import rollback, versions
@@ -262,6 +268,20 @@ def test_malformed_or_foreign_keys_raise_a_clear_error(redis_url, redis_client, 
     damage(redis_client, tag)
     with TopK(redis_url) as topk, pytest.raises(LayoutError, match=message):
         topk.recommend("m", 1, k=3)
+
+
+def test_malformed_loser_counts_raise_a_clear_error(redis_url, redis_client):
+    """The counts a popularity fold-in draws by are read with the factors: a chunk of the
+    wrong length or a negative count is the layout's error, not a draw by NaN weights."""
+    spec = {"method": "pairwise", "reg": 0.5, "loss": "squared_hinge", "per_item": 2,
+            "sampling": "popularity"}
+    publish("m", user_model(0, n_users=5, n_items=10, fold_in=spec,
+                            loser_counts=np.arange(10)), redis_client, top_k=5)
+    for value, message in ((pack_i32([1, 2]), r"hold \(2,\) counts"),
+                           (pack_i32([-1] + [0] * 9), "least -1")):
+        redis_client.set(V1.loser_counts(0), value)
+        with TopK(redis_url) as topk, pytest.raises(LayoutError, match=message):
+            topk.fold_in("m", [100, 107], k=3)
 
 
 def test_malformed_versions_list_raises(redis_client):
