@@ -183,14 +183,14 @@ def confirm_rank(model, arrays: dict, cfg, family, tuning: dict, sizes: dict, sc
     rank 50 served 1.29x rank 20's Recall@20 on test. Returns the kept fit's warm state (the
     final fit continues it), or None where nothing was checked (the final fit starts afresh:
     the choice may have changed the rank)."""
-    ranks = sorted(r for r in _axes(cfg, family).get("rank", ()) if r > tuning["choice"]["rank"]) \
-        if "rank" in tuning["choice"] else []
-    if not by_ratio(arrays) or not ranks:
+    chosen = tuning["choice"].get("rank")
+    larger = [r for r in _axes(cfg, family).get("rank", ()) if chosen is not None and r > chosen]
+    if not by_ratio(arrays) or not larger:
         return None
     c = _comparisons_of(arrays, family, cfg.params, tuning["choice"], (TRAIN,),
                         int(cfg.evaluation["seed"]), {})
     tried = []
-    for rank in (tuning["choice"]["rank"], ranks[0]):
+    for rank in (chosen, min(larger)):
         began = time.perf_counter()
         fit = type(model)(**{**model.get_params(), "rank": rank, "reg": None,
                              "reg_ratio": float(tuning["reg_ratio"])})
