@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
@@ -33,6 +34,11 @@ item_bias = true
 max_iter = 8
 random_state = 0
 """
+# a search on a sample of 100 users: its rank check's two fits on every user run on Ray too
+SAMPLED = CONFIG.replace("reg_ratio = 0.3\n", "").replace(
+    "gate = { tolerance = 1.0, trivial_margin = -1.0 }",
+    "gate = { tolerance = 1.0, trivial_margin = -1.0 }\ntune = { max_settings = 2, "
+    "budget_seconds = 600, sample_users = 100, rank = [4, 8], loss = [\"squared_hinge\"] }")
 
 
 def _train(home: Path, config: Path, redis_url: str, namespace: str, **env) -> str:
@@ -46,9 +52,11 @@ def _train(home: Path, config: Path, redis_url: str, namespace: str, **env) -> s
     return run.stdout
 
 
-def test_a_train_on_a_ray_cluster_publishes_the_local_bits(tmp_path, redis_url, ray_address):
+@pytest.mark.parametrize("text", [CONFIG, SAMPLED], ids=["fixed", "sampled-search"])
+def test_a_train_on_a_ray_cluster_publishes_the_local_bits(tmp_path, redis_url, ray_address,
+                                                           text):
     config = tmp_path / "models.toml"
-    config.write_text(CONFIG)
+    config.write_text(text)
     events = synthetic.rating_events(n_users=300, n_items=120, per_user=25, seed=4)
     homes = {}
     for where, env in (("local", {}), ("ray", {"RANKSTREAM_RAY_ADDRESS": ray_address})):
@@ -58,8 +66,10 @@ def test_a_train_on_a_ray_cluster_publishes_the_local_bits(tmp_path, redis_url, 
         out = _train(home, config, redis_url, f"onray-{where}", **env)
         assert "published" in out, out
         (train,) = (home / "runs" / "movies").glob("*/train.json")
-        engine = json.loads(train.read_text())["engine"]
-        assert engine.startswith("Ray at " if where == "ray" else "this process"), engine
+        summary = json.loads(train.read_text())
+        assert summary["engine"].startswith("Ray at " if where == "ray" else "this process")
+        if text is SAMPLED:
+            assert [c["params"]["rank"] for c in summary["tuning"]["confirmed"]] == [4, 8]
     local, ray = (latest_checkpoint(Settings(home=homes[w]).checkpoint_dir, "movies")
                   for w in ("local", "ray"))
     warm = sorted(k for k in local.arrays if k.startswith("warm_"))

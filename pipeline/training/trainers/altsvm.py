@@ -131,8 +131,8 @@ class AltSVMTrainer(Trainer):
                 phase(f"tuning {self.family.name}")
                 score = self._validation_score(view, cfg)
                 tuning = altsvm_tuning.tune(model, view, cfg, self.family, warm, sizes, score)
-                warm = altsvm_tuning.confirm_rank(model, arrays, cfg, self.family, tuning,
-                                                  sizes, score)
+                warm = altsvm_tuning.confirm_rank(self._on_cluster(model), arrays, cfg,
+                                                  self.family, tuning, sizes, score)
                 phase("fit")
                 tuning["comparisons"] = altsvm_tuning.final_comparisons(
                     arrays, cfg, self.family, tuning["choice"])
