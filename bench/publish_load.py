@@ -7,9 +7,9 @@ one's latency. Meanwhile this process:
 
 1. lets the lookups run idle (``--idle`` seconds);
 2. publishes a ``big`` version of ``--users`` x ``--items`` (rank ``--rank``, top-``--top-k``
-   lists) with the server's slow log on (``CONFIG SET slowlog-log-slower-than``
-   ``--slowlog-us``, 1 ms by default so that the worst command shows even when none passes
-   5 ms; ``SLOWLOG RESET`` first);
+   lists; at ``--niceness``, the publisher's 19 unless told) with the server's slow log on
+   (``CONFIG SET slowlog-log-slower-than`` ``--slowlog-us``, 1 ms by default so that the worst
+   command shows even when none passes 5 ms; ``SLOWLOG RESET`` first);
 3. loads the new version's item factors in fresh ``TopK`` clients, again and again for
    ``--idle`` seconds (what every serving process does after a flip);
 4. measures every value of the version (``STRLEN`` of every key, ``MEMORY USAGE`` of the
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from pipeline.serving import artifact_kinds, version_cache  # noqa: E402
 from pipeline.serving import publish as publisher  # noqa: E402
 from pipeline.serving.artifact import ModelArtifact  # noqa: E402
+from pipeline.serving.background import BATCH_NICENESS  # noqa: E402
 from pipeline.serving.embedded_redis import EmbeddedRedis  # noqa: E402
 from pipeline.serving.layout import MAX_VALUE_BYTES  # noqa: E402
 from pipeline.serving.lookup import TopK  # noqa: E402
@@ -199,6 +200,8 @@ def main(argv=None) -> int:
                    help="bytes a round of pipelined MSETs (8388608: as before issue 50)")
     p.add_argument("--trip-bytes", type=int, default=version_cache.TRIP_BYTES,
                    help="bytes of chunks a reader asks for in one round trip")
+    p.add_argument("--niceness", default=str(BATCH_NICENESS),
+                   help="the publish's CPU priority ('none': this process's, as before issue 50)")
     p.add_argument("--pin", action="store_true",
                    help="redis-server and the lookups on CPU 0, the publisher on CPU 1: what "
                         "the server adds when the publisher has CPU of its own")
@@ -209,7 +212,7 @@ def main(argv=None) -> int:
     version_cache.TRIP_BYTES = args.trip_bytes
     print(f"publisher: chunks of at most {args.max_value_bytes:,} bytes, MSETs of at most "
           f"{args.mset_keys} keys and {args.mset_bytes:,} bytes, rounds of "
-          f"{args.send_bytes:,} bytes{', pinned' if args.pin else ''}")
+          f"{args.send_bytes:,} bytes, niceness {args.niceness}{', pinned' if args.pin else ''}")
 
     t = time.perf_counter()
     live = synthetic(min(args.live_users, args.users), args.items, args.rank, args.seed + 1)
@@ -239,7 +242,8 @@ def main(argv=None) -> int:
             client.config_set("slowlog-max-len", 100_000)
             client.slowlog_reset()
             t_pub = time.monotonic()
-            res = publish("big", big, client, top_k=args.top_k, namespace=NAMESPACE)
+            res = publish("big", big, client, top_k=args.top_k, namespace=NAMESPACE,
+                          niceness=None if args.niceness == "none" else int(args.niceness))
             t_pub_end = time.monotonic()
             slow_publish = slow_entries(client)
             client.slowlog_reset()

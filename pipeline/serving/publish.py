@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from pipeline.serving.artifact import ModelArtifact
 from pipeline.serving.artifact_kinds import kind_of
+from pipeline.serving.background import BATCH_NICENESS, run_at_niceness
 from pipeline.serving.layout import (
     BUCKETS,
     FORMAT_VERSION,
@@ -67,7 +68,7 @@ __all__ = ["PublishResult", "SupersededError", "FencedError", "publish", "rollba
 
 ITEM_CHUNK = 65536  # the most rows per items/V/b/val/gs/lc value; fewer when rows are wide
 KEY_CHUNK = 10000  # the most keys per key-index value; fewer when keys are long
-MSET_KEYS = 32    # keys per MSET: Redis spends ~1-4 µs a key, so about 0.1 ms a command
+MSET_KEYS = 16    # keys per MSET: Redis spends ~1-4 µs a key, so about 0.05 ms a command
 
 
 @dataclass
@@ -170,7 +171,8 @@ def _write_items(w: ShardWriter, vk: VersionKeys, art: ModelArtifact, chunk: int
 
 def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
             keep_versions: int = 3, *, namespace: str = "rankstream",
-            progress: bool = False, fence: int | None = None) -> PublishResult:
+            progress: bool = False, fence: int | None = None,
+            niceness: int | None = BATCH_NICENESS) -> PublishResult:
     """Write ``artifact`` as a new version of ``model_name``, flip ``current`` to it, prune.
 
     Parameters
@@ -192,6 +194,10 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     fence : int or None
         The retrain's lease token (:mod:`pipeline.serving.lease`): the flip happens only while
         the model's lease still holds it.
+    niceness : int or None
+        The CPU priority the version is computed and written at (Linux; None: the caller's):
+        a publish is batch work, and on a host it shares with lookups it takes the CPU they
+        leave (:mod:`pipeline.serving.background`).
 
     Returns
     -------
@@ -214,9 +220,14 @@ def publish(model_name: str, artifact: ModelArtifact, redis, top_k: int = 100,
     >>> first.version, second.version, second.pruned
     (1, 2, [1])
     """
-    t_start = time.perf_counter()
     top_k = _checked_top_k(artifact, top_k, keep_versions)
-    client = as_client(redis, retries=3)
+    return run_at_niceness(_publish, model_name, artifact, as_client(redis, retries=3), top_k,
+                           keep_versions, namespace, progress, fence, niceness=niceness)
+
+
+def _publish(model_name: str, artifact: ModelArtifact, client, top_k: int, keep_versions: int,
+             namespace: str, progress: bool, fence: int | None) -> PublishResult:
+    t_start = time.perf_counter()
     keys = ModelKeys(namespace, model_name)
     draft = _draft(client, keys, artifact, model_name, top_k)
     value, waited, n_keys, t_written = _write_and_flip(client, keys, draft, artifact,
