@@ -3,6 +3,7 @@
     .venv/bin/python bench/chaos.py --minutes 3            # --seed S to repeat a schedule
     .venv/bin/python bench/chaos.py --minutes 10 --keep    # keep the state dir for a post-mortem
     .venv/bin/python bench/chaos.py --minutes 10 --store object   # two hosts, one object store
+    .venv/bin/python bench/chaos.py --minutes 3 --refreshers 3     # a group of three refreshers
 
 It starts its own servers through ``infra/`` (a Kafka broker and a redis-server on free loopback
 ports, and an S3 server with ``--store object``; state in a temp dir under
@@ -21,7 +22,9 @@ runs, all at once:
   random 5-15 s after it first writes its stats and restarted at once; it rewrites each touched
   user's list with the served version's fold-in from their whole history, heals a model whose
   ``current`` vanished, and writes its stats (``HOME/refresh/movies@*.json``), which a **lag
-  watcher** thread reads;
+  watcher** thread reads; with ``--refreshers N``, N - 1 more in its group, never killed (the
+  rating topic then has a partition per refresher at least, and every event is keyed by its
+  user as ``rankstream produce`` keys it, so a user's events reach one refresher);
 * **lookup threads** calling ``TopK.recommend`` (and ``recommend_many`` for 8 users)
   continuously, for known users and unknown ones;
 * a **monitor** thread that polls ``current`` every 50 ms and, for each newly current version,
@@ -123,6 +126,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pipeline.ingest.codec import decode, encode_json, is_batch  # noqa: E402
+from pipeline.ingest.producer import user_key  # noqa: E402
 from pipeline.ingest.validate import check_event  # noqa: E402
 from pipeline.serving.layout import PAIR_DTYPE, ModelKeys  # noqa: E402
 
@@ -382,9 +386,10 @@ class Producer(threading.Thread):
     """Rating events at ``rate`` per second (+10% outcomes, +``poison_rate`` poison)."""
 
     def __init__(self, bootstrap: str, rate: float, poison_kinds: list[str], poison_rate: float,
-                 seed: int, stop: threading.Event):
+                 seed: int, stop: threading.Event, keyed: bool = False):
         super().__init__(name="producer", daemon=True)
         self.bootstrap, self.rate, self.stop = bootstrap, rate, stop
+        self.keyed = keyed      # each event keyed by its user, as `rankstream produce` sends
         self.poison_kinds, self.poison_rate = poison_kinds, poison_rate
         self.rng = random.Random(seed)
         g = np.random.default_rng(seed)
@@ -433,7 +438,8 @@ class Producer(threading.Thread):
                                  else self._rating(i, now))
                         value, what = encode_json(event), event
                         topic = f"rankstream.{event['kind']}"
-                    key = b"tombstone" if value is None else None
+                    key = (b"tombstone" if value is None else
+                           user_key(what) if self.keyed and isinstance(what, dict) else None)
                     sent.append((what, topic, time.time(), value,
                                  producer.send(topic, value=value, key=key)))
                 producer.flush(timeout=60)
@@ -564,8 +570,9 @@ class RefreshLoop(ChildLoop):
     by itself is counted apart and started again. The last one runs on after ``stop``."""
 
     def __init__(self, children: Children, hosts: list[Host], args: list[str],
-                 rng: random.Random, stop: threading.Event):
+                 rng: random.Random, stop: threading.Event, kill: bool = True):
         super().__init__("refresh-loop", children, hosts, args, rng, stop)
+        self.kill = kill        # False: a refresher beside it, never killed (restarted if it exits)
         self.kills = self.crashes = 0
         self.kill_times: list[float] = []
         self.child: subprocess.Popen | None = None
@@ -575,8 +582,18 @@ class RefreshLoop(ChildLoop):
                                          "refresh.log")
         return self.child
 
+    def running(self) -> bool:
+        return self.child is not None and self.child.poll() is None
+
     def _loop(self) -> None:
-        while not self.stop.is_set():
+        while not self.kill and not self.stop.is_set():
+            if not self.running():
+                if self.child is not None:
+                    self.crashes += 1
+                    self.children.forget(self.child)
+                self.start_child()
+            self.stop.wait(1.0)
+        while self.kill and not self.stop.is_set():
             started = time.time()
             child = self.start_child()
             folder = self.hosts[(self.turns - 1) % len(self.hosts)].home / "refresh"
@@ -986,8 +1003,9 @@ def final_touch(producer: Producer, bootstrap: str, url: str) -> dict:
             event = {"kind": "rating", "event_id": f"touch-{u}", "ts": now, "user": user,
                      "item": item, "rating": rng.randint(1, 5)}
             value = encode_json(event)
+            key = user_key(event) if producer.keyed else None
             sent.append((event, "rankstream.rating", time.time(), value,
-                         client.send("rankstream.rating", value=value)))
+                         client.send("rankstream.rating", value=value, key=key)))
             touched[user] = item
         client.flush(timeout=60)
         with producer.out.lock:     # staleness is about the chaos' events, not these
@@ -1015,20 +1033,19 @@ def final_touch(producer: Producer, bootstrap: str, url: str) -> dict:
 def missing_effects(url: str, store, users) -> dict:
     """Each user's final answer against the fold-in over their whole history (see the module
     docstring)."""
-    from pipeline.refresh.history import UserHistory
+    from pipeline.refresh.events import stored_events
     from pipeline.refresh.refresher import user_factor
     from pipeline.serving.layout import key_of
     from pipeline.serving.lookup import TopK
 
-    history = UserHistory()
-    history.load_store(store, ["rating"])
+    history = stored_events(store, ["rating"])
     why: Counter = Counter()
     examples = []
     with TopK(url, namespace=NAMESPACE, timeout=5.0) as topk:
         st = topk.versions.current_state(MODEL)
         V, b = topk.lists.factors(st)
         for user in sorted(users):
-            events = history.of(key_of(user))
+            events = history.get(key_of(user), [])
             rec = topk.recommend(MODEL, user, k=10)
             ids, scores = [i for i, _ in rec.items], np.array([s for _, s in rec.items])
             made = user_factor(st, (V, b), events, st.fold_in, key_of(user))
@@ -1096,6 +1113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--redis-every", type=float, default=45.0,
                         help="mean seconds between Redis restarts (0: none)")
     parser.add_argument("--lookup-threads", type=int, default=2)
+    parser.add_argument("--refreshers", type=int, default=1,
+                        help="refreshers in the model's group: one SIGKILLed and restarted, "
+                             "the others not; with more than one, events are keyed by user")
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds to wait at the end for current to cover every event")
     parser.add_argument("--keep", action="store_true", help="keep the state directory")
@@ -1128,7 +1148,7 @@ def main(argv=None) -> int:
     try:
         servers.start()
         hosts, store_url = _hosts(args.store, state, servers)
-        _create_topics(servers.bootstrap)
+        _create_topics(servers.bootstrap, args.refreshers)
         log("compiling the solver kernels once (solvers.warm_up(), cached for the children)")
         warm = subprocess.run([sys.executable, "-c", "import solvers; solvers.warm_up()"],
                               cwd=REPO, capture_output=True, text=True, start_new_session=True)
@@ -1179,12 +1199,14 @@ def _hosts(mode: str, state: Path, servers: Servers) -> tuple[list[Host], str | 
     return hosts, url
 
 
-def _create_topics(bootstrap: str) -> None:
+def _create_topics(bootstrap: str, refreshers: int = 1) -> None:
+    """The chaos' topics; the ratings' with a partition per refresher at least."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
+    partitions = {**TOPICS, "rankstream.rating": max(TOPICS["rankstream.rating"], refreshers)}
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        admin.create_topics([NewTopic(t, n, 1) for t, n in TOPICS.items()]
+        admin.create_topics([NewTopic(t, n, 1) for t, n in partitions.items()]
                             + [NewTopic(DEAD_LETTER_TOPIC, 1, 1)])
     finally:
         admin.close()
@@ -1203,7 +1225,8 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
 
         objects = ObjectStore(store_url, environ=hosts[0].env)
 
-    producer = Producer(servers.bootstrap, args.rate, poison, args.poison_rate, seed, stop_chaos)
+    producer = Producer(servers.bootstrap, args.rate, poison, args.poison_rate, seed, stop_chaos,
+                        keyed=args.refreshers > 1)
     ingest = IngestLoop(children, hosts, ingest_args, random.Random(rng.random()), stop_chaos)
     retrain = RetrainLoop(children, hosts, train_args, random.Random(rng.random()), stop_chaos)
     # XDG_STATE_HOME: the refresher's static member ids are slots per host and group name (as
@@ -1215,12 +1238,15 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
                      for h in hosts]
     refresh = RefreshLoop(children, refresh_hosts, [*train_args, "--batch-ms", "200"],
                           random.Random(rng.random()), stop_chaos)
+    beside = [RefreshLoop(children, refresh_hosts, [*train_args, "--batch-ms", "200"],
+                          random.Random(rng.random()), stop_chaos, kill=False)
+              for _ in range(args.refreshers - 1)]
     lag = LagWatcher([h.home for h in hosts], stop_all)
     restarts = RedisRestarts(servers, args.redis_every, random.Random(rng.random()), stop_chaos)
     monitor = Monitor(servers.redis_url, hosts[0].home, stop_all, objects)
     lookups = [Lookups(servers.redis_url, random.Random(rng.random()), stop_all)
                for _ in range(args.lookup_threads)]
-    threads = [producer, ingest, retrain, refresh, lag, monitor, *lookups]
+    threads = [producer, ingest, retrain, refresh, *beside, lag, monitor, *lookups]
     threads += [restarts] if args.redis_every > 0 else []
     started = time.time()
     for thread in threads:
@@ -1242,7 +1268,7 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
 
     log("chaos over: stopping the producer, the kills and the restarts; draining")
     stop_chaos.set()
-    for thread in (producer, ingest, retrain, refresh, restarts):
+    for thread in (producer, ingest, retrain, refresh, *beside, restarts):
         if thread.ident is not None:
             thread.join(timeout=360)
     if not _redis_up(servers):
@@ -1258,8 +1284,9 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
             break
         time.sleep(0.5)
     republish = _republish_probe(servers, retrain, restarts)
-    if refresh.child is None or refresh.child.poll() is not None:
-        refresh.start_child()       # the final touch needs a refresher running
+    for loop in (refresh, *beside):     # the final touch needs every refresher running
+        if not loop.running():
+            loop.start_child()
     touch = final_touch(producer, servers.bootstrap, servers.redis_url)
     log(f"final touch: {touch['users']} users, applied by the refresher in "
         f"{touch['seconds']:.1f} s ({touch['n_not_applied']} not)")
@@ -1289,8 +1316,8 @@ def run(args, seed, rng, poison, state, hosts, store_url, servers, children, sto
               + [("redis restart", t) for t in restarts.times]
               + [("version live", t) for t, _ in monitor.live])
     recovery = lag.recovery(faults, started + chaos_seconds)
-    freshness = {"refresh": refresh, "lag": lag, "touch": touch, "effects": effects,
-                 "recovery": recovery}
+    freshness = {"refresh": refresh, "beside": beside, "lag": lag, "touch": touch,
+                 "effects": effects, "recovery": recovery}
     where = (f"in HOME {hosts[0].home} (one host)" if objects is None else
              f"{store_url}, S3 endpoint {servers.s3_endpoint}")
     report = _report(args, seed, state, chaos_seconds, producer, store, torn, st, lookups,
@@ -1369,7 +1396,9 @@ def _freshness_lines(f: dict) -> list[str]:
     n_lag = sum(stats.get("lag_counts", []))
     return [
         f"  refresher       SIGKILLs {refresh.kills} (and {refresh.crashes} exits by itself); "
-        f"last process: {stats.get('events', 0):,} events, {stats.get('users_refreshed', 0):,} "
+        + (f"{len(f['beside'])} more in its group, never killed ("
+           f"{sum(b.crashes for b in f['beside'])} exits by themselves); " if f["beside"] else "")
+        + f"last process: {stats.get('events', 0):,} events, {stats.get('users_refreshed', 0):,} "
         f"users written, {stats.get('flips', 0)} flips, {stats.get('heals', 0)} heals, lag "
         f"max {stats.get('lag_max', 0):.2f} s, mean "
         f"{stats.get('lag_sum', 0) / max(1, n_lag):.3f} s",

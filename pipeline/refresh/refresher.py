@@ -28,7 +28,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from pipeline.refresh.history import UserHistory, fold_in_inputs
+from pipeline.refresh.events import bounds_of, fold_in_inputs
+from pipeline.refresh.history import UserHistory
 from pipeline.refresh.stats import RefreshStats
 from pipeline.serving.layout import UnknownModelError
 from pipeline.serving.sparse_factors import is_sparse
@@ -68,7 +69,7 @@ class Refresher:
     def __init__(self, model: str, cfg, settings, topk, store, *, redis_url: str | None = None):
         self.model, self.cfg, self.settings = model, cfg, settings
         self.topk, self.store, self.redis_url = topk, store, redis_url
-        self.history = UserHistory()
+        self.history = UserHistory(bounds_of(cfg.params))    # the scale, until a version says
         self.stats = RefreshStats(model)
         self.state = None                  # the VersionState refreshed now
         self.pending: dict[str, list] = {}  # user key -> timestamps (ms) of live events
@@ -134,12 +135,12 @@ class Refresher:
                 self.stats.nothing_to_refresh = why
             return
         self.stats.nothing_to_refresh = ""
+        self.history.use_bounds(bounds_of(input_rules(st.fold_in)))
         self.history.load_store(self.store, self.cfg.kinds)
         next_offsets = self.store.next_offsets(kinds=self.cfg.kinds)
-        self.history.forget_stored(lambda src: next_offsets.get(
+        unstored = self.history.unstored_users(lambda src: next_offsets.get(
             (self.store.generation(*src), src[1])))
-        since = self._users_since(watermark_of(st))
-        self.replay |= since | set(self.history.streamed)
+        self.replay |= self._users_since(watermark_of(st)) | unstored
         log.info("%s: serving version %s; %d users have events after its watermark",
                  self.model, st.version, len(self.replay))
 
@@ -147,7 +148,7 @@ class Refresher:
         """Users with stored events at or after ``watermark`` (all users without one)."""
         if watermark is None:
             return self.history.users()
-        from pipeline.refresh.history import COLUMNS, USER_KINDS, events_of
+        from pipeline.refresh.events import COLUMNS, USER_KINDS, events_of
 
         start = {(name, int(p)): int(o) for name, p, o in watermark}
         users = set()
@@ -252,7 +253,7 @@ class Refresher:
         U = np.asarray(U, np.float32).reshape(len(inputs), st.rank)
         if not is_sparse(st.meta):   # a sparse version's factor is as wide as its catalogue
             for n, (user, _) in enumerate(inputs):
-                self.last[user] = U[n]
+                self.last[user] = U[n].copy()     # not a view that keeps the batch
         return [(user, U[n], x.seen) for n, (user, x) in enumerate(inputs)]
 
 

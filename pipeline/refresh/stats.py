@@ -86,7 +86,6 @@ class RefreshStats:
     lag_sum: float = 0.0
     lag_max: float = 0.0
     backlog: dict = field(default_factory=dict)    # "topic/partition" -> messages behind
-    recent_lags: list = field(default_factory=list)
 
     def lag(self, seconds: float) -> None:
         """Count one live event's refresh lag."""
@@ -94,7 +93,6 @@ class RefreshStats:
         self.lag_counts[bisect.bisect_left(LAG_BUCKETS, seconds)] += 1
         self.lag_sum += seconds
         self.lag_max = max(self.lag_max, seconds)
-        self.recent_lags = (self.recent_lags + [seconds])[-1000:]
 
     def to_json(self) -> dict:
         return {"model": self.model, "member": self.member, "version": self.version,

@@ -19,6 +19,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.refresh.events import bounds_of
 from pipeline.refresh.history import UserHistory
 from pipeline.training.datasets import DAY_MS
 from pipeline.training.trainers.altsvm_data import COLUMNS, collaborative
@@ -109,7 +110,7 @@ def _refresher(tables: dict, window: dict, cap, items: list) -> dict:
     index = {item: n for n, item in enumerate(items)}
     spec = {"min_rating": MIN_RATING, "rating_range": list(SCALE), "comparisons": "explicit",
             "max_pairs_per_user": cap, "seed": SEED}
-    history = UserHistory()
+    history = UserHistory(bounds_of(spec))
     for kind in KINDS:
         history.add(kind, tables[kind])
     start = history.window_start(window)
@@ -197,7 +198,7 @@ def test_the_fold_ins_implicit_comparisons_follow_trainings_rule(history, per_us
     index = {item: n for n, item in enumerate(items)}
     spec = {"min_rating": MIN_RATING, "rating_range": list(SCALE), "per_user": per_user,
             "sampling": sampling, **({"max_per_positive": cap} if cap else {})}
-    history_ = UserHistory()
+    history_ = UserHistory(bounds_of(spec))
     for kind in KINDS:
         history_.add(kind, tables[kind])
     refresher = {}

@@ -1,5 +1,7 @@
 """A user's history as the refresher counts it: the latest rating per item wins, comparisons
-count once, ratings outside the scale are left out, and only the version's items count."""
+count once, ratings outside the scale are left out, and only the version's items count; the
+refresher's folded history equals the reference over the plain events, and holds a row per
+item, not per event."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import math
 import pyarrow as pa
 import pytest
 
-from pipeline.refresh.history import Event, UserHistory, fold_in_inputs
+from pipeline.refresh.events import Event, bounds_of, events_of, fold_in_inputs
+from pipeline.refresh.history import UserHistory
 from pipeline.refresh.refresher import input_rules
 
 ITEMS = {"a": 0, "b": 1, "c": 2, "d": 3}
@@ -50,14 +53,17 @@ def test_a_comparison_counts_once_and_explicit_mode_adds_rating_pairs():
     assert sorted(map(tuple, explicit.pairs.tolist())) == [(0, 1), (2, 0), (2, 3)]
 
 
-def test_streamed_events_join_the_stored_ones_and_leave_once_stored():
+def test_streamed_events_the_store_holds_are_forgotten_and_the_rest_name_their_users():
     history = UserHistory()
     table = pa.table({"user": [7, 7, 8], "item": ["a", "b", "a"], "rating": [5.0, 1.0, 4.0],
                       "ts": [1, 2, 3], "offset": [10, 11, 12]})
     assert history.add("rating", table, ("t", 0)) == {"7", "8"}
-    assert [e.item for e in history.of("7")] == ["a", "b"]
-    history.forget_stored(lambda src: 12)        # the store holds offsets < 12 now
-    assert history.of("7") == [] and [e.item for e in history.of("8")] == ["a"]
+    assert history.unstored_users(lambda src: None) == {"7", "8"}
+    assert history.unstored_users(lambda src: 12) == {"8"}   # the store holds offsets < 12 now
+    assert history.unstored_users(lambda src: 13) == set()
+    # what was folded stays: the store's copies fold in again to the same
+    got = history.inputs("7", ITEMS.get, {"min_rating": 4.0})
+    assert got.seen.tolist() == [0, 1] and got.winners.tolist() == [0]
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -98,21 +104,33 @@ def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec, window)
         def read(self, kind, columns):
             return self.t if kind == "rating" else self.t.slice(0, 0)
 
-    history = UserHistory()
-    history.load_store(Store(table(20, 0)), ["rating"])
+    history = UserHistory(bounds_of(spec))
+    stored = table(20, 0)
+    history.load_store(Store(stored), ["rating"])
+    every = {u: [] for u in ("7", "8")}        # the whole history, plain: the reference's
+
+    def met(kind, t, source=None):
+        for user, event in events_of(kind, t, source):
+            every[user].append(event)
+
+    met("rating", stored)
     offset = 100
     for step in range(8):
-        history.add("rating", table(int(rng.integers(0, 6)), offset), ("t", 0))
+        ratings = table(int(rng.integers(0, 6)), offset)
+        history.add("rating", ratings, ("t", 0))
+        met("rating", ratings)
         comparison = pa.table({"user": ["7"], "winner": [rng.choice(items)],
                                "loser": [rng.choice(items)], "ts": [step], "offset": [offset],
                                "event_id": [f"c{rng.integers(0, 3)}"]})
         history.add("comparison", comparison, ("t", 1))
+        met("comparison", comparison)
         offset += 10
-        if step == 5:
-            history.forget_stored(lambda src: 120)
+        if step == 5:       # a new version: the store read again, its copies folded in again
+            history.load_store(Store(stored), ["rating"])
+            history.unstored_users(lambda src: 120)
         start = history.window_start(window)
         for user in ("7", "8"):
-            want = fold_in_inputs(history.of(user), ITEMS.get, spec, user, start)
+            want = fold_in_inputs(every[user], ITEMS.get, spec, user, start)
             got = history.inputs(user, ITEMS.get, spec, start=start)
             for name in ("seen", "winners", "pairs"):
                 assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
@@ -146,18 +164,58 @@ def test_a_count_window_is_found_again_once_one_percent_of_it_arrived():
     assert history.window_start({"last_days": 1}) == 5009 - DAY_MS
 
 
-def test_streamed_events_are_slotted_and_share_their_ids_and_ratings():
-    # the refresher holds every event of its users: one object per id, not one per row
+def test_a_user_holds_a_row_per_item_however_many_events_and_copies_came():
+    # the refresher's memory grows with its users' items, not with the events it streamed
     history = UserHistory()
-    table = pa.table({"user": ["u1", "u2", "u1"], "item": ["a", "a", "b"],
-                      "rating": [4.0, 4.0, 5.0], "ts": [1, 2, 3], "offset": [0, 1, 2]})
-    assert history.add("rating", table, source=("t", 0)) == {"u1", "u2"}
-    (a1, b1), (a2,) = history.streamed["u1"], history.streamed["u2"]
-    assert a1.item is a2.item and a1.rating is a2.rating and a1.source == ("t", 0)
-    assert not hasattr(a1, "__dict__")
-    again = pa.table({"user": ["u3"], "item": ["b"], "rating": [5.0], "ts": [4], "offset": [3]})
-    history.add("rating", again, source=("t", 0))
-    assert history.streamed["u3"][0].item is b1.item
-    # a version switch forgets what the store holds now and keeps the rest, ids shared still
-    history.forget_stored(lambda src: 2)
-    assert [e.offset for es in history.streamed.values() for e in es] == [2, 3]
+    n = 3000
+    for copy in range(2):      # every event twice: a replay, or the store's copy
+        table = pa.table({"user": ["u1"] * n, "item": [f"i{k % 50}" for k in range(n)],
+                          "rating": [float(k % 5 + 1) for k in range(n)],
+                          "ts": list(range(n)), "offset": list(range(n))})
+        history.add("rating", table, ("t", 0))
+    latest = {f"i{k % 50}": float(k % 5 + 1) for k in range(n)}
+    got = history.inputs("u1", lambda item: int(item[1:]), {"min_rating": 5.0})
+    assert len(history.rated["u1"]) == 50 and len(history.items) == 50
+    assert history.arrived == {}
+    assert got.winners.tolist() == sorted(int(i[1:]) for i, r in latest.items() if r >= 5.0)
+    assert history.unstored_users(lambda src: n) == set()
+    assert history.unstored == []
+
+
+def test_the_scale_is_the_versions_and_a_new_one_starts_the_fold_again():
+    history = UserHistory((1.0, 5.0))
+    table = pa.table({"user": ["u"] * 2, "item": ["a", "a"], "rating": [5.0, 9.0],
+                      "ts": [1, 2], "offset": [0, 1]})
+    history.add("rating", table)
+    spec = {"min_rating": 4.0, "rating_range": [1, 5]}
+    assert history.inputs("u", ITEMS.get, spec).winners.tolist() == [0]   # 9 left out first
+    with pytest.raises(ValueError, match="use_bounds"):
+        history.inputs("u", ITEMS.get, {"min_rating": 4.0})
+    assert history.use_bounds((1.0, 5.0)) is False
+    assert history.use_bounds((-math.inf, math.inf)) is True and history.rated == {}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_folding_rows_in_equals_taking_the_latest_of_all_of_them_at_once(seed):
+    import numpy as np
+
+    from pipeline.refresh.history import RATED, _merged
+    from pipeline.training.datasets import latest_per_key
+
+    rng = np.random.default_rng(seed)
+
+    def rows(n):
+        out = np.empty(n, RATED)
+        out["code"] = rng.integers(0, 12, n)
+        out["rating"] = rng.integers(1, 6, n)
+        out["ts"], out["offset"] = rng.integers(0, 4, n), rng.integers(0, 3, n)   # ties
+        return out
+
+    held, every = None, np.zeros(0, RATED)
+    for _ in range(6):
+        new = rows(int(rng.integers(0, 8)))
+        every = np.concatenate([every, new])
+        held = _merged(held, new.copy())
+        want = every[latest_per_key(every["code"], every["ts"], every["offset"])]
+        want = want[np.argsort(want["code"], kind="stable")]
+        assert held.tolist() == want.tolist()

@@ -1,6 +1,7 @@
 """Several refreshers of one model against a real Kafka broker and redis-server: with events
 keyed by user, a backlog drained by one refresher and by two (in one consumer group, over a
-4-partition topic) leaves every touched user with the same list (issue 53)."""
+4-partition topic) leaves every touched user with the same list; a refresher that takes over
+partitions rebuilds their users' histories from the store and the topic (issue 53)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,12 @@ def _drained(group: str, topic: str, bootstrap: str, ends: dict) -> bool:
         reader.close()
 
 
-def _drain(settings: Settings, models, topic: str, ends: dict, members: int) -> None:
-    """Run ``members`` refreshers of ``movies`` in one consumer group of their own until the
-    group committed the whole topic, then stop them."""
+def _drain(settings: Settings, models, topic: str, ends: dict, members: int,
+           group: str | None = None) -> None:
+    """Run ``members`` refreshers of ``movies`` in one consumer group (of their own unless
+    ``group`` names one) until the group committed the whole topic, then stop them."""
     topk = TopK(as_client(settings.redis_url), namespace=settings.namespace, timeout=5.0)
-    group = f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}"
+    group = group or f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}"
     loops, threads = [], []
     for _ in range(members):
         refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
@@ -138,3 +140,71 @@ def test_a_backlog_drained_by_one_refresher_or_by_two_leaves_every_user_the_same
             differ.append(user)
     assert not differ, f"{len(differ)} of {len(touched)} users got another list from two " \
                        f"refreshers: {differ[:5]}"
+
+
+def _ends(bootstrap: str, topic: str, partitions: int) -> dict:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        return {tp.partition: o for tp, o in consumer.end_offsets(
+            [TopicPartition(topic, p) for p in range(partitions)]).items()}
+    finally:
+        consumer.close()
+
+
+def test_the_next_owner_of_a_partition_rebuilds_its_users_histories_from_the_topic(
+        tmp_path, redis_url, kafka_bootstrap):
+    """A refresher drains its users' events and leaves; the next member of the group, a
+    process that never saw them (the store does not hold them: ingest is behind), takes the
+    partitions and one more event per user: every user's list is then the fold-in of their
+    whole history (the store's events and every event sent), not of the last event alone."""
+    from pipeline.refresh.events import Event, stored_events
+    from pipeline.refresh.refresher import user_factor
+
+    models = refresh_models()
+    events = synthetic.rating_events(n_users=200, n_items=120, per_user=25, seed=5)
+    settings = _published(tmp_path, "handover", synthetic.write_jsonl(
+        events, tmp_path / "ratings.jsonl"), models, redis_url, kafka_bootstrap)
+    topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
+    topic = new_topic(kafka_bootstrap, partitions=2, prefix="rs.refresh.handover")
+    group = f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(11)
+    users = sorted({e["user"] for e in events})[:20]
+    items = sorted({e["item"] for e in events})
+    sent: dict = {}
+    producer = EventProducer(kafka_bootstrap)
+    try:
+        def send(user, n):
+            item, ts = items[int(rng.integers(len(items)))], int(time.time() * 1000) + n
+            producer.send(topic, {"kind": "rating", "event_id": uuid.uuid4().hex, "ts": ts,
+                                  "user": user, "item": item, "rating": 5.0}, "rating")
+            sent.setdefault(str(user), []).append(Event("rating", item, None, 5.0, ts, 0))
+
+        for n in range(100):                     # the first owner's: 5 a user
+            send(users[n % len(users)], n)
+        producer.flush()
+        _drain(settings, models, topic, _ends(kafka_bootstrap, topic, 2), 1, group)
+        for n, user in enumerate(users):         # the next owner's: one more each
+            send(user, 1000 + n)
+        producer.flush()
+    finally:
+        producer.close()
+    _drain(settings, models, topic, _ends(kafka_bootstrap, topic, 2), 1, group)
+
+    st = topk.versions.current_state("movies")
+    V, b = topk.lists.factors(st)
+    stored = stored_events(open_store(settings), ["rating"])
+    wrong = []
+    for user in users:
+        key = str(user)
+        factor, seen = user_factor(st, (V, b), stored.get(key, []) + sent[key], st.fold_in,
+                                   key)
+        scores = V @ factor + (0 if b is None else b)
+        scores[seen] = -np.inf
+        want = [st.item_ids[i] for i in np.argsort(-scores, kind="stable")[:10]]
+        got = topk.recommend("movies", user, k=10)
+        if got.source != "fresh" or [i for i, _ in got.items] != want:
+            wrong.append(user)
+    assert not wrong, f"{len(wrong)} of {len(users)} users' lists are not their whole " \
+                      f"history's fold-in after the hand-over: {wrong[:5]}"

@@ -29,7 +29,7 @@ import pytest
 from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.ingest.open_store import open_store
-from pipeline.refresh.history import Event, UserHistory
+from pipeline.refresh.events import Event, stored_events
 from pipeline.refresh.kafka_source import KafkaRefresh
 from pipeline.refresh.refresher import Refresher, user_factor
 from pipeline.serving.layout import key_of
@@ -118,9 +118,8 @@ def expected_list(t, user) -> tuple[list, set]:
     against the current version: its top-K item ids, and the items the user met."""
     topk = t["topk"]
     st = topk.versions.current_state("movies")
-    history = UserHistory()
-    history.load_store(open_store(t["settings"]), ["rating"])
-    events = history.of(key_of(user)) + t["sent"].get(user, [])
+    events = stored_events(open_store(t["settings"]), ["rating"]).get(key_of(user), []) + \
+        t["sent"].get(user, [])
     factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in, key_of(user))
     V, b = topk.lists.factors(st)
     scores = (np.asarray(V, np.float32) @ factor).astype(np.float32)

@@ -16,7 +16,7 @@ from pipeline.ingest import synthetic
 from pipeline.ingest.files import ingest_files
 from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
-from pipeline.refresh.history import UserHistory
+from pipeline.refresh.events import Event, stored_events
 from pipeline.refresh.kafka_source import KafkaRefresh
 from pipeline.refresh.refresher import Refresher, user_factor
 from pipeline.serving.lookup import TopK
@@ -57,7 +57,7 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
     thread.start()
     producer = EventProducer(kafka_bootstrap)
     yield {"settings": settings, "models": models, "topk": topk, "refresher": refresher,
-           "topic": topic, "producer": producer, "events": events, "path": tmp_path}
+           "topic": topic, "producer": producer, "events": events, "path": tmp_path, "sent": {}}
     loop.stop.set()
     thread.join(30)
     producer.close()
@@ -65,10 +65,13 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
 
 
 def _send(t, user, item, rating=5.0):
-    t["producer"].send(t["topic"], {"kind": "rating", "event_id": uuid.uuid4().hex,
-                                    "ts": int(time.time() * 1000), "user": user,
-                                    "item": item, "rating": rating}, "rating")
+    """Produce one rating; remember it as part of ``user``'s history (its own time and item:
+    no offset decides between two of them)."""
+    ts = int(time.time() * 1000)
+    t["producer"].send(t["topic"], {"kind": "rating", "event_id": uuid.uuid4().hex, "ts": ts,
+                                    "user": user, "item": item, "rating": rating}, "rating")
     t["producer"].flush()
+    t["sent"].setdefault(str(user), []).append(Event("rating", item, None, rating, ts, 0))
 
 
 def _until(what, deadline=DEADLINE):
@@ -134,12 +137,9 @@ def test_a_flip_mid_stream_loses_nothing_and_the_final_list_is_the_whole_history
 
     final, _ = _until(settled)
     # the final list is the fold-in over the user's whole history against this version
-    refresher = trained["refresher"]
     st = topk.versions.current_state("movies")
-    history = UserHistory()
-    history.load_store(open_store(settings), ["rating"])
-    streamed = refresher.history.streamed.get(str(user), [])
-    events = history.of(str(user)) + list(streamed)
+    events = stored_events(open_store(settings), ["rating"]).get(str(user), []) + \
+        trained["sent"].get(str(user), [])
     factor, seen = user_factor(st, topk.lists.factors(st), events, st.fold_in, str(user))
     V, b = topk.lists.factors(st)
     scores = V @ factor + (0 if b is None else b)
