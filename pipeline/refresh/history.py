@@ -5,8 +5,9 @@ copy), by the rules of :mod:`pipeline.refresh.events` (training's), whose plain-
 
 Both are maxima by (ts, offset) (training's :func:`~pipeline.training.datasets.latest_per_key`),
 so folding an event in twice changes nothing and the order events come in does not matter:
-what the stream brings is folded in as it comes, and what the event store holds is folded in
-again at each version (:meth:`UserHistory.load_store`), where the stream's copies already are.
+what the stream brings is folded into a user's rows when they are next read (once per batch,
+not per poll), and what the event store holds is folded in again at each version
+(:meth:`UserHistory.load_store`), where the stream's copies already are.
 The window is applied when the inputs are read, not when events are folded: the latest event
 of an item is in the window exactly when some event of it is, and that one is the latest in it.
 
