@@ -187,7 +187,10 @@ class UserHistory:
         cuts = np.flatnonzero(np.diff(by_user)) + 1
         for u, part in zip(by_user[np.r_[0, cuts]].tolist() if len(by_user) else [],
                            np.split(batch, cuts)):
-            self.arrived.setdefault(users[u], []).append(part)
+            parts = self.arrived.setdefault(users[u], [])
+            parts.append(part)
+            if len(parts) >= 64:      # a user no batch reads (no version to refresh yet):
+                self._settle(users[u])   # keep their rows, not every poll's arrays
         return users, rows
 
     def _settle(self, user: str) -> np.ndarray | None:
