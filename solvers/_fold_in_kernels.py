@@ -1,5 +1,6 @@
-"""Jitted kernel of :mod:`solvers.fold_in`: the squared-hinge pairwise fold-in of many users in
-one call (what the refresher recomputes every batch). Plain arrays in, plain arrays out.
+"""Jitted kernels of :mod:`solvers.fold_in`: the pairwise fold-in of many users in one call
+(what the refresher recomputes every batch), by Newton's method for the squared hinge and by
+dual coordinate descent for the other losses. Plain arrays in, plain arrays out.
 
 For each user n, over their comparisons ``c`` in ``indptr[n]:indptr[n + 1]`` with
 ``d_c = V[winner_c] − V[loser_c]`` and ``o_c = bias[winner_c] − bias[loser_c]``::
@@ -17,8 +18,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from solvers._altsvm_kernels import (
+    _FAST,
+    HINGE,
+    SQUARED_HINGE,
+    _affine_order,
+    _stream_seed,
+    dual_step,
+)
 from solvers._pairs_kernels import MAX_TRIES
 from solvers._random import next_u64
+
+GAP_EVERY = 10     # dual CD passes between two duality-gap checks
 
 
 @njit(cache=True)
@@ -108,6 +119,110 @@ def _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_st
             u, value = trial, new_value
             residual, trial_residual = trial_residual, residual
         U[n] = u
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def dual_cd_many(V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol, spans):
+    """``(U, alpha)``: each user's row of U and their comparisons' duals, by dual coordinate
+    descent on the user's problem (AltSVM's problem 5, ``loss`` one of
+    :mod:`solvers._altsvm_kernels`' codes) from alpha = 0, in rounds of :data:`GAP_EVERY`
+    passes (the pass's order drawn from stream 0 of seed ``epoch``, the round's first pass), until
+    the user's duality gap is at most ``gap_tol · max(1, P)`` or ``max_epochs`` passes ran:
+    pass for pass :func:`solvers._altsvm_solver.solve_users` on one user, its reference. Each
+    user's ``d_c = V[w] − V[l]`` is gathered once into a contiguous buffer (the passes read
+    it in a random order: from V, each read was a cache miss); users are spread over the
+    threads as in :func:`squared_hinge_newton_many`, so the rows are the same on any number."""
+    n_users, rank = len(indptr) - 1, V.shape[1]
+    U = np.zeros((n_users, rank))
+    alpha = np.zeros(indptr[-1])
+    for t in prange(min(spans, n_users)):
+        _dual_span(t, spans, V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol,
+                   U, alpha)
+    return U, alpha
+
+
+@njit(cache=True, nogil=True)
+def _dual_span(t, spans, V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol, U,
+               alpha):
+    """The rows (and duals) of users t, t + spans, ... ."""
+    n_users, rank = len(indptr) - 1, V.shape[1]
+    longest = 0
+    for n in range(t, n_users, spans):
+        longest = max(longest, indptr[n + 1] - indptr[n])
+    D = np.empty((longest, rank))
+    offset = np.empty(longest)
+    dd = np.empty(longest)
+    for n in range(t, n_users, spans):
+        lo, m = indptr[n], indptr[n + 1] - indptr[n]
+        for c in range(m):
+            w, x = winners[lo + c], losers[lo + c]
+            offset[c] = bias[w] - bias[x]
+            s = 0.0
+            for k in range(rank):
+                d = V[w, k] - V[x, k]
+                D[c, k] = d
+                s += d * d
+            dd[c] = s
+        u, a = U[n], alpha[lo:lo + m]
+        for epoch in range(0, max_epochs, GAP_EVERY):
+            state = _stream_seed(np.uint64(epoch), np.uint64(0))
+            for _ in range(GAP_EVERY):
+                state = _dual_pass(D, offset, dd, m, a, u, reg, loss, state)
+            gap, primal = _dual_gap(D, offset, m, a, u, reg, loss)
+            if gap <= gap_tol * max(1.0, primal):
+                break
+
+
+@njit(cache=True, fastmath=_FAST)
+def _dual_pass(D, offset, dd, m, a, u, reg, loss, state):
+    """One pass of dual CD steps (eq. 8) over a user's comparisons in a random affine order:
+    :func:`solvers._altsvm_kernels._user_cd` on the gathered ``d_c``."""
+    state, pos, stride = _affine_order(m, state)
+    for _ in range(m):
+        c = pos
+        pos += stride
+        if pos >= m:
+            pos -= m
+        g = offset[c]
+        for f in range(u.shape[0]):
+            g += u[f] * D[c, f]
+        old = a[c]
+        new = dual_step(loss, old, g, dd[c] / reg)
+        if new != old:
+            a[c] = new
+            step = (new - old) / reg
+            for f in range(u.shape[0]):
+                u[f] += step * D[c, f]
+    return state
+
+
+@njit(cache=True)
+def _dual_gap(D, offset, m, a, u, reg, loss):
+    """``(P(u) + D(a), P(u))`` of one user's problem, as
+    :func:`solvers._altsvm_solver.user_duality_gap` computes it for every user."""
+    uu = np.dot(u, u)
+    loss_sum, conj_sum = 0.0, 0.0
+    for c in range(m):
+        z = offset[c]
+        for k in range(u.shape[0]):
+            z += D[c, k] * u[k]
+        if loss == SQUARED_HINGE:
+            r = max(0.0, 1.0 - z)
+            loss_sum += r * r
+            conj = -a[c] + 0.25 * a[c] * a[c]
+        elif loss == HINGE:
+            loss_sum += max(0.0, 1.0 - z)
+            conj = -a[c]
+        else:
+            loss_sum += max(-z, 0.0) + np.log1p(np.exp(-abs(z)))
+            conj = 0.0
+            if a[c] > 0.0:
+                conj += a[c] * np.log(a[c])
+            if a[c] < 1.0:
+                conj += (1.0 - a[c]) * np.log1p(-a[c])
+        conj_sum += conj + a[c] * offset[c]
+    primal = loss_sum + 0.5 * reg * uu
+    return primal + 0.5 * reg * uu + conj_sum, primal
 
 
 @njit(cache=True)

@@ -31,6 +31,7 @@ from solvers._base import (
     numba_threads,
     rng_of,
 )
+from solvers.fold_in import pairwise_duals
 from solvers.pairs import as_ids
 from solvers.topk import user_topk
 
@@ -742,9 +743,8 @@ class AltSVM(Estimator):
         c = np.column_stack([np.zeros(len(c), dtype=np.int64), c])
         c, _, _ = _check_comparisons(c, 1, self.item_factors_.shape[0])
         reg = getattr(self, "reg_", None) or self.reg
-        u, _, _ = S.solve_users(c, 1, self.item_factors_, self.item_bias_, float(reg),
-                                self.loss, max_epochs, gap_tol)
-        return u[0]
+        return pairwise_duals(self.item_factors_, self.item_bias_, c[:, 1:], reg=float(reg),
+                              loss=self.loss, max_epochs=max_epochs, gap_tol=gap_tol)[0]
 
     # ---------------------------------------------------------------- persistence
 

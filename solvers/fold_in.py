@@ -153,49 +153,73 @@ def pairwise_fold_in(V, b, comparisons, *, reg: float, loss: str, max_epochs: in
     if c.min() < 0 or c.max() >= len(V):
         raise ValueError(f"comparisons name item {int(c.max())}, the factors have {len(V)} "
                          "items")
-    bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
     if loss == "squared_hinge":
+        bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
         return _squared_hinge_newton(V[c[:, 0]] - V[c[:, 1]], bias[c[:, 0]] - bias[c[:, 1]],
                                      float(reg), start=start)
-    from solvers._altsvm_solver import solve_users
+    return pairwise_duals(V, b, c, reg=reg, loss=loss, max_epochs=max_epochs,
+                          gap_tol=gap_tol)[0]
 
-    rows = np.column_stack([np.zeros(len(c), np.int64), c])
-    u, _, _ = solve_users(rows, 1, V, bias, float(reg), loss, max_epochs, gap_tol)
-    return u[0]
+
+def pairwise_duals(V, b, comparisons, *, reg: float, loss: str, max_epochs: int = 200,
+                   gap_tol: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """``(u, alpha)``: one user's factor and the duals of their ``comparisons`` (in their
+    order) by dual coordinate descent to a relative duality gap ``gap_tol``
+    (:func:`solvers._fold_in_kernels.dual_cd_many`; u = (1/reg) Σ_c alpha_c d_c)."""
+    V, bias, winners, losers, indptr = _user_rows(V, b, [comparisons])
+    U, alpha = _dual_cd(V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol)
+    return U[0], alpha
 
 
 def pairwise_fold_in_many(V, b, comparisons_of_users: list, *, reg: float, loss: str,
                           starts=None, max_epochs: int = 200, gap_tol: float = 1e-6
                           ) -> np.ndarray:
     """:func:`pairwise_fold_in` of several users, one row each (``starts``: each user's start
-    or None). The squared hinge runs in one jitted call over every user
-    (:func:`solvers._fold_in_kernels.squared_hinge_newton_many`, the same Newton steps, the
-    users spread over numba's threads)."""
+    or None), in one jitted call over every user, spread over numba's threads: the same
+    Newton steps for the squared hinge (:func:`solvers._fold_in_kernels.squared_hinge_newton_many`),
+    the same dual passes for the others (:func:`solvers._fold_in_kernels.dual_cd_many`)."""
     import numba
 
-    V = np.ascontiguousarray(V, dtype=np.float64)
-    rows = [np.asarray(c, dtype=np.int64).reshape(-1, 2) for c in comparisons_of_users]
+    V, bias, winners, losers, indptr = _user_rows(V, b, comparisons_of_users)
     if loss != "squared_hinge":
-        out = [pairwise_fold_in(V, b, c, reg=reg, loss=loss, max_epochs=max_epochs,
-                                gap_tol=gap_tol) for c in rows]
-        return np.stack(out) if out else np.zeros((0, V.shape[1]))
+        return _dual_cd(V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol)[0]
     from solvers._fold_in_kernels import squared_hinge_newton_many
 
+    begin = np.zeros((len(indptr) - 1, V.shape[1]))
+    has = np.zeros(len(indptr) - 1, np.bool_)
+    for n, x in enumerate(starts if starts is not None else ()):
+        if x is not None and np.shape(x) == (V.shape[1],) and np.isfinite(x).all():
+            begin[n], has[n] = x, True
+    return squared_hinge_newton_many(V, bias, winners, losers, indptr, float(reg), begin, has,
+                                     50, 1e-12, 4 * numba.get_num_threads())
+
+
+def _user_rows(V, b, comparisons_of_users: list) -> tuple:
+    """``(V, bias, winners, losers, indptr)`` as the kernels take them (float64, int64, the
+    users' (winner, loser) rows one after another), the item numbers checked against V."""
+    V = np.ascontiguousarray(V, dtype=np.float64)
+    rows = [np.asarray(c, dtype=np.int64).reshape(-1, 2) for c in comparisons_of_users]
     pairs = np.concatenate(rows) if rows else np.zeros((0, 2), np.int64)
     if len(pairs) and (pairs.min() < 0 or pairs.max() >= len(V)):
         raise ValueError(f"comparisons name item {int(pairs.max())}, the factors have "
                          f"{len(V)} items")
     indptr = np.zeros(len(rows) + 1, np.int64)
     np.cumsum([len(c) for c in rows], out=indptr[1:])
-    begin = np.zeros((len(rows), V.shape[1]))
-    has = np.zeros(len(rows), np.bool_)
-    for n, x in enumerate(starts if starts is not None else ()):
-        if x is not None and np.shape(x) == (V.shape[1],) and np.isfinite(x).all():
-            begin[n], has[n] = x, True
     bias = np.zeros(len(V)) if b is None else np.ascontiguousarray(b, dtype=np.float64)
-    return squared_hinge_newton_many(V, bias, np.ascontiguousarray(pairs[:, 0]),
-                                     np.ascontiguousarray(pairs[:, 1]), indptr, float(reg),
-                                     begin, has, 50, 1e-12, 4 * numba.get_num_threads())
+    return (V, bias, np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]),
+            indptr)
+
+
+def _dual_cd(V, bias, winners, losers, indptr, reg, loss, max_epochs, gap_tol) -> tuple:
+    import numba
+
+    from solvers._altsvm_solver import LOSSES
+    from solvers._fold_in_kernels import dual_cd_many
+
+    if loss not in LOSSES:
+        raise ValueError(f"loss is {loss!r}, expected one of {sorted(LOSSES)}")
+    return dual_cd_many(V, bias, winners, losers, indptr, float(reg), LOSSES[loss],
+                        int(max_epochs), float(gap_tol), 4 * numba.get_num_threads())
 
 
 def _squared_hinge_newton(D, offset, reg: float, max_iter: int = 50,

@@ -53,7 +53,7 @@ from pipeline.serving.item_queries import (
 )
 from pipeline.serving.layout import LayoutError, bucket_of, key_of, unpack_i32
 from pipeline.serving.sparse_factors import dense_row, is_sparse, unpack_factor
-from solvers.fold_in import pairwise_fold_in
+from solvers.fold_in import pairwise_duals, pairwise_fold_in
 
 CACHED_USERS = 256      # users' decompositions kept per version (the UI explains a whole list)
 MAX_SUGGESTIONS = 100_000   # item ids searched for a "did you mean"
@@ -145,10 +145,8 @@ def pairwise_terms(st, V, b, u, met, spec: dict) -> Terms:
                               gap_tol=FOLD_IN_GAP)
         alpha = 2.0 * np.maximum(0.0, 1.0 - D @ uf - (bias[rows[:, 0]] - bias[rows[:, 1]]))
     else:   # the dual solver keeps u = (1/λ) Σ α_c d_c itself
-        from solvers._altsvm_solver import solve_users
-
-        c = np.column_stack([np.zeros(len(rows), np.int64), rows])
-        _, alpha, _ = solve_users(c, 1, V64, bias, reg, loss, FOLD_IN_EPOCHS, FOLD_IN_GAP)
+        _, alpha = pairwise_duals(V64, bias, rows, reg=reg, loss=loss,
+                                  max_epochs=FOLD_IN_EPOCHS, gap_tol=FOLD_IN_GAP)
     winners, group = np.unique(rows[:, 0], return_inverse=True)
     G = np.zeros((len(winners), V64.shape[1]))
     np.add.at(G, group, (alpha / reg)[:, None] * D)

@@ -1,6 +1,7 @@
 """Fold-in against slow references: Newton on the squared hinge against AltSVM's own dual
-coordinate descent run to a tiny duality gap, with a zero gradient at its answer; the
-least-squares fold-in against implicit's own recalculate_user; the pair sampler's support."""
+coordinate descent run to a tiny duality gap, with a zero gradient at its answer; the many-user
+dual kernel against that descent user by user; the least-squares fold-in against implicit's
+own recalculate_user; the pair sampler's support."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 import scipy.sparse as sp
 
 from solvers._altsvm_solver import solve_users
-from solvers.fold_in import implicit_pairs, least_squares_fold_in, pairwise_fold_in
+from solvers.fold_in import (
+    implicit_pairs,
+    least_squares_fold_in,
+    pairwise_duals,
+    pairwise_fold_in,
+    pairwise_fold_in_many,
+)
 from solvers.pairs import implicit_comparisons, popularity_cum
 
 
@@ -39,6 +46,39 @@ def test_hinge_takes_the_dual_and_no_pairs_is_zero():
     assert not pairwise_fold_in(V, None, np.zeros((0, 2)), reg=1.0, loss="hinge").any()
     with pytest.raises(ValueError, match="the factors have 30 items"):
         pairwise_fold_in(V, None, [[0, 30]], reg=1.0, loss="hinge")
+
+
+@pytest.mark.parametrize("loss", ["hinge", "logistic", "squared_hinge"])
+def test_the_many_user_dual_kernel_is_the_descent_user_by_user(loss):
+    """dual_cd_many runs solve_users' passes on each user (the same orders, the same stop), on
+    gathered rows: the same factors and duals to round-off, u = (1/λ) Σ α_c d_c; for the losses
+    without a Newton path, the many-user fold-in is it, the same on any number of threads."""
+    import numba
+
+    rng = np.random.default_rng(len(loss))
+    n_items, rank, reg = 400, 12, 3.0
+    V, b = rng.normal(size=(n_items, rank)), rng.normal(size=n_items)
+    users = [implicit_pairs(rng.choice(n_items, int(k), replace=False), n_items, 7)
+             for k in rng.integers(1, 40, size=9)] + [np.zeros((0, 2), np.int64)]
+    duals = [pairwise_duals(V, b, pairs, reg=reg, loss=loss) for pairs in users]
+    for (u, alpha), pairs in zip(duals, users):
+        rows = np.column_stack([np.zeros(len(pairs), np.int64), pairs])
+        ref, ref_alpha, _ = solve_users(rows, 1, V, b, reg, loss, 200, 1e-6)
+        np.testing.assert_allclose(u, ref[0], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
+        D = V[pairs[:, 0]] - V[pairs[:, 1]]
+        np.testing.assert_allclose(u, D.T @ alpha / reg, rtol=1e-9, atol=1e-12)
+    if loss == "squared_hinge":
+        return
+    many = pairwise_fold_in_many(V, b, users, reg=reg, loss=loss)
+    np.testing.assert_array_equal(many, np.stack([u for u, _ in duals]))
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        one_thread = pairwise_fold_in_many(V, b, users, reg=reg, loss=loss)
+    finally:
+        numba.set_num_threads(threads)
+    np.testing.assert_array_equal(many, one_thread)
 
 
 def test_least_squares_is_implicits_recalculate_user():
