@@ -14,7 +14,9 @@ of an item is in the window exactly when some event of it is, and that one is th
 Memory is what a user's events come to, not the events: a row is 28 bytes (``RATED``), and
 per streamed event 20 bytes more until the store holds it (the users it touched, for the next
 version's replay, and its time, for a ``last_events`` window). A refresher fed 2,000 events/s
-holds its users' distinct items, not every event since the last retrain.
+holds its users' distinct items, not every event since the last retrain; with several
+refreshers, only its own users' (:mod:`pipeline.refresh.ownership`, the ``keep`` of
+:meth:`UserHistory.load_store` and :meth:`UserHistory.forget`).
 """
 
 from __future__ import annotations
@@ -61,20 +63,35 @@ class UserHistory:
         self.bounds, self.rated, self.arrived, self.unstored = tuple(bounds), {}, {}, []
         return True
 
-    def load_store(self, store, kinds) -> int:
-        """Fold in every event of the model's kinds the event store holds; their number."""
+    def load_store(self, store, kinds, keep=None) -> int:
+        """Fold in every event of the model's kinds the event store holds (``keep``: of the
+        users it keeps, a function of user keys to a mask; None: of every user); the number
+        of stored events (a ``last_events`` window counts them all, kept or not)."""
         times = []
         for kind in kinds:
             if kind in USER_KINDS:
                 table = store.read(kind, columns=COLUMNS[kind])
-                self._fold(kind, table)
                 times.append(table.column("ts").to_numpy().astype(np.int64))
+                if keep is not None and table.num_rows:
+                    users, rows = _distinct(table.column("user"), key_of)
+                    table = table.filter(pa.array(np.asarray(keep(users), bool)[rows]))
+                self._fold(kind, table)
         for user in list(self.arrived):
             self._settle(user)
         self.stored_ts = np.concatenate(times) if times else np.zeros(0, np.int64)
         held = [int(a.max()) for a in (self.stored_ts, self._unstored_ts()) if a.size]
         self.newest, self.last_start = (max(held) if held else None), None
         return len(self.stored_ts)
+
+    def forget(self, keep) -> int:
+        """Drop the users ``keep`` (a function of user keys to a mask) does not keep: another
+        refresher holds them now. Their number."""
+        users = np.array(sorted(self.users()), dtype=object)
+        gone = users[~np.asarray(keep(users), bool)] if len(users) else users
+        for user in gone.tolist():
+            for held in (self.rated, self.arrived, self.compared):
+                held.pop(user, None)
+        return len(gone)
 
     def add(self, kind: str, table: pa.Table, source=None) -> set[str]:
         """Fold in streamed events (``source``: the Kafka (topic, partition) they came from,

@@ -151,6 +151,18 @@ class KafkaRefresh:
                                                default_kind=self.kinds.get(tp.topic),
                                                limits=Limits.from_settings(self.settings))
         self.consumer.resume(*partitions)
+        self._hold()
+
+    def _hold(self) -> None:
+        """The refresher holds the histories of its partitions' users from now on
+        (:mod:`pipeline.refresh.ownership`; every user's where it holds every partition)."""
+        from pipeline.refresh.ownership import Ownership
+
+        assigned: dict = {}
+        for tp in self.consumer.assignment():
+            assigned.setdefault(tp.topic, set()).add(tp.partition)
+        counts = {t: len(self.consumer.partitions_for_topic(t) or ()) for t in self.kinds}
+        self.refresher.hold(Ownership.of(assigned, counts))
 
     def _commit(self, wait: bool = True) -> None:
         from kafka.structs import OffsetAndMetadata

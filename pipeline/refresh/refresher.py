@@ -75,6 +75,8 @@ class Refresher:
         self.pending: dict[str, list] = {}  # user key -> timestamps (ms) of live events
         self.replay: set[str] = set()       # users to recompute with no lag to count
         self.last: dict[str, np.ndarray] = {}   # user -> factor last written (this version)
+        self.ownership = None   # whose histories it holds (pipeline.refresh.ownership; None: all)
+        self.unkeyed = ""       # why it holds every user's: a partition not keyed by user
 
     # ------------------------------------------------------------------ events in
     def apply(self, tables: dict, source=None, *, live: bool = True) -> int:
@@ -85,6 +87,8 @@ class Refresher:
 
         n = 0
         for kind, table in tables.items():
+            if self.ownership is not None and source is not None and table.num_rows:
+                self._check_keyed(table, source)
             touched = self.history.add(kind, table, source)
             n += table.num_rows
             if not live:
@@ -104,6 +108,44 @@ class Refresher:
         buf = PartitionBuffer("direct", 0, default_kind=kind)
         buf.add_rows(list(events), list(range(len(events))))
         return self.apply(buf.take_events())
+
+    # ------------------------------------------------------------------ whose histories
+    def hold(self, ownership) -> None:
+        """Hold the histories of the users ``ownership`` names (an
+        :class:`~pipeline.refresh.ownership.Ownership` of this refresher's partitions; None,
+        or for good once a partition brought a user hashed elsewhere: every user's). Those no
+        longer held are dropped; those newly held are read from the store now, if a version
+        is served (else at its switch), and their partitions bring the rest."""
+        old, self.ownership = self.ownership, (None if self.unkeyed else ownership)
+        new = self.ownership
+        if old is None and new is None:
+            return
+        if new is not None:
+            self.history.forget(new.owns)
+            kept = _held(new, self.pending)
+            self.pending = {u: t for u, t in self.pending.items() if u in kept}
+            self.replay = _held(new, self.replay)
+        if self.state is not None and not self.stats.nothing_to_refresh and old is not None:
+            self.history.load_store(self.store, self.cfg.kinds, keep=lambda keys: (
+                ~old.owns(keys) if new is None else new.owns(keys) & ~old.owns(keys)))
+        log.info("%s: holding the histories of %s (%d users)", self.model,
+                 "every user" if new is None else f"the users of {new.describe()}",
+                 len(self.history.users()))
+
+    def _check_keyed(self, table, source) -> None:
+        """Hold every user from now on where ``source`` (topic, partition) brings an event of
+        a user whose key hashes to another partition: its topic is not keyed by user."""
+        from pipeline.serving.layout import key_of
+
+        strays = self.ownership.strays(sorted({key_of(u) for u in table.column("user")
+                                               .to_pylist()}), *source)
+        if strays:
+            self.unkeyed = (f"{source[0]}/{source[1]} brought an event of user {strays[0]!r}, "
+                            "whose key hashes to another partition")
+            log.warning("%s: %s: its topic is not keyed by user, so this refresher holds every "
+                        "user's history from now on (send events with `rankstream produce`, or "
+                        "copy them with `rankstream rekey`)", self.model, self.unkeyed)
+            self.hold(None)
 
     # ------------------------------------------------------------------ versions
     def watch(self) -> str:
@@ -136,11 +178,13 @@ class Refresher:
             return
         self.stats.nothing_to_refresh = ""
         self.history.use_bounds(bounds_of(input_rules(st.fold_in)))
-        self.history.load_store(self.store, self.cfg.kinds)
+        held = self.ownership
+        self.history.load_store(self.store, self.cfg.kinds,
+                                keep=None if held is None else held.owns)
         next_offsets = self.store.next_offsets(kinds=self.cfg.kinds)
         unstored = self.history.unstored_users(lambda src: next_offsets.get(
             (self.store.generation(*src), src[1])))
-        self.replay |= self._users_since(watermark_of(st)) | unstored
+        self.replay |= _held(held, self._users_since(watermark_of(st)) | unstored)
         log.info("%s: serving version %s; %d users have events after its watermark",
                  self.model, st.version, len(self.replay))
 
@@ -282,3 +326,11 @@ def watermark_of(st) -> list | None:
         name, _, partition = str(key).rpartition("/")
         out.append((name, int(partition), int(offset)))
     return out
+
+
+def _held(ownership, users) -> set[str]:
+    """The users of ``users`` (keys) that ``ownership`` holds (all of them where None)."""
+    users = sorted(users)
+    if ownership is None or not users:
+        return set(users)
+    return {u for u, mine in zip(users, ownership.owns(users)) if mine}

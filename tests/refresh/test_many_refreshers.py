@@ -208,3 +208,71 @@ def test_the_next_owner_of_a_partition_rebuilds_its_users_histories_from_the_top
             wrong.append(user)
     assert not wrong, f"{len(wrong)} of {len(users)} users' lists are not their whole " \
                       f"history's fold-in after the hand-over: {wrong[:5]}"
+
+
+def test_two_refreshers_hold_each_their_partitions_users_until_a_stray_event(
+        tmp_path, redis_url, kafka_bootstrap):
+    """Two refreshers in one group over a 4-partition topic, keyed by user: each holds the
+    stored histories of the users its partitions hash (disjoint, together every user), not
+    the whole store. An event of a user hashed elsewhere (a producer that does not key by
+    user) makes the refresher that read it hold every user's history from then on."""
+    from pipeline.refresh.ownership import partitions_of
+    from pipeline.serving.layout import key_of
+
+    models = refresh_models()
+    events = synthetic.rating_events(n_users=120, n_items=80, per_user=20, seed=13)
+    settings = _published(tmp_path, "owners", synthetic.write_jsonl(
+        events, tmp_path / "ratings.jsonl"), models, redis_url, kafka_bootstrap)
+    everyone = {key_of(e["user"]) for e in events}
+    topic = new_topic(kafka_bootstrap, partitions=PARTITIONS, prefix="rs.refresh.owners")
+    topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
+    group = f"rankstream.refresh.test-{uuid.uuid4().hex[:8]}"
+    loops = [KafkaRefresh(Refresher("movies", models["movies"], settings, topk,
+                                    open_store(settings), redis_url=redis_url),
+                          settings, batch_ms=100, topics={topic: "rating"}, group=group)
+             for _ in range(2)]
+    threads = [threading.Thread(target=loop.run, daemon=True) for loop in loops]
+    for thread in threads:
+        thread.start()
+    refreshers = [loop.refresher for loop in loops]
+
+    def settled(check) -> bool:
+        started = time.monotonic()
+        while time.monotonic() - started < DEADLINE:
+            if check():
+                return True
+            time.sleep(0.5)
+        return False
+
+    try:
+        assert settled(lambda: all(r.ownership is not None and r.state is not None
+                                   and r.history.users() for r in refreshers)), \
+            [(r.ownership and r.ownership.describe(), r.state) for r in refreshers]
+        held = [r.history.users() for r in refreshers]
+        for r, users in zip(refreshers, held):
+            mine = r.ownership.assigned[topic]
+            assert {int(p) for p in partitions_of(sorted(users), PARTITIONS)} <= mine, \
+                f"a refresher of partitions {sorted(mine)} holds users hashed elsewhere"
+        assert held[0].isdisjoint(held[1]), sorted(held[0] & held[1])[:5]
+        assert held[0] | held[1] == everyone, sorted(everyone - held[0] - held[1])[:5]
+
+        user = sorted(held[0])[0]          # one of the first's users, sent to the second
+        wrong = min(refreshers[1].ownership.assigned[topic])
+        producer = EventProducer(kafka_bootstrap)
+        try:
+            producer.send(topic, {"kind": "rating", "event_id": uuid.uuid4().hex,
+                                  "ts": int(time.time() * 1000), "user": user,
+                                  "item": events[0]["item"], "rating": 4.0}, "rating",
+                          partition=wrong)
+            producer.flush()
+        finally:
+            producer.close()
+        assert settled(lambda: refreshers[1].unkeyed and refreshers[1].ownership is None
+                       and refreshers[1].history.users() == everyone), \
+            (refreshers[1].unkeyed, len(refreshers[1].history.users()))
+        assert f"{topic}/{wrong}" in refreshers[1].unkeyed
+    finally:
+        for loop in loops:
+            loop.stop.set()
+        for thread in threads:
+            thread.join(30)
