@@ -76,7 +76,6 @@ class Refresher:
         self.replay: set[str] = set()       # users to recompute with no lag to count
         self.last: dict[str, np.ndarray] = {}   # user -> factor last written (this version)
         self.ownership = None   # whose histories it holds (pipeline.refresh.ownership; None: all)
-        self.unkeyed = ""       # why it holds every user's: a partition not keyed by user
 
     # ------------------------------------------------------------------ events in
     def apply(self, tables: dict, source=None, *, live: bool = True) -> int:
@@ -116,7 +115,7 @@ class Refresher:
         or for good once a partition brought a user hashed elsewhere: every user's). Those no
         longer held are dropped; those newly held are read from the store now, if a version
         is served (else at its switch), and their partitions bring the rest."""
-        old, self.ownership = self.ownership, (None if self.unkeyed else ownership)
+        old, self.ownership = self.ownership, (None if self.stats.unkeyed else ownership)
         new = self.ownership
         if old is None and new is None:
             return
@@ -128,9 +127,10 @@ class Refresher:
         if self.state is not None and not self.stats.nothing_to_refresh and old is not None:
             self.history.load_store(self.store, self.cfg.kinds, keep=lambda keys: (
                 ~old.owns(keys) if new is None else new.owns(keys) & ~old.owns(keys)))
+        self.stats.users_held = len(self.history.users())
         log.info("%s: holding the histories of %s (%d users)", self.model,
                  "every user" if new is None else f"the users of {new.describe()}",
-                 len(self.history.users()))
+                 self.stats.users_held)
 
     def _check_keyed(self, table, source) -> None:
         """Hold every user from now on where ``source`` (topic, partition) brings an event of
@@ -140,11 +140,11 @@ class Refresher:
         strays = self.ownership.strays(sorted({key_of(u) for u in table.column("user")
                                                .to_pylist()}), *source)
         if strays:
-            self.unkeyed = (f"{source[0]}/{source[1]} brought an event of user {strays[0]!r}, "
-                            "whose key hashes to another partition")
+            self.stats.unkeyed = (f"{source[0]}/{source[1]} brought an event of user "
+                                  f"{strays[0]!r}, whose key hashes to another partition")
             log.warning("%s: %s: its topic is not keyed by user, so this refresher holds every "
                         "user's history from now on (send events with `rankstream produce`, or "
-                        "copy them with `rankstream rekey`)", self.model, self.unkeyed)
+                        "copy them with `rankstream rekey`)", self.model, self.stats.unkeyed)
             self.hold(None)
 
     # ------------------------------------------------------------------ versions
@@ -185,6 +185,7 @@ class Refresher:
         unstored = self.history.unstored_users(lambda src: next_offsets.get(
             (self.store.generation(*src), src[1])))
         self.replay |= _held(held, self._users_since(watermark_of(st)) | unstored)
+        self.stats.users_held = len(self.history.users())
         log.info("%s: serving version %s; %d users have events after its watermark",
                  self.model, st.version, len(self.replay))
 

@@ -18,7 +18,8 @@ from pipeline.durable import read_json, write_json
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)   # seconds, then +Inf
 
 
-COUNTS = ("users_refreshed", "events", "replayed_users", "flips", "heals", "rejoins")
+COUNTS = ("users_refreshed", "events", "replayed_users", "flips", "heals", "rejoins",
+          "users_held")
 
 
 def stats_path(home, model: str, member: str = "") -> Path:
@@ -64,6 +65,7 @@ def merge_stats(parts: list[dict]) -> dict:
     versions = [s["version"] for s in parts if s.get("version") is not None]
     out["version"] = max(versions) if versions else None
     out["last_heal"] = max((s.get("last_heal") or "" for s in parts), default="")
+    out["unkeyed"] = next((s["unkeyed"] for s in parts if s.get("unkeyed")), "")
     for s in parts:       # oldest first: a partition's latest owner says last
         out["backlog"].update(s.get("backlog") or {})
     return out
@@ -82,6 +84,8 @@ class RefreshStats:
     rejoins: int = 0               # stalled rebalances and partitionless stretches, joined again
     last_heal: str = ""
     nothing_to_refresh: str = ""   # why, for a version whose shape has no per-user state
+    users_held: int = 0            # users whose histories it holds (its partitions' users)
+    unkeyed: str = ""              # why it holds every user's: a partition not keyed by user
     lag_counts: list = field(default_factory=lambda: [0] * (len(LAG_BUCKETS) + 1))
     lag_sum: float = 0.0
     lag_max: float = 0.0
@@ -100,6 +104,7 @@ class RefreshStats:
                 "replayed_users": self.replayed_users, "flips": self.flips,
                 "heals": self.heals, "rejoins": self.rejoins, "last_heal": self.last_heal,
                 "nothing_to_refresh": self.nothing_to_refresh,
+                "users_held": self.users_held, "unkeyed": self.unkeyed,
                 "lag_buckets": list(LAG_BUCKETS), "lag_counts": self.lag_counts,
                 "lag_sum": round(self.lag_sum, 6), "lag_max": round(self.lag_max, 6),
                 "backlog": self.backlog, "updated_at": time.time()}

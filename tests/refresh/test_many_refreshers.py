@@ -255,6 +255,7 @@ def test_two_refreshers_hold_each_their_partitions_users_until_a_stray_event(
                 f"a refresher of partitions {sorted(mine)} holds users hashed elsewhere"
         assert held[0].isdisjoint(held[1]), sorted(held[0] & held[1])[:5]
         assert held[0] | held[1] == everyone, sorted(everyone - held[0] - held[1])[:5]
+        assert [r.stats.users_held for r in refreshers] == [len(h) for h in held]
 
         user = sorted(held[0])[0]          # one of the first's users, sent to the second
         wrong = min(refreshers[1].ownership.assigned[topic])
@@ -267,10 +268,10 @@ def test_two_refreshers_hold_each_their_partitions_users_until_a_stray_event(
             producer.flush()
         finally:
             producer.close()
-        assert settled(lambda: refreshers[1].unkeyed and refreshers[1].ownership is None
+        assert settled(lambda: refreshers[1].stats.unkeyed and refreshers[1].ownership is None
                        and refreshers[1].history.users() == everyone), \
-            (refreshers[1].unkeyed, len(refreshers[1].history.users()))
-        assert f"{topic}/{wrong}" in refreshers[1].unkeyed
+            (refreshers[1].stats.unkeyed, len(refreshers[1].history.users()))
+        assert f"{topic}/{wrong}" in refreshers[1].stats.unkeyed
     finally:
         for loop in loops:
             loop.stop.set()
