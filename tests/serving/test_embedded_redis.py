@@ -41,6 +41,38 @@ def test_start_serve_and_stop_by_pid():
     assert not os.path.exists(sock_dir)
 
 
+def test_the_socket_dir_is_the_users_and_a_dead_makers_is_removed_at_the_next_start(
+        tmp_path, monkeypatch):
+    """The socket lives under the user's state dir, not a shared /tmp; a run dir whose maker
+    died (a SIGKILLed parent never cleans up) goes at the next start; one whose maker lives,
+    or that names no maker (not ours to judge), stays."""
+    import tempfile
+
+    short = Path(tempfile.mkdtemp(prefix="rs-"))    # pytest's tmp_path is too long a prefix
+    monkeypatch.setenv("XDG_STATE_HOME", str(short))
+    base = short / "rankstream" / "run"
+    base.mkdir(parents=True)
+    dead, alive, unnamed = (base / f"{E.RUN_PREFIX}{name}" for name in ("dead", "alive", "x"))
+    for d in (dead, alive, unnamed):
+        d.mkdir()
+        (d / "redis.log").write_text("a log")
+    (dead / "owner").write_text("999999999 12345\n")                 # no such process
+    (alive / "owner").write_text(f"{os.getpid()} {E._started(os.getpid())}\n")
+    try:
+        with E.EmbeddedRedis() as server:
+            sock = server.url[len("unix://"):].split("?")[0]
+            assert Path(sock).parent.parent == base
+            assert not dead.exists() and alive.exists() and unnamed.exists()
+        assert not Path(sock).parent.exists()
+        # where the user's state dir is too deep for a socket's path: the system's temp dir
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / ("d" * 90)))
+        with E.EmbeddedRedis() as server:
+            sock = server.url[len("unix://"):].split("?")[0]
+            assert Path(sock).parent.parent == Path(tempfile.gettempdir())
+    finally:
+        shutil.rmtree(short)
+
+
 def test_data_dir_persists_between_runs_and_is_locked(tmp_path):
     with E.EmbeddedRedis(data_dir=tmp_path) as server:
         redis.Redis.from_url(server.url).set("kept", "yes")
