@@ -47,7 +47,9 @@ class UserHistory:
         self.rated: dict[str, np.ndarray] = {}      # user -> RATED rows, by code
         self.arrived: dict[str, list] = {}          # user -> RATED rows not folded in yet
         self.compared: dict[str, dict] = {}         # user -> event id -> (key, (w, l) codes)
-        self.unstored: list = []        # (source, users, their rows, offsets, ts) per batch
+        self.unstored: list = []        # (source, user codes, offsets, ts) per batch
+        self.user_code: dict = {}       # user key -> code, for the log (one str per user)
+        self.user_keys: list = []       # code -> user key
         self.stored_ts = np.zeros(0, np.int64)      # every stored event's time, for the window
         self.newest: int | None = None              # the newest time held
         self.last_start: tuple | None = None        # (last_events' start, arrivals since)
@@ -100,7 +102,7 @@ class UserHistory:
             return set()
         users, rows = self._fold(kind, table)
         ts = table.column("ts").to_numpy().astype(np.int64)
-        self.unstored.append((source, users, rows.astype(np.int32),
+        self.unstored.append((source, self._user_codes(users)[rows],
                               table.column("offset").to_numpy().astype(np.int64), ts))
         newest = int(ts.max())
         self.newest = newest if self.newest is None else max(self.newest, newest)
@@ -112,12 +114,12 @@ class UserHistory:
         """Forget the streamed events the store holds now (``stored_until(source)``: the store's
         next offset of that Kafka topic partition, or None); the users of those it does not."""
         kept, users = [], set()
-        for source, names, rows, offsets, ts in self.unstored:
+        for source, codes, offsets, ts in self.unstored:
             left = (offsets >= (stored_until(source) or 0)) if source is not None else \
-                np.ones(len(rows), bool)
+                np.ones(len(codes), bool)
             if left.any():
-                kept.append((source, names, rows[left], offsets[left], ts[left]))
-                users.update(names[np.unique(rows[left])].tolist())
+                kept.append((source, codes[left], offsets[left], ts[left]))
+                users.update(self.user_keys[c] for c in np.unique(codes[left]).tolist())
         self.unstored = kept
         return users
 
@@ -138,7 +140,19 @@ class UserHistory:
         return self.last_start[0]
 
     def _unstored_ts(self) -> np.ndarray:
-        return np.concatenate([b[4] for b in self.unstored] or [np.zeros(0, np.int64)])
+        return np.concatenate([b[3] for b in self.unstored] or [np.zeros(0, np.int64)])
+
+    def _user_codes(self, users: np.ndarray) -> np.ndarray:
+        """Each user key's code (a new key gets the next): the log keeps 4 bytes per event, not
+        each batch's own copies of its users' keys (a batch's keys are new str objects)."""
+        codes = np.empty(len(users), np.int32)
+        for n, user in enumerate(users.tolist()):
+            code = self.user_code.get(user)
+            if code is None:
+                code = self.user_code[user] = len(self.user_keys)
+                self.user_keys.append(user)
+            codes[n] = code
+        return codes
 
     def users(self) -> set[str]:
         return set(self.rated) | set(self.arrived) | set(self.compared)

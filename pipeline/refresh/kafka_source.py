@@ -39,9 +39,10 @@ log = logging.getLogger(__name__)
 WATCH_SECONDS = 0.5      # how often ``current`` is checked (a flip, or Redis restarted empty)
 STATS_SECONDS = 2.0
 # how often the heap's freed pages go back to the OS (pipeline.heap): each batch frees what
-# it decoded and computed between objects that stay, and glibc kept those pages (at 2,000
-# events/s 30-60 MiB every 10 s; over 10 minutes the RSS ended at 1,237 MiB, not 1,288)
-TRIM_SECONDS = 10.0
+# it decoded and computed between objects that stay, and glibc keeps those pages: at 2,000
+# events/s 40-57 MiB every 10 s on ML-100K, a sawtooth as tall as 10 minutes of new data;
+# a trim takes 2-3 ms there, so once a second
+TRIM_SECONDS = 1.0
 MIN_GAP_SECONDS = 0.05   # the shortest batch: what arrives meanwhile is recomputed together
 MAX_RECORDS = 20_000     # one poll's most; a full poll means more is waiting
 # a rebalance (partitions revoked) not finished after this long is given up: the consumer is
