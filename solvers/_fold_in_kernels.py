@@ -46,6 +46,26 @@ def _objective(D, offset, m, u, reg, residual):
     return value
 
 
+@njit(cache=True, nogil=True)
+def _longest(t, spans, indptr):
+    """The most comparisons of one user among users t, t + spans, ... (their buffers' size)."""
+    longest = 0
+    for n in range(t, len(indptr) - 1, spans):
+        longest = max(longest, indptr[n + 1] - indptr[n])
+    return longest
+
+
+@njit(cache=True, nogil=True)
+def _gather(V, bias, winners, losers, lo, m, D, offset):
+    """``D[c] = V[w_c] − V[l_c]`` and ``offset[c] = bias[w_c] − bias[l_c]`` of comparisons
+    lo .. lo + m − 1: a user's rows, contiguous for the passes over them."""
+    for c in range(m):
+        w, x = winners[lo + c], losers[lo + c]
+        offset[c] = bias[w] - bias[x]
+        for k in range(V.shape[1]):
+            D[c, k] = V[w, k] - V[x, k]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def squared_hinge_newton_many(V, bias, winners, losers, indptr, reg, starts, has_start,
                               max_iter, tol, spans):
@@ -65,9 +85,7 @@ def _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_st
                  tol, U):
     """The rows of users t, t + spans, ... of U."""
     n_users, rank = len(indptr) - 1, V.shape[1]
-    longest = 0
-    for n in range(t, n_users, spans):
-        longest = max(longest, indptr[n + 1] - indptr[n])
+    longest = _longest(t, spans, indptr)
     # one set of buffers for the span's users: a user's problem is a few µs of arithmetic, and
     # allocating its D, residuals and active rows each step cost more than the arithmetic
     D = np.empty((longest, rank))
@@ -80,11 +98,7 @@ def _newton_span(t, spans, V, bias, winners, losers, indptr, reg, starts, has_st
         lo, m = indptr[n], indptr[n + 1] - indptr[n]
         if m == 0:
             continue
-        for c in range(m):
-            w, x = winners[lo + c], losers[lo + c]
-            offset[c] = bias[w] - bias[x]
-            for k in range(rank):
-                D[c, k] = V[w, k] - V[x, k]
+        _gather(V, bias, winners, losers, lo, m, D, offset)
         u = starts[n].copy() if has_start[n] else np.zeros(rank)
         value = _objective(D, offset, m, u, reg, residual)
         for _ in range(max_iter):
@@ -146,22 +160,17 @@ def _dual_span(t, spans, V, bias, winners, losers, indptr, reg, loss, max_epochs
                alpha):
     """The rows (and duals) of users t, t + spans, ... ."""
     n_users, rank = len(indptr) - 1, V.shape[1]
-    longest = 0
-    for n in range(t, n_users, spans):
-        longest = max(longest, indptr[n + 1] - indptr[n])
+    longest = _longest(t, spans, indptr)
     D = np.empty((longest, rank))
     offset = np.empty(longest)
     dd = np.empty(longest)
     for n in range(t, n_users, spans):
         lo, m = indptr[n], indptr[n + 1] - indptr[n]
+        _gather(V, bias, winners, losers, lo, m, D, offset)
         for c in range(m):
-            w, x = winners[lo + c], losers[lo + c]
-            offset[c] = bias[w] - bias[x]
             s = 0.0
             for k in range(rank):
-                d = V[w, k] - V[x, k]
-                D[c, k] = d
-                s += d * d
+                s += D[c, k] * D[c, k]
             dd[c] = s
         u, a = U[n], alpha[lo:lo + m]
         for epoch in range(0, max_epochs, GAP_EVERY):
