@@ -84,6 +84,12 @@ class Ownership:
             return None
         return cls(assigned, counts)
 
+    def within(self, other: Ownership | None) -> bool:
+        """Whether every user held here is held by ``other`` too (None: everyone)."""
+        return other is None or (self.counts == {t: other.counts.get(t) for t in self.counts}
+                                 and all(ps <= other.assigned.get(t, frozenset())
+                                         for t, ps in self.assigned.items()))
+
     def owns(self, keys) -> np.ndarray:
         """Whether each user key hashes to a partition held here, in some topic."""
         keys = list(keys)

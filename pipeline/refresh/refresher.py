@@ -117,14 +117,16 @@ class Refresher:
         is served (else at its switch), and their partitions bring the rest."""
         old, self.ownership = self.ownership, (None if self.stats.unkeyed else ownership)
         new = self.ownership
-        if old is None and new is None:
-            return
+        if (old is None and new is None) or (new is not None and old is not None
+                                             and new.within(old) and old.within(new)):
+            return         # the same users (a rebalance that gave the same partitions back)
         if new is not None:
             self.history.forget(new.owns)
             kept = _held(new, self.pending)
             self.pending = {u: t for u, t in self.pending.items() if u in kept}
             self.replay = _held(new, self.replay)
-        if self.state is not None and not self.stats.nothing_to_refresh and old is not None:
+        gained = old is not None and not (new is not None and new.within(old))
+        if gained and self.state is not None and not self.stats.nothing_to_refresh:
             self.history.load_store(self.store, self.cfg.kinds, keep=lambda keys: (
                 ~old.owns(keys) if new is None else new.owns(keys) & ~old.owns(keys)))
         self.stats.users_held = len(self.history.users())

@@ -70,3 +70,11 @@ def test_a_history_of_some_users_gives_them_what_a_whole_one_does():
             got = history.inputs(user, ITEMS.get, spec)
             for name in ("seen", "winners", "pairs"):
                 assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+
+
+def test_an_assignment_within_another_holds_no_one_new():
+    whole = Ownership.of({"r": {0, 1}}, {"r": 4})
+    assert Ownership.of({"r": {1}}, {"r": 4}).within(whole)
+    assert not whole.within(Ownership.of({"r": {1}}, {"r": 4}))
+    assert not Ownership.of({"r": {1}}, {"r": 5}).within(whole)     # repartitioned: rehashed
+    assert whole.within(None)
