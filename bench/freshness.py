@@ -49,6 +49,7 @@ refresher's lists are worth between retrains (issue 35, item 5).
     .venv/bin/python bench/freshness.py --part latency --seconds 60 --rate 2000
     .venv/bin/python bench/freshness.py --part latency --items 40000     # a large catalogue
     .venv/bin/python bench/freshness.py --part latency --refreshers 2 --rate 6000   # scale-out
+    .venv/bin/python bench/freshness.py --part latency --users 20000 --refreshers 2  # many users
     .venv/bin/python bench/freshness.py --part latency --seconds 600    # RSS over 10 minutes
 
 ``--refreshers N`` runs N ``rankstream refresh movies`` processes in the model's group over
@@ -240,39 +241,47 @@ def quality(args) -> list[dict]:
 
 # ================================================================ part 1: latency under load
 
-def training_rows(items: int | None = None) -> tuple[list[dict], str]:
+def training_rows(items: int | None = None, users: int | None = None
+                  ) -> tuple[list[dict], str]:
     """MovieLens 100K's ratings, or synthetic ones of its shape (943 users x 106 ratings) over
     ``items`` items with Zipf-like popularity (``--items``: a large catalogue, whose top-K
-    per refreshed user reads every item's score)."""
+    per refreshed user reads every item's score), or of ``users`` users with MovieLens's
+    100,000 ratings spread over them, at least 10 each (``--users``: so many users that a batch
+    touches each at most once, the scale-out's case)."""
     sys.path.insert(0, str(REPO / "bench"))
     import recommend_datasets as rd
 
     from pipeline.ingest.synthetic import rating_events
 
-    def synthetic(n_items: int) -> list[dict]:
+    def synthetic(n_users: int, n_items: int, per_user: int) -> list[dict]:
         return [{**r, "kind": "rating"}
-                for r in rating_events(n_users=943, n_items=n_items, per_user=106, seed=0)]
+                for r in rating_events(n_users=n_users, n_items=n_items, per_user=per_user,
+                                       seed=0)]
 
-    if items:
-        return synthetic(items), (f"synthetic ratings (943 users x {items:,} items, 106 each, "
-                                  "popularity 1/rank^0.8): --items")
+    if items or users:
+        n_users, n_items = users or 943, items or 1682
+        per_user = 106 if not users else max(10, 100_000 // users)
+        return synthetic(n_users, n_items, per_user), (
+            f"synthetic ratings ({n_users:,} users x {n_items:,} items, {per_user} each, "
+            "popularity 1/rank^0.8): " + " ".join(
+                f"--{k}" for k, v in (("items", items), ("users", users)) if v))
     if (rd.DATA / "movielens-100k" / "u.data").is_file():
         rows = rd.movielens()
         for n, r in enumerate(rows):
             r["event_id"] = f"ml:{n}"
         return rows, "MovieLens 100K (u.data)"
-    return synthetic(1682), ("synthetic ratings (943 users x 1682 items, 106 each): MovieLens "
-                             "100K is absent")
+    return synthetic(943, 1682, 106), ("synthetic ratings (943 users x 1682 items, 106 each): "
+                                       "MovieLens 100K is absent")
 
 
-def train_and_publish(settings, url: str, n_items: int | None = None
-                      ) -> tuple[dict, list, list, str, float]:
+def train_and_publish(settings, url: str, n_items: int | None = None,
+                      n_users: int | None = None) -> tuple[dict, list, list, str, float]:
     from pipeline.ingest.files import ingest_files
     from pipeline.ingest.synthetic import write_jsonl
     from pipeline.training import retrain
     from pipeline.training.config import load_models
 
-    rows, what = training_rows(n_items)
+    rows, what = training_rows(n_items, n_users)
     ingest_files([write_jsonl(rows, Path(settings.home) / "train.jsonl")], settings=settings,
                  progress=False)
     t = time.perf_counter()
@@ -587,7 +596,8 @@ def latency(args) -> dict:
         children: list = []
         try:
             print(f"redis: {redis_how}; training the shipped `movies` config ...", flush=True)
-            run, users, items, what, train_s = train_and_publish(settings, url, args.items)
+            run, users, items, what, train_s = train_and_publish(settings, url, args.items,
+                                                                  args.users)
             partitions = args.partitions or (1 if args.refreshers == 1 else 4)
             create_topics(bootstrap, partitions)
             log_path = home / "refresh-*.log"
@@ -709,6 +719,8 @@ def main(argv=None) -> int:
                     help="lookups/s of the lookup process (0: as fast as it goes)")
     ap.add_argument("--items", type=int, help="latency on a synthetic catalogue of this many "
                     "items (popularity 1/rank^0.8) instead of MovieLens 100K's 1,682")
+    ap.add_argument("--users", type=int, help="latency with this many synthetic users (100,000 "
+                    "ratings over them, at least 10 each) instead of MovieLens 100K's 943")
     ap.add_argument("--refreshers", type=int, default=1,
                     help="refresher processes in the model's group (scale-out)")
     ap.add_argument("--partitions", type=int,
@@ -723,6 +735,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.items is not None and args.items < 2:
         ap.error(f"--items {args.items}: expected a catalogue of at least 2 items")
+    if args.users is not None and args.users < 2:
+        ap.error(f"--users {args.users}: expected at least 2 users")
     if args.worker:
         spec = json.loads(Path(args.spec).read_text())
         run = load_worker if args.worker == "load" else lookup_worker

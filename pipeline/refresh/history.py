@@ -11,11 +11,12 @@ not per poll), and what the event store holds is folded in again at each version
 The window is applied when the inputs are read, not when events are folded: the latest event
 of an item is in the window exactly when some event of it is, and that one is the latest in it.
 
-Memory is what a user's events come to, not the events: a row is 28 bytes (``RATED``), and
-per streamed event 20 bytes more until the store holds it (the users it touched, for the next
-version's replay, and its time, for a ``last_events`` window). A refresher fed 2,000 events/s
-holds its users' distinct items, not every event since the last retrain; with several
-refreshers, only its own users' (:mod:`pipeline.refresh.ownership`, the ``keep`` of
+Memory is what a user's events come to, not the events: a row is 28 bytes (``RATED``). Until
+the store holds them, the streamed events leave one largest offset per (Kafka partition, user)
+(:class:`LatestOffsets`: whom the next version replays), and, under a ``last_events`` window
+only, each event's offset and time (16 bytes: the window counts every event). A refresher fed
+2,000 events/s holds its users' distinct items, not every event since the last retrain; with
+several refreshers, only its own users' (:mod:`pipeline.refresh.ownership`, the ``keep`` of
 :meth:`UserHistory.load_store` and :meth:`UserHistory.forget`).
 """
 
@@ -37,21 +38,63 @@ RATED = np.dtype([("code", np.int32), ("rating", np.float64), ("ts", np.int64),
                   ("offset", np.int64)], align=False)
 
 
-class UserHistory:
-    """Every user's events, folded (see the module), under ratings ``bounds`` (low, high)."""
+class LatestOffsets:
+    """Per user code, the largest offset streamed from one source: batches are appended and
+    folded into one row per user once they outnumber the rows held (amortized O(1) a row;
+    memory at most twice the users', however many events came).
 
-    def __init__(self, bounds: tuple[float, float] = (-math.inf, math.inf)):
-        self.bounds = bounds
+    >>> log = LatestOffsets()
+    >>> log.add(np.array([3, 1, 3], np.int32), np.array([7, 8, 9]))
+    >>> log.add(np.array([1], np.int32), np.array([2]))
+    >>> [a.tolist() for a in log.rows()]
+    [[1, 3], [8, 9]]
+    """
+
+    def __init__(self):
+        self.codes, self.offsets = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        self.batches: list = []
+        self.waiting = 0
+
+    def add(self, codes: np.ndarray, offsets: np.ndarray) -> None:
+        self.batches.append((codes, offsets))
+        self.waiting += len(codes)
+        if self.waiting > max(4096, len(self.codes)):
+            self.rows()
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(user codes, each one's largest offset), by code."""
+        if self.batches:
+            codes = np.concatenate([self.codes] + [c for c, _ in self.batches])
+            offsets = np.concatenate([self.offsets] + [o for _, o in self.batches])
+            order = np.lexsort((offsets, codes))        # by code, the largest offset last
+            last = np.r_[codes[order][1:] != codes[order][:-1], True]
+            self.codes, self.offsets = codes[order][last], offsets[order][last]
+            self.batches, self.waiting = [], 0
+        return self.codes, self.offsets
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.codes, self.offsets = self.codes[mask], self.offsets[mask]
+
+
+class UserHistory:
+    """Every user's events, folded (see the module), under ratings ``bounds`` (low, high), for
+    a model whose window is ``window`` (training's: ``{}``, ``last_days`` or ``last_events``)."""
+
+    def __init__(self, bounds: tuple[float, float] = (-math.inf, math.inf),
+                 window: dict | None = None):
+        self.bounds, self.window = bounds, dict(window or {})
         self.codes: dict = {}                       # item id -> code
         self.items: list = []                       # code -> item id
         self.rated: dict[str, np.ndarray] = {}      # user -> RATED rows, by code
         self.arrived: dict[str, list] = {}          # user -> RATED rows not folded in yet
         self.compared: dict[str, dict] = {}         # user -> event id -> (key, (w, l) codes)
-        self.unstored: list = []        # (source, user codes, offsets, ts) per batch
+        self.unstored: dict = {}        # source -> LatestOffsets of what the store lacks
+        self.unstored_times: list = []  # (source, offsets, ts) per batch: last_events only
         self.user_code: dict = {}       # user key -> code, for the log (one str per user)
         self.user_keys: list = []       # code -> user key
         self.stored_ts = np.zeros(0, np.int64)      # every stored event's time, for the window
         self.newest: int | None = None              # the newest time held
+        self.unstored_newest: int | None = None     # ... of the streamed events
         self.last_start: tuple | None = None        # (last_events' start, arrivals since)
         self.index_token, self.index = None, np.zeros(0, np.int64)   # code -> version index
 
@@ -62,7 +105,8 @@ class UserHistory:
         count from the next version on."""
         if tuple(bounds) == tuple(self.bounds):
             return False
-        self.bounds, self.rated, self.arrived, self.unstored = tuple(bounds), {}, {}, []
+        self.bounds, self.rated, self.arrived = tuple(bounds), {}, {}
+        self.unstored, self.unstored_times, self.unstored_newest = {}, [], None
         return True
 
     def load_store(self, store, kinds, keep=None) -> int:
@@ -81,7 +125,8 @@ class UserHistory:
         for user in list(self.arrived):
             self._settle(user)
         self.stored_ts = np.concatenate(times) if times else np.zeros(0, np.int64)
-        held = [int(a.max()) for a in (self.stored_ts, self._unstored_ts()) if a.size]
+        held = [int(self.stored_ts.max())] if self.stored_ts.size else []
+        held += [] if self.unstored_newest is None else [self.unstored_newest]
         self.newest, self.last_start = (max(held) if held else None), None
         return len(self.stored_ts)
 
@@ -102,10 +147,15 @@ class UserHistory:
             return set()
         users, rows = self._fold(kind, table)
         ts = table.column("ts").to_numpy().astype(np.int64)
-        self.unstored.append((source, self._user_codes(users)[rows],
-                              table.column("offset").to_numpy().astype(np.int64), ts))
+        offsets = table.column("offset").to_numpy().astype(np.int64)
+        self.unstored.setdefault(source, LatestOffsets()).add(self._user_codes(users)[rows],
+                                                              offsets)
+        if "last_events" in self.window:
+            self.unstored_times.append((source, offsets, ts))
         newest = int(ts.max())
         self.newest = newest if self.newest is None else max(self.newest, newest)
+        self.unstored_newest = newest if self.unstored_newest is None else \
+            max(self.unstored_newest, newest)
         if self.last_start is not None:
             self.last_start = (self.last_start[0], self.last_start[1] + len(ts))
         return set(users[np.unique(rows)].tolist())
@@ -113,22 +163,29 @@ class UserHistory:
     def unstored_users(self, stored_until) -> set[str]:
         """Forget the streamed events the store holds now (``stored_until(source)``: the store's
         next offset of that Kafka topic partition, or None); the users of those it does not."""
-        kept, users = [], set()
-        for source, codes, offsets, ts in self.unstored:
-            left = (offsets >= (stored_until(source) or 0)) if source is not None else \
-                np.ones(len(codes), bool)
-            if left.any():
-                kept.append((source, codes[left], offsets[left], ts[left]))
-                users.update(self.user_keys[c] for c in np.unique(codes[left]).tolist())
-        self.unstored = kept
+        def left(source, offsets):     # a source-less event (not from Kafka) stays
+            return offsets >= (stored_until(source) or 0) if source is not None else \
+                np.ones(len(offsets), bool)
+
+        users = set()
+        for source, log in list(self.unstored.items()):
+            codes, offsets = log.rows()
+            mine = left(source, offsets)
+            log.keep(mine)
+            users.update(self.user_keys[c] for c in codes[mine].tolist())
+            if not mine.any():
+                del self.unstored[source]
+        self.unstored_times = [(src, o[k], t[k]) for src, o, t in self.unstored_times
+                               for k in [left(src, o)] if k.any()]
         return users
 
-    def window_start(self, window: dict) -> int | None:
+    def window_start(self) -> int | None:
         """The model's window over every event held (:func:`window_start`, training's rule):
         the first time a user's inputs keep, or None. ``last_days`` counts back from the
         newest time held; ``last_events`` is found again over every time held once 1% of the
         window has arrived since (its start moves by at most the arrivals: a pass over the
         times per 1% of the window, not per batch, for a window at most 1% too long)."""
+        window = self.window
         if not window:
             return None
         if "last_days" in window:
@@ -140,7 +197,7 @@ class UserHistory:
         return self.last_start[0]
 
     def _unstored_ts(self) -> np.ndarray:
-        return np.concatenate([b[3] for b in self.unstored] or [np.zeros(0, np.int64)])
+        return np.concatenate([b[2] for b in self.unstored_times] or [np.zeros(0, np.int64)])
 
     def _user_codes(self, users: np.ndarray) -> np.ndarray:
         """Each user key's code (a new key gets the next): the log keeps 4 bytes per event, not

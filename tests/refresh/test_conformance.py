@@ -110,10 +110,10 @@ def _refresher(tables: dict, window: dict, cap, items: list) -> dict:
     index = {item: n for n, item in enumerate(items)}
     spec = {"min_rating": MIN_RATING, "rating_range": list(SCALE), "comparisons": "explicit",
             "max_pairs_per_user": cap, "seed": SEED}
-    history = UserHistory(bounds_of(spec))
+    history = UserHistory(bounds_of(spec), window)
     for kind in KINDS:
         history.add(kind, tables[kind])
-    start = history.window_start(window)
+    start = history.window_start()
     out = {}
     for user in history.users():
         got = history.inputs(user, index.get, spec, start=start)

@@ -104,7 +104,7 @@ def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec, window)
         def read(self, kind, columns):
             return self.t if kind == "rating" else self.t.slice(0, 0)
 
-    history = UserHistory(bounds_of(spec))
+    history = UserHistory(bounds_of(spec), window)
     stored = table(20, 0)
     history.load_store(Store(stored), ["rating"])
     every = {u: [] for u in ("7", "8")}        # the whole history, plain: the reference's
@@ -128,7 +128,7 @@ def test_the_kept_digest_equals_the_whole_history_read_again(seed, spec, window)
         if step == 5:       # a new version: the store read again, its copies folded in again
             history.load_store(Store(stored), ["rating"])
             history.unstored_users(lambda src: 120)
-        start = history.window_start(window)
+        start = history.window_start()
         for user in ("7", "8"):
             want = fold_in_inputs(every[user], ITEMS.get, spec, user, start)
             got = history.inputs(user, ITEMS.get, spec, start=start)
@@ -153,15 +153,21 @@ def test_a_count_window_is_found_again_once_one_percent_of_it_arrived():
         def read(self, kind, columns):
             return ratings(range(0, 2000), 0) if kind == "rating" else ratings([], 0)
 
-    history, window = UserHistory(), {"last_events": 1000}
-    history.load_store(Store(), ["rating"])
-    assert history.window_start(window) == 1000
-    history.add("rating", ratings(range(5000, 5009), 9000))      # 9 of the 10 that move it
-    assert history.window_start(window) == 1000
-    history.add("rating", ratings([5009], 9009))
+    window = {"last_events": 1000}
+    history, by_days = UserHistory(window=window), UserHistory(window={"last_days": 1})
+    for h in (history, by_days):
+        h.load_store(Store(), ["rating"])
+    assert history.window_start() == 1000
+    for h in (history, by_days):
+        h.add("rating", ratings(range(5000, 5009), 9000))      # 9 of the 10 that move it
+    assert history.window_start() == 1000
+    for h in (history, by_days):
+        h.add("rating", ratings([5009], 9009))
     every = np.concatenate([np.arange(2000), np.arange(5000, 5010)])
-    assert history.window_start(window) == window_start(every, window) == 1010
-    assert history.window_start({"last_days": 1}) == 5009 - DAY_MS
+    assert history.window_start() == window_start(every, window) == 1010
+    assert by_days.window_start() == 5009 - DAY_MS
+    by_days.load_store(Store(), ["rating"])          # the streamed times outlive a store read
+    assert by_days.window_start() == 5009 - DAY_MS and by_days.unstored_times == []
 
 
 def test_a_user_holds_a_row_per_item_however_many_events_and_copies_came():
@@ -178,8 +184,9 @@ def test_a_user_holds_a_row_per_item_however_many_events_and_copies_came():
     assert len(history.rated["u1"]) == 50 and len(history.items) == 50
     assert history.arrived == {}
     assert got.winners.tolist() == sorted(int(i[1:]) for i, r in latest.items() if r >= 5.0)
+    assert [len(a) for a in history.unstored[("t", 0)].rows()] == [1, 1]   # one user, one row
     assert history.unstored_users(lambda src: n) == set()
-    assert history.unstored == []
+    assert history.unstored == {}
 
 
 def test_the_scale_is_the_versions_and_a_new_one_starts_the_fold_again():
@@ -219,3 +226,27 @@ def test_folding_rows_in_equals_taking_the_latest_of_all_of_them_at_once(seed):
         want = every[latest_per_key(every["code"], every["ts"], every["offset"])]
         want = want[np.argsort(want["code"], kind="stable")]
         assert held.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_users_the_store_lacks_are_those_with_an_event_past_its_offsets(seed):
+    """The streamed log keeps one largest offset per (source, user): the users it names after
+    any run of adds and store catch-ups are those of the plain log of every event."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    history, plain = UserHistory(), []         # plain: (source, user, offset) per event
+    stored = {("t", 0): 0, ("t", 1): 0}
+    for step in range(30):
+        source = [("t", 0), ("t", 1), None][int(rng.integers(0, 3))]
+        n = int(rng.integers(1, 3000))
+        users = [f"u{k}" for k in rng.integers(0, 50, n)]
+        offsets = rng.integers(0, 10_000, n)
+        history.add("rating", pa.table({"user": users, "item": ["a"] * n, "rating": [1.0] * n,
+                                        "ts": [step] * n, "offset": offsets.tolist()}), source)
+        plain += [(source, u, int(o)) for u, o in zip(users, offsets)]
+        if rng.random() < 0.3:
+            for s in stored:
+                stored[s] = max(stored[s], int(rng.integers(0, 10_000)))
+            plain = [(s, u, o) for s, u, o in plain if s is None or o >= stored[s]]
+            assert history.unstored_users(stored.get) == {u for _, u, _ in plain}
