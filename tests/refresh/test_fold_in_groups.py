@@ -1,5 +1,5 @@
 """A batch's users are folded in in groups of bounded size (``FOLD_IN_ROWS``): the groups
-change no bits of any user's factor or list (a user's answer depends on their own inputs
+change no bits of any user's factor (a user's answer depends on their own inputs
 only), against a real redis-server holding a published AltSVM version."""
 
 from __future__ import annotations
@@ -7,15 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.ingest import synthetic
-from pipeline.ingest.files import ingest_files
-from pipeline.ingest.open_store import open_store
 from pipeline.refresh import refresher as refresher_module
-from pipeline.refresh.refresher import Refresher
-from pipeline.serving.lookup import TopK
-from pipeline.serving.redis_client import as_client
 from pipeline.settings import Settings
-from pipeline.training import retrain
-from tests.refresh import models as refresh_models
+from tests.refresh import published
 
 
 def test_folding_a_batch_in_groups_gives_every_user_the_same_bits(tmp_path, redis_url,
@@ -23,14 +17,7 @@ def test_folding_a_batch_in_groups_gives_every_user_the_same_bits(tmp_path, redi
     settings = Settings(home=tmp_path / "home", namespace=f"g{tmp_path.name[-10:]}",
                         redis_url=redis_url)
     events = synthetic.rating_events(n_users=120, n_items=90, per_user=20, seed=4)
-    ingest_files([synthetic.write_jsonl(events, tmp_path / "ratings.jsonl")], "rating",
-                 settings=settings, progress=False)
-    models = refresh_models()
-    run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
-    assert run["decision"] == "published", run.get("reason")
-    topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
-    refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
-                          redis_url=redis_url)
+    refresher, topk, _ = published(settings, events, tmp_path)
     assert refresher.watch() == "flipped"
     more = synthetic.rating_events(n_users=150, n_items=90, per_user=6, seed=5)   # 30 new
     refresher.apply_events([{**e, "kind": "rating"} for e in more])

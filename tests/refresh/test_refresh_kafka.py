@@ -18,13 +18,11 @@ from pipeline.ingest.open_store import open_store
 from pipeline.ingest.producer import EventProducer
 from pipeline.refresh.events import Event, stored_events
 from pipeline.refresh.kafka_source import KafkaRefresh
-from pipeline.refresh.refresher import Refresher, user_factor
-from pipeline.serving.lookup import TopK
-from pipeline.serving.redis_client import as_client
+from pipeline.refresh.refresher import user_factor
 from pipeline.settings import Settings
 from pipeline.training import retrain
 from tests.ingest.factory import new_topic
-from tests.refresh import models as refresh_models
+from tests.refresh import published
 
 DEADLINE = 30.0
 
@@ -38,14 +36,7 @@ def trained(tmp_path, redis_client, redis_url, kafka_bootstrap):
     settings = Settings(home=tmp_path / "home", namespace=f"r{uuid.uuid4().hex[:10]}",
                         kafka_bootstrap=kafka_bootstrap, redis_url=redis_url)
     events = synthetic.rating_events(n_users=200, n_items=120, per_user=25, seed=3)
-    path = synthetic.write_jsonl(events, tmp_path / "ratings.jsonl")
-    ingest_files([path], "rating", settings=settings, progress=False)
-    models = refresh_models()
-    run = retrain.run("movies", models, settings=settings, redis_url=redis_url)
-    assert run["decision"] == "published", run.get("reason")
-    topk = TopK(as_client(redis_url), namespace=settings.namespace, timeout=5.0)
-    refresher = Refresher("movies", models["movies"], settings, topk, open_store(settings),
-                          redis_url=redis_url)
+    refresher, topk, models = published(settings, events, tmp_path)
     # made before the refresher subscribes: a topic that appears after the first join needs a
     # second rebalance, and kafka-python once never finished that one (a CI run, 90 s waited)
     topic = new_topic(kafka_bootstrap, prefix="rs.refresh")
